@@ -1,0 +1,365 @@
+"""The encode-side controller: run the tower, scatter, lease, stage, defer, send, reap.
+
+`EncodeExecutor` keeps the public surface of the executor it replaces, so an
+encode loop written against it can switch, and adds `poll()`, the one call the
+loop makes every tick. It starts no threads: everything happens inside calls
+made by the loop, which is what lets tests and the model drive every
+interleaving.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from epd_ring.fsm import ROOM_CONCLUDED
+
+from .manager import Chunk, EncodeManager
+from .ring import Ring, Slot
+
+log = logging.getLogger("epd_ring.executor")
+
+
+class Modality(str, enum.Enum):
+    IMAGE = "image"
+    VIDEO = "video"
+
+
+@dataclass(eq=False)
+class EncodeItem:
+    """One image or video to encode: the tower input and, after encoding, its embedding."""
+
+    modality: Modality | str
+    n_tokens: int  # post-merge token count: the rows this item owns in the tower output
+    pixel_values: Any = None
+    hash: Any = None
+    meta: dict = field(default_factory=dict)
+    encoded: torch.Tensor | None = None
+    encoded_deepstack: torch.Tensor | None = None
+
+
+class StagingError(ValueError):
+    """An item that cannot be staged (too large, wrong shape); fails only its room."""
+
+
+def item_token_count(item: Any) -> int:
+    """Post-merge tokens of an item: `n_tokens`, or the sum of its (start, end) offsets."""
+    n = getattr(item, "n_tokens", None)
+    if n is not None:
+        return int(n)
+    offsets = getattr(item, "offsets", None)
+    if offsets is not None:
+        return sum(end - start + 1 for start, end in offsets)
+    raise ValueError(f"cannot count tokens of {type(item).__name__}: no n_tokens or offsets")
+
+
+def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model: Any) -> None:
+    """Split a packed tower output into per-item embeddings, in place.
+
+    Rows go to items in order, by each item's post-merge token count. For
+    deepstack models the columns are split by `model.separate_deepstack_embeds`
+    into the main and deepstack halves. Results are contiguous, since the
+    transfer ships raw row-major bytes.
+    """
+    output = output.reshape(-1, output.shape[-1])
+    counts = [item_token_count(item) for item in items]
+    total = sum(counts)
+    if output.shape[0] != total:
+        raise ValueError(
+            f"tower output has {output.shape[0]} rows but the items' post-merge token counts sum to {total}"
+        )
+    deepstack = getattr(model, "num_deepstack_embeddings", 0) > 0
+    for item, emb in zip(items, torch.split(output, counts, dim=0)):
+        if deepstack:
+            main, deep = model.separate_deepstack_embeds(emb)
+            item.encoded = main.contiguous()
+            item.encoded_deepstack = deep.contiguous()
+        else:
+            item.encoded = emb.contiguous()
+            item.encoded_deepstack = None
+
+
+def _modality_name(m: Any) -> str:
+    return str(getattr(m, "value", m)).lower()
+
+
+def _cuda_fence() -> Any:
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev
+
+
+@dataclass(slots=True)
+class Sender:
+    request_id: Any
+    room: int
+    bootstrap_host: str
+    bootstrap_port: int
+    staged: bool = False
+
+
+class EncodeExecutor:
+    def __init__(
+        self,
+        manager: EncodeManager,
+        multimodal_model: Any,
+        device: Any,
+        *,
+        ring_slots: int = 64,
+        ring_bytes: int = 256 * 1024 * 1024,
+        max_deferred: int | None = None,
+        copy_fence: Callable[[], Any] | None = None,
+    ):
+        self.manager = manager
+        self.model = multimodal_model
+        self.device = torch.device(device)
+        n_deep = int(getattr(multimodal_model, "num_deepstack_embeddings", 0) or 0)
+        # The deepstack ring is n_deep times wider per slot, so it holds as many
+        # tokens per slot as the main ring (deepstack rows are n_deep * hidden wide).
+        self.ring = Ring(manager.transport, ring_slots, ring_bytes, self.device,
+                         deep_slot_bytes=ring_bytes * n_deep)
+        self.max_deferred = 8 * ring_slots if max_deferred is None else max_deferred
+        if copy_fence is None and self.device.type == "cuda":
+            copy_fence = _cuda_fence
+        self._copy_fence = copy_fence
+        self._host_copy = self.device.type == "cpu"
+        self.senders: dict[Any, Sender] = {}
+        self._room_sender: dict[int, Sender] = {}
+        self._deferred: deque[tuple[Any, Any]] = deque()
+        self._concluded: list[Any] = []
+        self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
+        self.stats = manager.stats
+        manager.on_conclude.append(self._room_concluded)
+
+    # registration ----------------------------------------------------------
+    def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int) -> None:
+        if request_id in self.senders:
+            raise ValueError(f"request {request_id!r} is already registered")
+        state = self.manager.bind_sender(bootstrap_room)
+        sender = Sender(request_id, bootstrap_room, bootstrap_host, bootstrap_port)
+        self.senders[request_id] = sender
+        self._room_sender[bootstrap_room] = sender
+        if state in ROOM_CONCLUDED:
+            self._concluded.append(request_id)
+
+    def _room_concluded(self, room: int, state: str) -> None:
+        sender = self._room_sender.pop(room, None)
+        if sender is not None:
+            self._concluded.append(sender.request_id)
+
+    # the tower -------------------------------------------------------------
+    def _feature_fn(self, modality: Any) -> Callable:
+        name = _modality_name(modality)
+        # Images go through the `image_encoder` seam, which a CUDA-graph wrapper may replace.
+        if name == "image":
+            return self.model.image_encoder
+        if name == "video":
+            return self.model.get_video_feature
+        raise ValueError(f"unsupported modality for encode: {modality!r}")
+
+    def execute(self, request_items: Sequence[tuple[Any, Any]]) -> int:
+        """Run the tower on a batch and ship each item; return items encoded.
+
+        A tower or scatter exception fails every room of the batch and returns
+        0: it never escapes into the encode loop.
+        """
+        by_modality: dict[str, list] = {}
+        for _, item in request_items:
+            by_modality.setdefault(_modality_name(item.modality), []).append(item)
+        try:
+            with torch.inference_mode():
+                for modality, items in by_modality.items():
+                    output = self._feature_fn(modality)(items)
+                    assign_encoded_embeddings(items, output, self.model)
+        except Exception as exc:
+            n = self.fail_rooms([rid for rid, _ in request_items], exc)
+            self.stats["tower_errors"] += 1
+            log.error("encode batch of %d items failed (%d rooms failed): %s", len(request_items), n, exc)
+            return 0
+        for rid, item in request_items:
+            self._offer(rid, item)
+        return len(request_items)
+
+    def send_item(self, request_id: Any, item: Any) -> None:
+        """Ship an item already encoded (a cache hit) through the same lease-or-defer path."""
+        self._offer(request_id, item)
+
+    # lease, stage, defer ---------------------------------------------------
+    def _offer(self, rid: Any, item: Any) -> None:
+        sender = self.senders.get(rid)
+        if sender is None:
+            self.stats["items_without_sender"] += 1
+            log.error("dropping item for unregistered request %r", rid)
+            return
+        if self._deferred:
+            self.drain_deferred()  # deferred sends are served before new ones
+        if self._deferred or not self.ring.has_free():
+            if len(self._deferred) >= self.max_deferred:
+                self.manager.fail_room(sender.room, f"deferred queue full ({self.max_deferred} sends)")
+                return
+            enc = item.encoded
+            if isinstance(enc, torch.Tensor):
+                # The tower may reuse its output buffer for the next batch.
+                item.encoded = enc.clone()
+                if isinstance(item.encoded_deepstack, torch.Tensor):
+                    item.encoded_deepstack = item.encoded_deepstack.clone()
+            self._deferred.append((rid, item))
+            self.stats["deferred"] += 1
+            return
+        self._stage(sender, item)
+
+    def drain_deferred(self) -> None:
+        """Stage deferred sends, oldest first, while the ring has free slots."""
+        dq = self._deferred
+        while dq and self.ring.has_free():
+            rid, item = dq.popleft()
+            sender = self.senders.get(rid)
+            if sender is None:
+                self.stats["deferred_dropped"] += 1  # its sender was reaped
+                continue
+            self._stage(sender, item)
+
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def _check(self, item: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ring = self.ring
+        enc = item.encoded
+        if not isinstance(enc, torch.Tensor) or enc.dim() != 2:
+            raise StagingError(f"item.encoded must be a 2-D tensor, got {type(enc).__name__}"
+                               f"{tuple(enc.shape) if isinstance(enc, torch.Tensor) else ''}")
+        nbytes = enc.numel() * enc.element_size()
+        if nbytes > ring.slot_bytes:
+            raise StagingError(f"embedding of {nbytes} B exceeds the ring slot of {ring.slot_bytes} B; "
+                               f"raise ring_bytes")
+        deep = item.encoded_deepstack
+        if deep is None or deep.numel() == 0:
+            return enc, None
+        if ring.deep is None:
+            raise StagingError("item has deepstack rows but the model declares no deepstack ring")
+        if deep.dim() != 2 or deep.shape[0] != enc.shape[0]:
+            raise StagingError(f"deepstack shape {tuple(deep.shape)} does not match {enc.shape[0]} rows")
+        dbytes = deep.numel() * deep.element_size()
+        if dbytes > ring.deep_slot_bytes:
+            raise StagingError(f"deepstack embedding of {dbytes} B exceeds the deepstack slot of "
+                               f"{ring.deep_slot_bytes} B")
+        return enc, deep
+
+    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor) -> None:
+        nbytes = src.numel() * src.element_size()
+        if self._host_copy and src.device.type == "cpu":
+            src = src.contiguous()
+            ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
+        else:
+            view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+
+    def _stage(self, sender: Sender, item: Any) -> None:
+        room = sender.room
+        manager = self.manager
+        if sender.staged:
+            manager.fail_room(room, f"request {sender.request_id!r} sent a second item; a room carries exactly one")
+            return
+        if not manager.accepts_chunk(room):
+            self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
+            return
+        try:
+            enc, deep = self._check(item)
+        except StagingError as exc:
+            manager.fail_room(room, f"staging failed: {exc}")
+            return
+        ring = self.ring
+        slot = ring.lease()
+        try:
+            src = ring.main_ptr(slot)
+            self._copy(src, ring.main_view, slot, enc)
+            deep_src = deep_rb = 0
+            if deep is not None:
+                deep_src = ring.deep_ptr(slot)
+                self._copy(deep_src, ring.deep_view, slot, deep)
+                deep_rb = deep.shape[1] * deep.element_size()
+        except Exception as exc:
+            ring.fire(slot, "abandon")
+            manager.fail_room(room, f"staging failed: {exc}")
+            return
+        sender.staged = True
+        chunk = Chunk(slot, enc.shape[0], enc.shape[1], str(enc.dtype), enc.shape[1] * enc.element_size(),
+                      src, deep_src, deep_rb)
+        slot.room = room
+        if self._copy_fence is not None:
+            # The write must not read the slot before the copy into it has finished.
+            self._copies.append((self._copy_fence(), sender, chunk))
+            return
+        ring.fire(slot, "copied")
+        manager.submit_chunk(room, chunk)
+
+    def _finish_copies(self) -> int:
+        n = 0
+        copies = self._copies
+        while copies and copies[0][0].query():
+            _, sender, chunk = copies.popleft()
+            self.ring.fire(chunk.slot, "copied")
+            self.manager.submit_chunk(sender.room, chunk)
+            n += 1
+        return n
+
+    # the tick --------------------------------------------------------------
+    def poll(self) -> int:
+        """Finish copies, take transfer outcomes and deadlines, then serve deferred sends."""
+        n = self._finish_copies() if self._copies else 0
+        n += self.manager.poll()
+        if self._deferred:
+            self.drain_deferred()
+        return n
+
+    # failure and reaping -----------------------------------------------------
+    def fail_rooms(self, request_ids: Iterable[Any], exc: BaseException | str) -> int:
+        """Fail the rooms of these requests, each once; return how many this call failed."""
+        rooms = []
+        seen = set()
+        for rid in request_ids:
+            sender = self.senders.get(rid)
+            if sender is not None and sender.room not in seen:
+                seen.add(sender.room)
+                rooms.append(sender.room)
+        reason = str(exc) or type(exc).__name__
+        return sum(1 for room in rooms if self.manager.fail_room(room, reason))
+
+    def reap_concluded_senders(self, pending_request_ids: Any = ()) -> int:
+        """Drop senders whose room concluded, except those still awaiting the tower.
+
+        Costs O(rooms concluded since the last reap), not O(senders).
+        """
+        kept = []
+        reaped = 0
+        for rid in self._concluded:
+            if rid in pending_request_ids:
+                kept.append(rid)
+                continue
+            sender = self.senders.pop(rid, None)
+            if sender is not None:
+                reaped += 1
+                if self._room_sender.get(sender.room) is sender:
+                    del self._room_sender[sender.room]
+        self._concluded = kept
+        return reaped
+
+    # debugging ---------------------------------------------------------------
+    def dump_state(self) -> str:
+        """Each slot with its state and room, each live room with its state and receivers."""
+        lines = [f"ring: {self.ring.n_slots} slots x {self.ring.slot_bytes} B, "
+                 f"{self.ring.free_count} free, {len(self._deferred)} deferred"]
+        for s in self.ring.slots:
+            extra = f" room={s.room}" if s.room is not None else ""
+            if s.writes_in_flight:
+                extra += f" writes={s.writes_in_flight}"
+            lines.append(f"  slot {s.index}: {s.state}{extra}")
+        for rid, info in sorted(self.manager.snapshot().items()):
+            lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
+                         + (f" slot={info['slot']}" if info["slot"] is not None else ""))
+        return "\n".join(lines)

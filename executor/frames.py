@@ -1,0 +1,132 @@
+"""Receiver registration frames and the fanout contract they must satisfy.
+
+A room is one request's transfer to N receivers. Each receiver registers a
+frame naming where its rows go. The N frames either each take a full copy
+(identity) or together tile a contiguous range of the chunk's rows (shards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_U64 = 1 << 64
+MAX_RECEIVERS = 1024
+
+DTYPE_SIZES = {
+    "torch.float32": 4,
+    "torch.float16": 2,
+    "torch.bfloat16": 2,
+    "torch.float64": 8,
+    "torch.float8_e4m3fn": 1,
+    "torch.float8_e5m2": 1,
+    "torch.uint8": 1,
+    "torch.int8": 1,
+}
+
+
+class FrameError(ValueError):
+    """A registration frame that breaks the contract; it fails only its own room."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverFrame:
+    room: int
+    session: str  # the receiver's transfer-engine session ("host:port")
+    dst_ptr: int
+    dst_deep_ptr: int
+    n_tokens: int  # rows this receiver takes
+    row_start: int  # first source row it takes
+    span: int  # rows in the whole chunk, as the receiver expects it
+    hidden: int
+    dtype: str
+    has_deepstack: bool
+    n_receivers: int  # N: receivers the room waits for
+    status_endpoint: str = ""  # where status pushes go (control plane), if any
+
+    @property
+    def identity(self) -> bool:
+        return self.row_start == 0 and self.n_tokens == self.span
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_frame(f: ReceiverFrame) -> None:
+    """Field-level checks; raise FrameError naming the first broken field."""
+    if not _is_int(f.room) or f.room < 0:
+        raise FrameError(f"room must be a non-negative integer, got {f.room!r}")
+    if not isinstance(f.session, str) or not f.session:
+        raise FrameError(f"room {f.room}: session must be a non-empty string")
+    for name in ("dst_ptr", "dst_deep_ptr"):
+        v = getattr(f, name)
+        if not _is_int(v) or not 0 <= v < _U64:
+            raise FrameError(f"room {f.room}: {name} must be a 64-bit unsigned integer, got {v!r}")
+    for name in ("n_tokens", "row_start", "span", "hidden", "n_receivers"):
+        v = getattr(f, name)
+        if not _is_int(v) or v < 0:
+            raise FrameError(f"room {f.room}: {name} must be a non-negative integer, got {v!r}")
+    if f.span < 1 or f.hidden < 1:
+        raise FrameError(f"room {f.room}: span and hidden must be at least 1")
+    if not 1 <= f.n_receivers <= MAX_RECEIVERS:
+        raise FrameError(f"room {f.room}: n_receivers must be in 1..{MAX_RECEIVERS}, got {f.n_receivers}")
+    if f.row_start + f.n_tokens > f.span:
+        raise FrameError(
+            f"room {f.room}: rows [{f.row_start}, {f.row_start + f.n_tokens}) exceed span {f.span}"
+        )
+    if f.dtype not in DTYPE_SIZES:
+        raise FrameError(f"room {f.room}: unknown dtype {f.dtype!r}")
+    if not isinstance(f.has_deepstack, bool):
+        raise FrameError(f"room {f.room}: has_deepstack must be a bool")
+    if f.n_tokens and not f.dst_ptr:
+        raise FrameError(f"room {f.room}: null destination for {f.n_tokens} rows")
+    if f.n_tokens and f.has_deepstack and not f.dst_deep_ptr:
+        raise FrameError(f"room {f.room}: deepstack frame without a deepstack destination")
+
+
+def check_frames_agree(a: ReceiverFrame, b: ReceiverFrame) -> None:
+    """Frames of one room must describe the same chunk and the same N."""
+    for name in ("n_receivers", "span", "hidden", "dtype", "has_deepstack"):
+        if getattr(a, name) != getattr(b, name):
+            raise FrameError(
+                f"room {a.room}: receivers disagree on {name} "
+                f"({getattr(a, name)!r} from {a.session} vs {getattr(b, name)!r} from {b.session})"
+            )
+
+
+def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str, has_deep: bool) -> None:
+    if f.span != n_tokens:
+        raise FrameError(f"room {f.room}: receiver {f.session} expects {f.span} rows, chunk has {n_tokens}")
+    if f.hidden != hidden:
+        raise FrameError(f"room {f.room}: receiver {f.session} expects hidden {f.hidden}, chunk has {hidden}")
+    if f.dtype != dtype:
+        raise FrameError(f"room {f.room}: receiver {f.session} expects {f.dtype}, chunk is {dtype}")
+    if f.has_deepstack != has_deep:
+        raise FrameError(
+            f"room {f.room}: receiver {f.session} "
+            + ("expects deepstack rows the chunk lacks" if f.has_deepstack else "lacks a deepstack buffer the chunk has")
+        )
+
+
+def check_tiling(frames: list[ReceiverFrame]) -> None:
+    """All identity copies, or non-empty shards tiling one contiguous row range."""
+    if all(f.identity for f in frames):
+        return
+    if any(f.identity for f in frames):
+        raise FrameError(f"room {frames[0].room}: identity and shard frames are mixed")
+    shards = sorted((f for f in frames if f.n_tokens), key=lambda f: f.row_start)
+    for prev, nxt in zip(shards, shards[1:]):
+        end = prev.row_start + prev.n_tokens
+        if nxt.row_start != end:
+            kind = "gap" if nxt.row_start > end else "overlap"
+            raise FrameError(
+                f"room {prev.room}: shard {kind} between rows {end} and {nxt.row_start}"
+            )
+
+
+def shard_rows(span: int, rank: int, size: int) -> tuple[int, int]:
+    """(row_start, n_rows) of `rank` of `size` balanced contiguous shards of `span` rows."""
+    base, extra = divmod(span, size)
+    start = rank * base + min(rank, extra)
+    return start, base + (1 if rank < extra else 0)

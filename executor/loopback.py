@@ -1,0 +1,230 @@
+"""In-process loopback transport: the embedded default, and the fault injector.
+
+Writes copy bytes between registered regions of this process, checked the way a
+one-sided engine checks them (source and destination must lie inside registered
+regions, a dead receiver fails the write). Faults can be scripted per session
+or chosen by a policy: fail, delay, time out (and never land), time out and
+land later (the Mooncake hazard: bytes are read from the source when they land,
+not when the write was submitted), and hold until completed by hand.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .clock import Clock, FakeClock
+from .transport import Buf, Outcome, Transport, TransportError
+
+FAULT_KINDS = ("fail", "delay", "timeout", "timeout_land_later", "hold")
+
+
+@dataclass
+class Fault:
+    kind: str
+    delay: float = 0.0  # when the outcome is reported (fail, delay, timeout*)
+    land_after: float = 0.0  # timeout_land_later: when the bytes land
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {self.kind!r}; expected one of {FAULT_KINDS}")
+
+
+@dataclass
+class _Rule:
+    fault: Fault
+    session: str | None
+    remaining: int
+
+
+class Regions:
+    """Sorted, non-overlapping (start, end) ranges, as a registering engine keeps them."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._owners: list[Any] = []
+
+    def add(self, ptr: int, length: int, owner: Any = None) -> None:
+        if length <= 0:
+            raise TransportError(f"cannot register {length} bytes at {ptr:#x}")
+        i = bisect.bisect_right(self._starts, ptr)
+        if (i > 0 and self._ends[i - 1] > ptr) or (i < len(self._starts) and self._starts[i] < ptr + length):
+            raise TransportError(f"region {ptr:#x}+{length} overlaps a registered region")
+        self._starts.insert(i, ptr)
+        self._ends.insert(i, ptr + length)
+        self._owners.insert(i, owner)
+
+    def covers(self, ptr: int, length: int) -> bool:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        return i >= 0 and ptr + length <= self._ends[i]
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+
+@dataclass
+class Notice:
+    room: int
+    status: str
+    reason: str
+    time: float
+
+
+@dataclass
+class LoopbackReceiver:
+    """A prefill receiver living in this process: its buffers and the statuses it was told."""
+
+    session: str
+    regions: Regions = field(default_factory=Regions)
+    alive: bool = True
+    notices: list[Notice] = field(default_factory=list)
+
+    def register(self, tensor_or_ptr: Any, length: int | None = None) -> int:
+        if length is None:
+            t = tensor_or_ptr
+            ptr, length = t.data_ptr(), t.numel() * t.element_size()
+            self.regions.add(ptr, length, owner=t)
+        else:
+            ptr = int(tensor_or_ptr)
+            self.regions.add(ptr, length)
+        return ptr
+
+    def statuses(self, room: int) -> list[str]:
+        return [n.status for n in self.notices if n.room == room]
+
+    def kill(self) -> None:
+        self.alive = False
+
+
+class LoopbackTransport(Transport):
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock or FakeClock()
+        self.local = Regions()
+        self.receivers: dict[str, LoopbackReceiver] = {}
+        self.policy: Callable[[str, Sequence[Buf]], Fault | None] | None = None
+        self._rules: list[_Rule] = []
+        self._ids = itertools.count(1)
+        self._ready: list[tuple[int, Outcome]] = []
+        # (due time, order, handle, outcome or None for a landing only, bufs to copy or None)
+        self._timed: list[tuple[float, int, int, Outcome | None, Any]] = []
+        self._held: dict[int, tuple[str, Sequence[Buf]]] = {}
+        self._order = itertools.count()
+        self.submitted = 0
+        self.bytes_landed = 0
+        self.late_landings = 0
+
+    # set-up -------------------------------------------------------------
+    def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
+        for ptr, length in regions:
+            self.local.add(ptr, length, owner)
+
+    def add_receiver(self, session: str) -> LoopbackReceiver:
+        if session in self.receivers:
+            raise ValueError(f"receiver session {session!r} already exists")
+        r = LoopbackReceiver(session)
+        self.receivers[session] = r
+        return r
+
+    def inject(self, kind: str, *, session: str | None = None, count: int = 1,
+               delay: float = 0.0, land_after: float = 0.0) -> None:
+        """Apply a fault to the next `count` writes (to `session`, or to any)."""
+        self._rules.append(_Rule(Fault(kind, delay, land_after), session, count))
+
+    # data path ----------------------------------------------------------
+    def _fault_for(self, session: str, bufs: Sequence[Buf]) -> Fault | None:
+        for rule in self._rules:
+            if rule.session is None or rule.session == session:
+                rule.remaining -= 1
+                if rule.remaining <= 0:
+                    self._rules.remove(rule)
+                return rule.fault
+        return self.policy(session, bufs) if self.policy else None
+
+    def _valid(self, session: str, bufs: Sequence[Buf]) -> bool:
+        r = self.receivers.get(session)
+        if r is None or not r.alive:
+            return False
+        return all(self.local.covers(s, n) and r.regions.covers(d, n) for s, d, n in bufs if n)
+
+    def _land(self, session: str, bufs: Sequence[Buf]) -> bool:
+        if not self._valid(session, bufs):
+            return False
+        for src, dst, n in bufs:
+            if n:
+                ctypes.memmove(dst, src, n)
+                self.bytes_landed += n
+        return True
+
+    def _later(self, when: float, handle: int, outcome: Outcome | None, land: Any) -> None:
+        heapq.heappush(self._timed, (when, next(self._order), handle, outcome, land))
+
+    def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
+        handle = next(self._ids)
+        self.submitted += 1
+        fault = self._fault_for(session, bufs) if (self._rules or self.policy) else None
+        if fault is None:
+            ok = self._land(session, bufs)
+            self._ready.append((handle, Outcome.DONE if ok else Outcome.FAILED))
+            return handle
+        now = self.clock.now()
+        kind = fault.kind
+        if kind == "fail":
+            self._later(now + fault.delay, handle, Outcome.FAILED, None)
+        elif kind == "delay":
+            self._later(now + fault.delay, handle, Outcome.DONE, (session, tuple(bufs)))
+        elif kind == "timeout":
+            self._later(now + fault.delay, handle, Outcome.TIMED_OUT, None)
+        elif kind == "timeout_land_later":
+            self._later(now + fault.delay, handle, Outcome.TIMED_OUT, None)
+            self._later(now + fault.land_after, handle, None, (session, tuple(bufs)))
+        else:  # hold
+            self._held[handle] = (session, tuple(bufs))
+        return handle
+
+    def complete(self, handle: int, outcome: Outcome = Outcome.DONE, land: bool | None = None) -> None:
+        """Finish a held write by hand; by default its bytes land only when DONE."""
+        session, bufs = self._held.pop(handle)
+        if land is None:
+            land = outcome is Outcome.DONE
+        landed = self._land(session, bufs) if land else False
+        if outcome is Outcome.DONE and not landed:
+            outcome = Outcome.FAILED
+        self._ready.append((handle, outcome))
+
+    @property
+    def held(self) -> list[int]:
+        return list(self._held)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._held) + len(self._timed)
+
+    def next_event_time(self) -> float | None:
+        return self._timed[0][0] if self._timed else None
+
+    def poll(self) -> list[tuple[int, Outcome]]:
+        if self._timed:
+            now = self.clock.now()
+            while self._timed and self._timed[0][0] <= now:
+                _, _, handle, outcome, land = heapq.heappop(self._timed)
+                if land is not None:
+                    landed = self._land(*land)
+                    if outcome is None:
+                        self.late_landings += landed
+                    elif outcome is Outcome.DONE and not landed:
+                        outcome = Outcome.FAILED
+                if outcome is not None:
+                    self._ready.append((handle, outcome))
+        out, self._ready = self._ready, []
+        return out
+
+    # control path -------------------------------------------------------
+    def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:
+        r = self.receivers.get(frame.session)
+        if r is not None and r.alive:
+            r.notices.append(Notice(room, status, reason, self.clock.now()))

@@ -1,0 +1,459 @@
+"""The encode-side manager: rooms, receiver frames, parking, deadlines, outcomes.
+
+Sans-I/O: state changes only through calls made by the encode loop's thread
+(`bind_sender`, `register_receiver`, `submit_chunk`, `fail_room`, `poll`).
+Every room and slot change goes through the declared machines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from epd_ring.fsm import ROOM, ROOM_CONCLUDED
+
+from .clock import Clock, MonotonicClock
+from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree, check_tiling
+from .ring import Slot
+from .timers import Deadlines
+from .transport import Outcome, Transport
+
+log = logging.getLogger("epd_ring.manager")
+
+_ACCEPTS_CHUNK = frozenset(("registered", "ready"))
+
+
+class RoomConflict(ValueError):
+    """A room id already in use (or concluded Success) was registered again."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One room's embedding, staged in a ring slot."""
+
+    slot: Slot
+    n_tokens: int
+    hidden: int
+    dtype: str
+    row_bytes: int
+    src: int
+    deep_src: int = 0
+    deep_row_bytes: int = 0
+
+    @property
+    def has_deep(self) -> bool:
+        return self.deep_row_bytes > 0
+
+
+class Room:
+    __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "reason", "writes_left",
+                 "sender", "announced")
+
+    def __init__(self, room_id: int):
+        self.id = room_id
+        self.state = ROOM.initial
+        self.n: int | None = None
+        self.frames: dict[str, ReceiverFrame] = {}
+        self.chunk: Chunk | None = None
+        self.timer = 0
+        self.reason = ""
+        self.writes_left = 0
+        self.sender = False
+        self.announced = False
+
+    # guard named in the room declaration
+    def all_receivers(self) -> bool:
+        return self.n is not None and len(self.frames) >= self.n
+
+    def __repr__(self) -> str:
+        return f"room {self.id}"
+
+
+class Tombstone:
+    """What is kept of a concluded room: bounded by count and age."""
+
+    __slots__ = ("room", "state", "reason", "at", "sessions")
+
+    def __init__(self, room: int, state: str, reason: str, at: float, sessions: frozenset):
+        self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
+
+    def __repr__(self) -> str:
+        return f"room {self.room} (concluded)"
+
+
+class _Write:
+    __slots__ = ("handle", "room", "slot", "frame", "timer")
+
+    def __init__(self, handle: int, room: int, slot: Slot, frame: ReceiverFrame):
+        self.handle, self.room, self.slot, self.frame, self.timer = handle, room, slot, frame, 0
+
+
+class EncodeManager:
+    """Owns the rooms of one encode worker and drives writes through a transport."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        clock: Clock | None = None,
+        *,
+        park_timeout: float = 120.0,
+        announce_timeout: float | None = None,
+        write_timeout: float = 60.0,
+        quarantine_s: float = 30.0,
+        max_tombstones: int = 65536,
+        tombstone_ttl: float = 600.0,
+        max_announced: int = 4096,
+    ):
+        for name, v in (("park_timeout", park_timeout), ("write_timeout", write_timeout),
+                        ("quarantine_s", quarantine_s), ("tombstone_ttl", tombstone_ttl)):
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if max_tombstones < 1 or max_announced < 1:
+            raise ValueError("max_tombstones and max_announced must be >= 1")
+        self.transport = transport
+        self.clock = clock or getattr(transport, "clock", None) or MonotonicClock()
+        self.park_timeout = park_timeout
+        self.announce_timeout = park_timeout if announce_timeout is None else announce_timeout
+        self.write_timeout = write_timeout
+        self.quarantine_s = quarantine_s
+        self.max_tombstones = max_tombstones
+        self.tombstone_ttl = tombstone_ttl
+        self.max_announced = max_announced
+        self.rooms: dict[int, Room] = {}
+        self.tombstones: OrderedDict[int, Tombstone] = OrderedDict()
+        self.deadlines = Deadlines()
+        self._writes: dict[int, _Write] = {}
+        self._synthetic: list[tuple[int, Outcome]] = []
+        self._synthetic_ids = 0
+        self._announced = 0
+        self.on_conclude: list[Callable[[int, str], None]] = []
+        self.stats: Counter = Counter()
+
+    # queries --------------------------------------------------------------
+    def room_status(self, room_id: int) -> str | None:
+        room = self.rooms.get(room_id)
+        if room is not None:
+            return room.state
+        tomb = self.tombstones.get(room_id)
+        return tomb.state if tomb is not None else None
+
+    def failure_reason(self, room_id: int) -> str | None:
+        tomb = self.tombstones.get(room_id)
+        if tomb is not None and tomb.state == "failed":
+            return tomb.reason
+        return None
+
+    def accepts_chunk(self, room_id: int) -> bool:
+        room = self.rooms.get(room_id)
+        return room is not None and room.state in _ACCEPTS_CHUNK
+
+    def is_parked(self, room_id: int) -> bool:
+        room = self.rooms.get(room_id)
+        return room is not None and room.state == "parked"
+
+    @property
+    def writes_in_flight(self) -> int:
+        return len(self._writes)
+
+    # sender side ----------------------------------------------------------
+    def bind_sender(self, room_id: int) -> str:
+        """The encode request for `room_id` was registered; return the room's state."""
+        if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
+            raise ValueError(f"room must be a non-negative integer, got {room_id!r}")
+        room = self.rooms.get(room_id)
+        if room is None:
+            tomb = self.tombstones.get(room_id)
+            if tomb is not None:
+                if tomb.state == "failed":
+                    # Its receivers already failed it (bad frame, expired wait): the
+                    # sender binds to the failure and its chunk is never written.
+                    return "failed"
+                raise RoomConflict(f"room {room_id} already concluded {tomb.state}; room ids must not be reused")
+            room = self.rooms[room_id] = Room(room_id)
+        elif room.sender:
+            raise RoomConflict(f"room {room_id} already has a sender")
+        if room.announced:
+            self._unannounce(room)
+        ROOM.step(room, "bind_sender")
+        room.sender = True
+        return room.state
+
+    def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
+        """Hand a staged chunk over; the manager owns its slot from here on."""
+        slot = chunk.slot
+        room = self.rooms.get(room_id)
+        if room is None or room.state not in _ACCEPTS_CHUNK:
+            slot.ring.fire(slot, "abandon")
+            self.stats["chunks_dropped"] += 1
+            if room is not None and room.state in ("parked", "transferring"):
+                self._fail(room, f"room {room_id} got a second chunk; a room carries exactly one")
+            return False
+        try:
+            for f in room.frames.values():
+                check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.has_deep)
+        except FrameError as exc:
+            slot.ring.fire(slot, "abandon")
+            self._fail(room, str(exc))
+            return False
+        room.chunk = chunk
+        slot.room = room_id
+        if ROOM.step(room, "stage") == "parked":
+            slot.ring.fire(slot, "park")
+            # Armed once at park time; partial registrations never extend it.
+            self.deadlines.arm(self.clock.now() + self.park_timeout, "park", room)
+        else:
+            self._start_writes(room)
+        return True
+
+    def fail_room(self, room_id: int, reason: str) -> bool:
+        """Conclude a room Failed; True if this call failed it."""
+        room = self.rooms.get(room_id)
+        if room is None:
+            tomb = self.tombstones.get(room_id)
+            if tomb is not None and tomb.state == "failed":
+                ROOM.step(tomb, "fail")  # declared: failure is sticky
+            return False
+        self._fail(room, reason)
+        return True
+
+    # receiver side --------------------------------------------------------
+    def register_receiver(self, frame: ReceiverFrame) -> bool:
+        """Apply one receiver registration frame; False if it was refused."""
+        try:
+            check_frame(frame)
+        except FrameError as exc:
+            self._refuse(frame, str(exc))
+            return False
+        room = self.rooms.get(frame.room)
+        if room is None:
+            tomb = self.tombstones.get(frame.room)
+            if tomb is not None:
+                self._tell_late(frame, tomb)
+                return True
+            if self._announced >= self.max_announced:
+                self.stats["frames_refused"] += 1
+                self._tell(frame, frame.room, "failed", "too many rooms waiting for their sender")
+                log.warning("refused frame for room %s: announce limit %s reached", frame.room, self.max_announced)
+                return False
+            room = self.rooms[frame.room] = Room(frame.room)
+        known = room.frames.get(frame.session)
+        if known is not None:
+            if known == frame:
+                self.stats["duplicate_frames"] += 1
+                return True
+            self._fail(room, f"receiver {frame.session} registered twice with different frames", extra=frame)
+            return False
+        try:
+            if room.frames:
+                check_frames_agree(next(iter(room.frames.values())), frame)
+            if len(room.frames) >= frame.n_receivers:
+                raise FrameError(f"room {room.id}: receiver {frame.session} is beyond the N={frame.n_receivers} declared")
+            if room.chunk is not None:
+                c = room.chunk
+                check_against_chunk(frame, c.n_tokens, c.hidden, c.dtype, c.has_deep)
+        except FrameError as exc:
+            self._fail(room, str(exc), extra=frame)
+            return False
+        room.frames[frame.session] = frame
+        room.n = frame.n_receivers
+        was = room.state
+        now_state = ROOM.step(room, "add_receiver")
+        if was == "new":
+            room.announced = True
+            self._announced += 1
+            self.deadlines.arm(self.clock.now() + self.announce_timeout, "announce", room)
+        elif was == "parked" and now_state == "transferring":
+            self._start_writes(room)
+        return True
+
+    # the tick -------------------------------------------------------------
+    def poll(self) -> int:
+        """Take transfer outcomes, fire due deadlines, age tombstones."""
+        n = 0
+        done = self.transport.poll()
+        if self._synthetic:
+            done += self._synthetic
+            self._synthetic = []
+        for handle, outcome in done:
+            self._on_outcome(handle, outcome)
+        n += len(done)
+        if len(self.deadlines):
+            now = self.clock.now()
+            for kind, obj in self.deadlines.due(now):
+                n += 1
+                if kind == "write":
+                    self.stats["write_deadlines"] += 1
+                    self._on_outcome(obj.handle, Outcome.TIMED_OUT)
+                elif kind == "quarantine":
+                    obj.ring.fire(obj, "release")
+                elif kind == "park":
+                    self._expire(obj, f"only {len(obj.frames)} of {obj.n} receivers registered "
+                                      f"within {self.park_timeout} s of parking")
+                else:  # announce
+                    self._expire(obj, f"sender never registered within {self.announce_timeout} s")
+        if self.tombstones:
+            self._trim_tombstones(self.clock.now())
+        return n
+
+    # internals ------------------------------------------------------------
+    def _start_writes(self, room: Room) -> None:
+        chunk = room.chunk
+        slot = chunk.slot
+        frames = list(room.frames.values())
+        try:
+            check_tiling(frames)
+        except FrameError as exc:
+            self._fail(room, str(exc))
+            return
+        self.deadlines.cancel(room)
+        writes = []
+        rb, drb = chunk.row_bytes, chunk.deep_row_bytes
+        for f in frames:
+            n = f.n_tokens
+            if not n:
+                continue  # a zero-row shard only counts toward N
+            bufs = [(chunk.src + f.row_start * rb, f.dst_ptr, n * rb)]
+            if drb:
+                bufs.append((chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb))
+            writes.append((f, bufs))
+        room.chunk = None
+        if not writes:
+            slot.ring.fire(slot, "abandon")
+            ROOM.step(room, "written")
+            self._conclude(room)
+            return
+        slot.ring.fire(slot, "send")
+        room.writes_left = len(writes)
+        deadline = self.clock.now() + self.write_timeout
+        for f, bufs in writes:
+            slot.writes_in_flight += 1
+            try:
+                handle = self.transport.submit_write(f.session, bufs)
+            except Exception as exc:  # a transport must not raise here; if it does, fail this write only
+                log.error("transport refused a write for room %s to %s: %s", room.id, f.session, exc)
+                self._synthetic_ids -= 1
+                handle = self._synthetic_ids
+                self._synthetic.append((handle, Outcome.FAILED))
+            w = self._writes[handle] = _Write(handle, room.id, slot, f)
+            self.deadlines.arm(deadline, "write", w)
+
+    def _on_outcome(self, handle: int, outcome: Outcome) -> None:
+        w = self._writes.pop(handle, None)
+        if w is None:
+            # Already settled by our own write deadline, or never ours.
+            self.stats["completions_unknown"] += 1
+            return
+        self.deadlines.cancel(w)
+        slot = w.slot
+        slot.writes_in_flight -= 1
+        if outcome is not Outcome.DONE:
+            slot.unsure = True
+        if slot.ring.fire(slot, "settle") == "quarantined":
+            self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
+        room = self.rooms.get(w.room)
+        if room is None or room.state != "transferring":
+            self.stats["completions_dropped"] += 1
+            return
+        if outcome is Outcome.DONE:
+            room.writes_left -= 1
+            if room.writes_left == 0:
+                ROOM.step(room, "written")
+                self._conclude(room)
+        else:
+            self._fail(room, f"write to receiver {w.frame.session} {outcome.value}")
+
+    def _fail(self, room: Room, reason: str, extra: ReceiverFrame | None = None) -> None:
+        chunk = room.chunk
+        ROOM.step(room, "fail")
+        room.reason = reason
+        if chunk is not None:
+            room.chunk = None
+            chunk.slot.ring.fire(chunk.slot, "abandon")  # no write was issued from it
+        log.info("room %s failed: %s", room.id, reason)
+        self._conclude(room)
+        if extra is not None:
+            self._tell(extra, room.id, "failed", reason)
+
+    def _expire(self, room: Room, reason: str) -> None:
+        chunk = room.chunk
+        ROOM.step(room, "expire")
+        room.reason = reason
+        if chunk is not None:
+            room.chunk = None
+            chunk.slot.ring.fire(chunk.slot, "abandon")
+        self.stats["expired"] += 1
+        self._conclude(room)
+
+    def _unannounce(self, room: Room) -> None:
+        room.announced = False
+        self._announced -= 1
+        self.deadlines.cancel(room)
+
+    def _conclude(self, room: Room) -> None:
+        if room.announced:
+            self._unannounce(room)
+        self.deadlines.cancel(room)
+        state = room.state
+        self.stats[state] += 1
+        for f in room.frames.values():
+            self._tell(f, room.id, state, room.reason)
+        del self.rooms[room.id]
+        now = self.clock.now()
+        self.tombstones[room.id] = Tombstone(room.id, state, room.reason, now, frozenset(room.frames))
+        self._trim_tombstones(now)
+        for cb in self.on_conclude:
+            cb(room.id, state)
+
+    def _trim_tombstones(self, now: float) -> None:
+        tombs = self.tombstones
+        while len(tombs) > self.max_tombstones:
+            tombs.popitem(last=False)
+        horizon = now - self.tombstone_ttl
+        while tombs and next(iter(tombs.values())).at < horizon:
+            tombs.popitem(last=False)
+
+    def _tell(self, frame: ReceiverFrame, room_id: int, status: str, reason: str = "") -> None:
+        try:
+            self.transport.notify(frame, room_id, status, reason)
+            self.stats["told_" + status] += 1
+        except Exception as exc:  # one unreachable receiver must not stop the others
+            self.stats["notify_errors"] += 1
+            log.warning("could not tell %s that room %s %s: %s", getattr(frame, "session", "?"), room_id, status, exc)
+
+    def _tell_late(self, frame: ReceiverFrame, tomb: Tombstone) -> None:
+        ROOM.step(tomb, "add_receiver")  # declared only from concluded states
+        self.stats["late_frames"] += 1
+        if tomb.state == "failed":
+            self._tell(frame, tomb.room, "failed", tomb.reason)
+        elif frame.session in tomb.sessions:
+            self._tell(frame, tomb.room, "success")
+        else:
+            self._tell(frame, tomb.room, "failed", "room already concluded without this receiver")
+
+    def _refuse(self, frame: Any, reason: str) -> None:
+        """A malformed frame: counted and logged; it fails only the room it names."""
+        self.stats["frames_refused"] += 1
+        log.warning("refused receiver frame: %s", reason)
+        room_id = getattr(frame, "room", None)
+        if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
+            return
+        room = self.rooms.get(room_id)
+        if room is None and room_id not in self.tombstones:
+            room = self.rooms[room_id] = Room(room_id)
+        if room is not None:
+            self._fail(room, f"malformed receiver frame: {reason}")
+        if isinstance(getattr(frame, "session", None), str):
+            self._tell(frame, room_id, "failed", f"malformed receiver frame: {reason}")
+
+    def snapshot(self) -> dict:
+        """Rooms with their state and receivers, for debugging dumps."""
+        return {
+            rid: {"state": r.state, "receivers": list(r.frames), "n": r.n,
+                  "slot": r.chunk.slot.index if r.chunk else None}
+            for rid, r in self.rooms.items()
+        }
+
+
+__all__ = ["Chunk", "EncodeManager", "Room", "RoomConflict", "Tombstone", "ROOM_CONCLUDED"]

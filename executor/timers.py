@@ -1,0 +1,62 @@
+"""One heap of deadlines for every waiting state (park, announce, write, quarantine).
+
+Each object that can wait carries a `timer` token; an entry is live only while
+the object's token still equals the entry's. Cancelling is O(1) (reset the
+token); dead entries are dropped when popped, and the heap is rebuilt when they
+outnumber live ones, so it stays bounded by the live deadlines.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Iterator
+
+_COMPACT_FLOOR = 4096
+
+
+class Deadlines:
+    __slots__ = ("_heap", "_seq", "_live")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._seq = 0
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    @property
+    def heap_size(self) -> int:
+        return len(self._heap)
+
+    def arm(self, when: float, kind: str, obj: Any) -> None:
+        if obj.timer:
+            self.cancel(obj)
+        self._seq += 1
+        obj.timer = self._seq
+        heapq.heappush(self._heap, (when, self._seq, kind, obj))
+        self._live += 1
+        if len(self._heap) > _COMPACT_FLOOR and len(self._heap) > 4 * self._live:
+            self._heap = [e for e in self._heap if e[3].timer == e[1]]
+            heapq.heapify(self._heap)
+
+    def cancel(self, obj: Any) -> None:
+        if obj.timer:
+            obj.timer = 0
+            self._live -= 1
+
+    def due(self, now: float) -> Iterator[tuple[str, Any]]:
+        """Pop and yield (kind, obj) for every live deadline at or before `now`."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, seq, kind, obj = heapq.heappop(heap)
+            if obj.timer == seq:
+                obj.timer = 0
+                self._live -= 1
+                yield kind, obj
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][3].timer != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None

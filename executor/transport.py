@@ -1,0 +1,46 @@
+"""The transport seam: register memory once, submit writes, collect outcomes later."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+# (source pointer, destination pointer, length in bytes)
+Buf = tuple[int, int, int]
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    FAILED = "failed"
+    # The transport gave up waiting. The bytes may still land later.
+    TIMED_OUT = "timed_out"
+
+
+class TransportError(RuntimeError):
+    """Raised by a transport at set-up (registration) time; never swallowed."""
+
+
+class Transport(ABC):
+    """What the controller needs from a transfer engine.
+
+    None of these may block: `submit_write` returns a handle at once and the
+    outcome arrives through a later `poll`. `notify` tells one receiver the
+    final status of its room.
+    """
+
+    @abstractmethod
+    def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
+        """Register local (pointer, length) regions once; raise TransportError on failure."""
+
+    @abstractmethod
+    def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
+        """Start a one-sided write of `bufs` to receiver `session`; return a handle."""
+
+    @abstractmethod
+    def poll(self) -> list[tuple[int, Outcome]]:
+        """Outcomes of writes that finished since the last poll."""
+
+    @abstractmethod
+    def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:
+        """Tell the receiver that sent `frame` its room's final status."""

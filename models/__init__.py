@@ -1,0 +1,1 @@
+"""The formal model of the slot/room protocol (see issue: models/)."""
