@@ -60,12 +60,12 @@ class Rig:
         r = self.transport.receivers.get(session)
         return r if r is not None else self.transport.add_receiver(session)
 
-    def frame(self, room: int, session: str, n_tokens: int, *, n: int = 1, rank: int = 0,
+    def frame(self, room: int, session: str, span: int, *, n: int = 1, rank: int = 0,
               shard: bool = False, hidden: int | None = None, deep: bool | None = None, **over):
         """Allocate this receiver's buffers, register them, and build its frame."""
         hidden = hidden or self.tower.hidden
         deep = bool(self.tower.num_deepstack_embeddings) if deep is None else deep
-        row_start, rows = shard_rows(n_tokens, rank, n) if shard else (0, n_tokens)
+        row_start, rows = shard_rows(span, rank, n) if shard else (0, span)
         rcv = self.receiver(session)
         main = torch.full((max(rows, 1), hidden), float("nan"), dtype=self.tower.dtype)
         rcv.register(main)
@@ -77,7 +77,7 @@ class Rig:
         self.buffers[(room, session)] = (main, deep_t, row_start, rows)
         fields = dict(room=room, session=session, dst_ptr=main.data_ptr(),
                       dst_deep_ptr=deep_t.data_ptr() if deep_t is not None else 0,
-                      n_tokens=rows, row_start=row_start, span=n_tokens, hidden=hidden,
+                      n_tokens=rows, row_start=row_start, span=span, hidden=hidden,
                       dtype=str(self.tower.dtype), has_deepstack=deep, n_receivers=n)
         fields.update(over)
         return ReceiverFrame(**fields)
@@ -98,11 +98,12 @@ class Rig:
 
 def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
-             **manager_kw) -> Rig:
+             max_deferred: int | None = None, **manager_kw) -> Rig:
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)
-    executor = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
+    executor = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes,
+                              max_deferred=max_deferred)
     return Rig(clock, transport, manager, executor, tower)

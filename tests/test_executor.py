@@ -1,0 +1,614 @@
+"""The controller end to end on the loopback transport with a fake clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import TableTower, make_rig  # noqa: E402
+
+from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
+                               Outcome, RoomConflict, TransportError, assign_encoded_embeddings)
+
+
+def submit(rig, room, n_tokens, seed=None, rid=None):
+    rid = rid if rid is not None else f"req-{room}"
+    rig.executor.register(rid, "prefill-host", 8998, room)
+    item = rig.item(n_tokens, room if seed is None else seed)
+    return rid, item
+
+
+# ---------------------------------------------------------------- scatter ---
+
+def test_scatter_splits_rows_and_deepstack_columns():
+    tower = TableTower(hidden=4, n_deep=3)
+    items = [EncodeItem("image", 2), EncodeItem("image", 3)]
+    output = torch.arange(5 * 16, dtype=torch.float32).reshape(5, 16)
+    assign_encoded_embeddings(items, output, tower)
+    assert items[0].encoded.shape == (2, 4) and items[0].encoded_deepstack.shape == (2, 12)
+    assert items[1].encoded.shape == (3, 4) and items[1].encoded_deepstack.shape == (3, 12)
+    assert torch.equal(items[1].encoded, output[2:5, :4])
+    assert torch.equal(items[1].encoded_deepstack, output[2:5, 4:])
+    assert all(t.is_contiguous() for i in items for t in (i.encoded, i.encoded_deepstack))
+
+
+def test_scatter_without_deepstack_leaves_deepstack_none():
+    items = [EncodeItem("image", 2)]
+    assign_encoded_embeddings(items, torch.ones(2, 8), TableTower(hidden=8))
+    assert items[0].encoded_deepstack is None and items[0].encoded.shape == (2, 8)
+
+
+def test_row_count_mismatch_raises_value_error():
+    with pytest.raises(ValueError, match="5 rows but .* sum to 2"):
+        assign_encoded_embeddings([EncodeItem("image", 2)], torch.zeros(5, 8), TableTower())
+
+
+def test_image_and_video_dispatch_to_their_encoders():
+    rig = make_rig()
+    rid_a, a = submit(rig, 1, 2)
+    rid_b, b = submit(rig, 2, 3)
+    b.modality = "video"
+    assert rig.executor._feature_fn("image") == rig.tower.image_encoder
+    assert rig.executor._feature_fn("video") == rig.tower.get_video_feature
+    rig.executor.execute([(rid_a, a), (rid_b, b)])
+    assert sorted(rig.tower.calls) == [("image", 1), ("video", 1)]
+    with pytest.raises(ValueError, match="unsupported modality"):
+        rig.executor._feature_fn("audio")
+
+
+# --------------------------------------------------------- failure isolation ---
+
+def test_tower_error_fails_every_room_of_the_batch_and_keeps_running():
+    rig = make_rig()
+    batch = [submit(rig, r, 2) for r in (1, 2, 3)]
+    for r in (1, 2, 3):
+        rig.manager.register_receiver(rig.frame(r, f"p{r}", 2))
+    rig.tower.raise_next = RuntimeError("CUDA error: device-side assert")
+    assert rig.executor.execute(batch) == 0
+    for r in (1, 2, 3):
+        assert rig.manager.room_status(r) == "failed"
+        assert rig.receiver(f"p{r}").statuses(r) == ["failed"]
+        assert "device-side assert" in rig.manager.failure_reason(r)
+    # The executor still works for the next batch.
+    rid, item = submit(rig, 4, 2)
+    rig.manager.register_receiver(rig.frame(4, "p4", 2))
+    assert rig.executor.execute([(rid, item)]) == 1
+    rig.executor.poll()
+    assert rig.manager.room_status(4) == "success" and rig.delivered_ok(4, "p4", item)
+
+
+def test_scatter_mismatch_fails_the_batch_rooms():
+    rig = make_rig()
+    rid, item = submit(rig, 1, 2)
+    item.n_tokens = 3  # the tower returns 2 rows for it
+    rig.tower.expected = lambda it: torch.zeros(2, rig.tower.hidden)
+    assert rig.executor.execute([(rid, item)]) == 0
+    assert rig.manager.room_status(1) == "failed"
+
+
+def test_oversized_item_fails_only_its_own_room():
+    rig = make_rig(slot_bytes=256)  # 8 rows of 8 float32
+    bad_rid, bad = submit(rig, 1, 64)
+    ok_rid, ok = submit(rig, 2, 3)
+    for r, n in ((1, 64), (2, 3)):
+        rig.manager.register_receiver(rig.frame(r, f"p{r}", n))
+    assert rig.executor.execute([(bad_rid, bad), (ok_rid, ok)]) == 2
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "failed"
+    assert "exceeds the ring slot" in rig.manager.failure_reason(1)
+    assert rig.receiver("p1").statuses(1) == ["failed"]
+    assert rig.manager.room_status(2) == "success" and rig.delivered_ok(2, "p2", ok)
+    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+
+
+def test_oversized_cache_hit_does_not_escape():
+    rig = make_rig(slot_bytes=256)
+    rid, item = submit(rig, 1, 64)
+    item.encoded = torch.zeros(64, 8)
+    rig.executor.send_item(rid, item)  # must not raise
+    assert rig.manager.room_status(1) == "failed"
+
+
+def test_cache_hit_send_skips_the_tower_and_ships():
+    rig = make_rig()
+    rid, item = submit(rig, 7, 4)
+    rig.manager.register_receiver(rig.frame(7, "p7", 4))
+    item.encoded = rig.tower.expected(item)
+    rig.executor.send_item(rid, item)
+    rig.executor.poll()
+    assert rig.tower.calls == []
+    assert rig.manager.room_status(7) == "success" and rig.delivered_ok(7, "p7", item)
+
+
+def test_fail_rooms_deduplicates_and_counts_rooms_it_failed():
+    rig = make_rig()
+    submit(rig, 1, 2, rid="a")
+    submit(rig, 2, 2, rid="b")
+    assert rig.executor.fail_rooms(["a", "a", "b", "unknown"], ValueError("bad batch")) == 2
+    assert rig.executor.fail_rooms(["a"], ValueError("again")) == 0  # already failed: sticky
+    assert rig.manager.failure_reason(1) == "bad batch"
+
+
+# ------------------------------------------------------------ ring and defer ---
+
+def test_full_ring_defers_then_drains_in_order():
+    rig = make_rig(slots=2)
+    items = [submit(rig, r, 2) for r in range(5)]
+    # Rooms 0 and 1 park (no receivers yet) and hold both slots.
+    rig.executor.execute(items)
+    assert rig.executor.has_deferred()
+    assert [rid for rid, _ in rig.executor._deferred] == ["req-2", "req-3", "req-4"]
+    assert rig.executor.ring.free_count == 0
+    order = []
+    rig.manager.on_conclude.append(lambda room, state: order.append(room))
+    for r in range(5):
+        rig.manager.register_receiver(rig.frame(r, f"p{r}", 2))
+        rig.executor.poll()
+    for _ in range(3):
+        rig.executor.poll()
+    assert order == [0, 1, 2, 3, 4]
+    assert not rig.executor.has_deferred()
+    for rid, item in items:
+        room = int(rid.split("-")[1])
+        assert rig.delivered_ok(room, f"p{room}", item)
+
+
+def test_deferred_sends_are_served_before_new_ones():
+    rig = make_rig(slots=1)
+    a = submit(rig, 1, 2)
+    b = submit(rig, 2, 2)
+    rig.executor.execute([a, b])  # a parks in the only slot, b defers
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.manager.poll()  # frees the slot, but nothing drained yet
+    c = submit(rig, 3, 2)
+    rig.executor.execute([c])  # the new send must queue behind b
+    assert rig.manager.room_status(2) == "parked"
+    assert rig.manager.room_status(3) == "registered"
+    assert [rid for rid, _ in rig.executor._deferred] == ["req-3"]
+
+
+def test_deferred_send_after_its_sender_was_reaped_is_dropped():
+    rig = make_rig(slots=1)
+    a = submit(rig, 1, 2)
+    b = submit(rig, 2, 2)
+    rig.executor.execute([a, b])
+    rig.executor.fail_rooms(["req-2"], RuntimeError("client went away"))
+    rig.executor.reap_concluded_senders(set())
+    assert "req-2" not in rig.executor.senders
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.poll()  # drains: must drop req-2 quietly
+    rig.executor.poll()
+    assert not rig.executor.has_deferred()
+    assert rig.manager.stats["deferred_dropped"] == 1
+    assert rig.executor.ring.free_count == 1
+
+
+def test_chunk_of_a_failed_room_is_never_written():
+    rig = make_rig(slots=1)
+    a = submit(rig, 1, 2)
+    b = submit(rig, 2, 2)
+    rig.manager.register_receiver(rig.frame(2, "p2", 2))
+    rig.executor.execute([a, b])  # b deferred behind a
+    rig.executor.fail_rooms(["req-2"], RuntimeError("aborted"))
+    before = rig.transport.submitted
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.poll()
+    rig.executor.poll()
+    assert rig.transport.submitted == before + 1  # only room 1's write
+    main, *_ = rig.buffers[(2, "p2")]
+    assert torch.isnan(main).all()
+
+
+def test_deferred_queue_is_bounded():
+    clock = FakeClock()
+    manager = EncodeManager(LoopbackTransport(clock), clock)
+    ex = EncodeExecutor(manager, TableTower(), "cpu", ring_slots=1, ring_bytes=4096, max_deferred=2)
+    for r in range(5):
+        ex.register(f"q{r}", "h", 1, r)
+    ex.execute([(f"q{r}", EncodeItem("image", 2, meta={"seed": r})) for r in range(5)])
+    assert len(ex._deferred) == 2
+    assert [manager.room_status(r) for r in range(5)] == ["parked", "registered", "registered", "failed", "failed"]
+
+
+def test_lease_never_hands_out_a_busy_slot():
+    rig = make_rig(slots=3)
+    ring = rig.executor.ring
+    leased = [ring.lease() for _ in range(3)]
+    assert ring.lease() is None
+    assert len({s.index for s in leased}) == 3 and all(s.state == "copying" for s in leased)
+    ring.fire(leased[1], "abandon")
+    again = ring.lease()
+    assert again is leased[1]
+
+
+def test_ring_registers_each_slot_once_and_refuses_overlap():
+    transport = LoopbackTransport()
+    manager = EncodeManager(transport)
+    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=4, ring_bytes=1024)
+    assert len(transport.local) == 8  # 4 main + 4 deepstack regions
+    with pytest.raises(TransportError, match="overlaps"):
+        transport.register_memory([(ex.ring.main_base + 64, 64)])
+
+
+def test_deepstack_ring_holds_as_many_tokens_per_slot_as_the_main_ring():
+    rig = make_rig(slots=2, slot_bytes=512, hidden=8, n_deep=3)  # 16 rows of 8 float32 per main slot
+    ring = rig.executor.ring
+    assert ring.deep_slot_bytes == 3 * ring.slot_bytes
+    rid, item = submit(rig, 1, 16)  # fills the main slot exactly; deepstack is 3x wider
+    rig.manager.register_receiver(rig.frame(1, "p1", 16))
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
+
+
+# ---------------------------------------------------- registration and parking ---
+
+def test_late_registration_parks_then_sends_on_the_nth_receiver():
+    rig = make_rig()
+    rid, item = submit(rig, 5, 6)
+    rig.executor.execute([(rid, item)])
+    assert rig.manager.room_status(5) == "parked"
+    slot = rig.executor.ring.slots[0]
+    assert slot.state == "parked"
+    rig.manager.register_receiver(rig.frame(5, "pa", 6, n=2, rank=0, shard=True))
+    assert rig.manager.room_status(5) == "parked"
+    rig.manager.register_receiver(rig.frame(5, "pb", 6, n=2, rank=1, shard=True))
+    assert rig.manager.room_status(5) == "transferring"
+    rig.executor.poll()
+    assert rig.manager.room_status(5) == "success"
+    assert rig.delivered_ok(5, "pa", item) and rig.delivered_ok(5, "pb", item)
+    assert rig.receiver("pa").statuses(5) == ["success"] and rig.receiver("pb").statuses(5) == ["success"]
+    assert slot.state == "free"
+
+
+def test_identity_fanout_gives_each_receiver_a_full_copy():
+    rig = make_rig(n_deep=2)
+    for s in ("pa", "pb"):
+        rig.manager.register_receiver(rig.frame(9, s, 4, n=2))
+    rid, item = submit(rig, 9, 4)
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()
+    assert rig.delivered_ok(9, "pa", item) and rig.delivered_ok(9, "pb", item)
+
+
+def test_receivers_before_sender_are_announced_then_sent():
+    rig = make_rig()
+    rig.manager.register_receiver(rig.frame(3, "p3", 2))
+    assert rig.manager.room_status(3) == "announced"
+    rid, item = submit(rig, 3, 2)
+    assert rig.manager.room_status(3) == "ready"
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()
+    assert rig.manager.room_status(3) == "success"
+
+
+def test_park_deadline_tells_registered_and_later_receivers_failed():
+    rig = make_rig(park_timeout=10.0)
+    rid, item = submit(rig, 4, 4)
+    rig.executor.execute([(rid, item)])
+    rig.manager.register_receiver(rig.frame(4, "early", 4, n=2))
+    rig.clock.advance(9.0)
+    rig.executor.poll()
+    assert rig.manager.room_status(4) == "parked"
+    rig.clock.advance(1.5)
+    rig.executor.poll()
+    assert rig.manager.room_status(4) == "failed"
+    assert rig.receiver("early").statuses(4) == ["failed"]
+    assert rig.executor.ring.free_count == rig.executor.ring.n_slots  # abandoned: no write was issued
+    rig.manager.register_receiver(rig.frame(4, "late", 4, n=2))
+    assert rig.receiver("late").statuses(4) == ["failed"]
+    assert rig.transport.submitted == 0
+
+
+def test_partial_registrations_do_not_extend_the_park_deadline():
+    rig = make_rig(park_timeout=10.0)
+    rid, item = submit(rig, 4, 6)
+    rig.executor.execute([(rid, item)])
+    for t, rank in ((4.0, 0), (4.0, 1)):
+        rig.clock.advance(t)
+        rig.manager.register_receiver(rig.frame(4, f"p{rank}", 6, n=3, rank=rank, shard=True))
+        rig.executor.poll()
+    rig.clock.advance(2.5)  # 10.5 s after parking, 2.5 s after the last registration
+    rig.executor.poll()
+    assert rig.manager.room_status(4) == "failed"
+    assert rig.receiver("p0").statuses(4) == ["failed"] and rig.receiver("p1").statuses(4) == ["failed"]
+
+
+def test_receivers_without_a_sender_expire_and_are_told():
+    rig = make_rig(park_timeout=5.0)
+    rig.manager.register_receiver(rig.frame(8, "p8", 2))
+    rig.clock.advance(6.0)
+    rig.executor.poll()
+    assert rig.manager.room_status(8) == "failed"
+    assert rig.receiver("p8").statuses(8) == ["failed"]
+    # A sender arriving afterwards binds to the failure; its chunk is never written.
+    rid, item = submit(rig, 8, 2)
+    rig.executor.execute([(rid, item)])
+    assert rig.transport.submitted == 0
+    assert rig.executor.reap_concluded_senders(set()) == 1
+
+
+# -------------------------------------------------------------- validation ---
+
+@pytest.mark.parametrize("span, override, reason", [
+    (5, dict(hidden=16), "hidden"),
+    (5, dict(dtype="torch.bfloat16"), "torch.bfloat16"),
+    (7, dict(), "expects 7 rows"),
+    (5, dict(has_deepstack=True, dst_deep_ptr=0x1000), "deepstack"),
+])
+def test_fanout_mismatch_fails_the_room_with_a_reason(span, override, reason):
+    rig = make_rig()
+    rid, item = submit(rig, 2, 5)
+    rig.executor.execute([(rid, item)])
+    rig.manager.register_receiver(rig.frame(2, "p2", span, **override))
+    assert rig.manager.room_status(2) == "failed"
+    assert reason in rig.manager.failure_reason(2)
+    assert rig.receiver("p2").statuses(2) == ["failed"]
+    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+
+
+def test_shard_gap_fails_the_room_and_tells_every_receiver():
+    rig = make_rig()
+    rid, item = submit(rig, 2, 6)
+    rig.executor.execute([(rid, item)])
+    rig.manager.register_receiver(rig.frame(2, "a", 6, n=2, row_start=0, n_tokens=2))
+    rig.manager.register_receiver(rig.frame(2, "b", 6, n=2, row_start=3, n_tokens=3))
+    assert rig.manager.room_status(2) == "failed" and "gap" in rig.manager.failure_reason(2)
+    assert rig.receiver("a").statuses(2) == ["failed"] and rig.receiver("b").statuses(2) == ["failed"]
+    assert rig.transport.submitted == 0
+
+
+def test_malformed_frame_fails_only_its_own_room():
+    rig = make_rig()
+    good_rid, good = submit(rig, 1, 2)
+    submit(rig, 2, 2)
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    assert not rig.manager.register_receiver(rig.frame(2, "p2", 2, n_tokens=-3))
+    assert not rig.manager.register_receiver(dataclasses.replace(rig.frame(2, "p2b", 2), room="two"))
+    assert rig.manager.stats["frames_refused"] == 2
+    assert rig.manager.room_status(2) == "failed"
+    assert rig.receiver("p2").statuses(2) == ["failed"]
+    rig.executor.execute([(good_rid, good)])
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "success"
+
+
+def test_duplicate_frame_is_idempotent_and_conflicting_one_fails_the_room():
+    rig = make_rig()
+    submit(rig, 1, 2)
+    f = rig.frame(1, "p1", 2, n=2)
+    assert rig.manager.register_receiver(f)
+    assert rig.manager.register_receiver(f)
+    assert rig.manager.stats["duplicate_frames"] == 1 and rig.manager.room_status(1) == "registered"
+    assert not rig.manager.register_receiver(rig.frame(1, "p1", 2, n=2, dst_ptr=f.dst_ptr + 64))
+    assert rig.manager.room_status(1) == "failed"
+
+
+def test_more_receivers_than_declared_fails_the_room():
+    rig = make_rig()
+    submit(rig, 1, 2)
+    rig.manager.register_receiver(rig.frame(1, "a", 2, n=1))
+    rig.manager.register_receiver(rig.frame(1, "b", 2, n=1))
+    assert rig.manager.room_status(1) == "failed"
+    assert "beyond the N=1" in rig.manager.failure_reason(1)
+
+
+def test_room_id_reuse_after_success_is_refused():
+    rig = make_rig()
+    rid, item = submit(rig, 1, 2)
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()
+    with pytest.raises(RoomConflict):
+        rig.executor.register("other", "h", 1, 1)
+    with pytest.raises(ValueError, match="already registered"):
+        rig.executor.register(rid, "h", 1, 99)
+
+
+def test_second_item_for_a_room_fails_it():
+    rig = make_rig()
+    rid, a = submit(rig, 1, 2)
+    b = rig.item(2, 99)
+    rig.executor.execute([(rid, a), (rid, b)])
+    assert rig.manager.room_status(1) == "failed"
+    assert "exactly one" in rig.manager.failure_reason(1)
+
+
+def test_room_status_query():
+    rig = make_rig()
+    assert rig.manager.room_status(42) is None
+    submit(rig, 42, 2)
+    assert rig.manager.room_status(42) == "registered"
+
+
+# -------------------------------------------------------- transfer outcomes ---
+
+def test_write_failure_quarantines_the_slot_until_the_deadline():
+    rig = make_rig(slots=1, quarantine_s=5.0)
+    rig.transport.inject("fail", session="p1")
+    rid, item = submit(rig, 1, 2)
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()
+    slot = rig.executor.ring.slots[0]
+    assert rig.manager.room_status(1) == "failed"
+    assert rig.receiver("p1").statuses(1) == ["failed"]
+    assert slot.state == "quarantined" and rig.executor.ring.lease() is None
+    rig.clock.advance(4.9)
+    rig.executor.poll()
+    assert slot.state == "quarantined"
+    rig.clock.advance(0.2)
+    rig.executor.poll()
+    assert slot.state == "free"
+
+
+def test_timed_out_write_that_lands_later_corrupts_no_other_room():
+    rig = make_rig(slots=1, quarantine_s=5.0)
+    rig.transport.inject("timeout_land_later", session="slow", delay=1.0, land_after=4.0)
+    rid, item = submit(rig, 1, 4, seed=11)
+    rig.manager.register_receiver(rig.frame(1, "slow", 4))
+    rig.executor.execute([(rid, item)])
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "failed"
+    # The next room must wait for the slot instead of overwriting it.
+    rid2, item2 = submit(rig, 2, 4, seed=22)
+    rig.manager.register_receiver(rig.frame(2, "fast", 4))
+    rig.executor.execute([(rid2, item2)])
+    assert rig.executor.has_deferred()
+    rig.clock.advance(3.5)
+    rig.executor.poll()  # the stale write lands now, from the untouched slot
+    assert rig.transport.late_landings == 1
+    assert rig.delivered_ok(1, "slow", item)  # it read room 1's own bytes
+    rig.clock.advance(2.0)
+    rig.executor.poll()
+    rig.executor.poll()
+    assert rig.manager.room_status(2) == "success" and rig.delivered_ok(2, "fast", item2)
+
+
+def test_write_without_any_report_hits_its_own_deadline():
+    rig = make_rig(write_timeout=3.0, quarantine_s=1.0)
+    rig.transport.inject("hold", session="p1")
+    rid, item = submit(rig, 1, 2)
+    rig.manager.register_receiver(rig.frame(1, "p1", 2))
+    rig.executor.execute([(rid, item)])
+    rig.clock.advance(3.0)
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "failed" and "timed_out" in rig.manager.failure_reason(1)
+    assert rig.executor.ring.slots[0].state == "quarantined"
+    # The transport's own late report is for a write we already settled: dropped.
+    rig.transport.complete(rig.transport.held[0], Outcome.DONE)
+    rig.executor.poll()
+    assert rig.manager.stats["completions_unknown"] == 1
+
+
+def test_one_failed_receiver_fails_the_room_for_all_and_late_completion_is_dropped():
+    rig = make_rig()
+    rig.transport.inject("hold", session="b")
+    rid, item = submit(rig, 1, 4)
+    rig.manager.register_receiver(rig.frame(1, "a", 4, n=2))
+    rig.manager.register_receiver(rig.frame(1, "b", 4, n=2))
+    rig.transport.inject("fail", session="a")  # too late for a: its write already went
+    rig.executor.execute([(rid, item)])
+    rig.receiver("a").kill()
+    rig.executor.poll()
+    # a's write landed before the kill; b's is held. Now b fails.
+    rig.transport.complete(rig.transport.held[0], Outcome.FAILED)
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "failed"
+    assert rig.receiver("b").statuses(1) == ["failed"]
+    slot = rig.executor.ring.slots[0]
+    assert slot.state == "quarantined"
+
+
+def test_completion_for_a_concluded_room_is_dropped():
+    rig = make_rig()
+    rig.transport.inject("hold", session="a")
+    rid, item = submit(rig, 1, 4)
+    rig.manager.register_receiver(rig.frame(1, "a", 4, n=2))
+    rig.manager.register_receiver(rig.frame(1, "b", 4, n=2))
+    rig.transport.inject("fail", session="b")
+    rig.executor.execute([(rid, item)])
+    rig.executor.poll()  # b fails the room while a is still in flight
+    assert rig.manager.room_status(1) == "failed"
+    rig.transport.complete(rig.transport.held[0], Outcome.DONE)
+    rig.executor.poll()
+    assert rig.manager.stats["completions_dropped"] == 1
+    assert rig.receiver("a").statuses(1) == ["failed"]  # never told success
+
+
+def test_async_copy_gates_the_write_until_the_fence_completes():
+    class Fence:
+        done = False
+
+        def query(self):
+            return Fence.done
+
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock)
+    tower = TableTower()
+    ex = EncodeExecutor(manager, tower, "cpu", ring_slots=2, ring_bytes=1024, copy_fence=Fence)
+    rcv = transport.add_receiver("p")
+    buf = torch.zeros(2, 8)
+    rcv.register(buf)
+    from epd_ring.executor import ReceiverFrame
+    manager.register_receiver(ReceiverFrame(1, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
+    ex.register("r", "h", 1, 1)
+    item = EncodeItem("image", 2, meta={"seed": 3})
+    ex.execute([("r", item)])
+    assert ex.ring.slots[0].state == "copying" and transport.submitted == 0
+    ex.poll()
+    assert transport.submitted == 0
+    Fence.done = True
+    ex.poll()
+    ex.poll()
+    assert manager.room_status(1) == "success" and torch.equal(buf, tower.expected(item))
+
+
+# ------------------------------------------------------------- under load ---
+
+def test_bytes_match_tower_output_under_ring_pressure_and_faults():
+    rig = make_rig(slots=3, quarantine_s=2.0, park_timeout=50.0, max_deferred=64)
+    rooms = {}
+    g = torch.Generator().manual_seed(0)
+    for r in range(60):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        rid, item = submit(rig, r, n, seed=1000 + r)
+        rooms[r] = (rid, item, n)
+        if r % 7 == 3:
+            rig.transport.inject("timeout_land_later", session=f"p{r}", delay=0.5, land_after=1.5)
+        if r % 2 == 0:  # early registration; odd rooms register late
+            rig.manager.register_receiver(rig.frame(r, f"p{r}", n))
+    for r in range(0, 60, 4):
+        rig.executor.execute([(rooms[i][0], rooms[i][1]) for i in range(r, r + 4)])
+        for i in range(r, r + 4):
+            if i % 2 == 1:
+                rig.manager.register_receiver(rig.frame(i, f"p{i}", rooms[i][2]))
+        rig.clock.advance(0.5)
+        rig.executor.poll()
+    for _ in range(40):
+        rig.clock.advance(0.5)
+        rig.executor.poll()
+    for r, (rid, item, n) in rooms.items():
+        status = rig.manager.room_status(r)
+        if r % 7 == 3:
+            assert status == "failed"
+        else:
+            assert status == "success", (r, status)
+            assert rig.delivered_ok(r, f"p{r}", item), r
+    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.transport.late_landings == len([r for r in rooms if r % 7 == 3])
+
+
+def test_senders_and_tombstones_stay_bounded_over_10000_rooms():
+    rig = make_rig(slots=8, max_tombstones=512, tombstone_ttl=5.0)
+    ex, m = rig.executor, rig.manager
+    rcv = rig.receiver("p")
+    buf = torch.zeros(2, 8)
+    rcv.register(buf)
+    from epd_ring.executor import ReceiverFrame
+    peak_senders = peak_tombs = 0
+    for r in range(10_000):
+        ex.register(r, "h", 1, r)
+        if r % 10 == 9:
+            ex.fail_rooms([r], RuntimeError("client abort"))
+        else:
+            m.register_receiver(ReceiverFrame(r, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
+            ex.execute([(r, EncodeItem("image", 2, meta={"seed": r}))])
+        ex.poll()
+        ex.reap_concluded_senders(set())
+        rig.clock.advance(0.001)
+        peak_senders = max(peak_senders, len(ex.senders))
+        peak_tombs = max(peak_tombs, len(m.tombstones))
+    assert m.stats["success"] == 9000 and m.stats["failed"] == 1000
+    assert peak_senders <= 1 and peak_tombs <= 512
+    assert len(m.rooms) == 0 and m.deadlines.heap_size < 8192
+    rig.clock.advance(10.0)
+    ex.poll()
+    assert len(m.tombstones) == 0
