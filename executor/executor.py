@@ -67,7 +67,8 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
     into the main and deepstack halves. Results are contiguous, since the
     transfer ships raw row-major bytes.
     """
-    output = output.reshape(-1, output.shape[-1])
+    if output.dim() != 2:
+        output = output.reshape(-1, output.shape[-1])
     counts = [item_token_count(item) for item in items]
     total = sum(counts)
     if output.shape[0] != total:
@@ -75,7 +76,9 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
             f"tower output has {output.shape[0]} rows but the items' post-merge token counts sum to {total}"
         )
     deepstack = getattr(model, "num_deepstack_embeddings", 0) > 0
-    for item, emb in zip(items, torch.split(output, counts, dim=0)):
+    # A batch of one needs no split (torch.split costs a few microseconds).
+    pieces = (output,) if len(items) == 1 else torch.split(output, counts, dim=0)
+    for item, emb in zip(items, pieces):
         if deepstack:
             main, deep = model.separate_deepstack_embeds(emb)
             item.encoded = main.contiguous()
@@ -85,8 +88,30 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
             item.encoded_deepstack = None
 
 
+_MODALITY_NAMES: dict = {}
+
+
 def _modality_name(m: Any) -> str:
-    return str(getattr(m, "value", m)).lower()
+    try:
+        return _MODALITY_NAMES[m]
+    except (KeyError, TypeError):
+        name = str(getattr(m, "value", m)).lower()
+        try:
+            if len(_MODALITY_NAMES) < 64:
+                _MODALITY_NAMES[m] = name
+        except TypeError:  # unhashable modality object
+            pass
+        return name
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
 
 
 def _cuda_fence() -> Any:
@@ -129,6 +154,7 @@ class EncodeExecutor:
             copy_fence = _cuda_fence
         self._copy_fence = copy_fence
         self._host_copy = self.device.type == "cpu"
+        self._inference = torch.inference_mode()  # reused: creating one per batch costs ~1 us
         self.senders: dict[Any, Sender] = {}
         self._room_sender: dict[int, Sender] = {}
         self._deferred: deque[tuple[Any, Any]] = deque()
@@ -173,7 +199,7 @@ class EncodeExecutor:
         for _, item in request_items:
             by_modality.setdefault(_modality_name(item.modality), []).append(item)
         try:
-            with torch.inference_mode():
+            with self._inference:
                 for modality, items in by_modality.items():
                     output = self._feature_fn(modality)(items)
                     assign_encoded_embeddings(items, output, self.model)
@@ -228,7 +254,8 @@ class EncodeExecutor:
     def has_deferred(self) -> bool:
         return bool(self._deferred)
 
-    def _check(self, item: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _check(self, item: Any) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
+        """The item's embedding (and deepstack half) with their byte sizes, or StagingError."""
         ring = self.ring
         enc = item.encoded
         if not isinstance(enc, torch.Tensor) or enc.dim() != 2:
@@ -240,7 +267,7 @@ class EncodeExecutor:
                                f"raise ring_bytes")
         deep = item.encoded_deepstack
         if deep is None or deep.numel() == 0:
-            return enc, None
+            return enc, nbytes, None, 0
         if ring.deep is None:
             raise StagingError("item has deepstack rows but the model declares no deepstack ring")
         if deep.dim() != 2 or deep.shape[0] != enc.shape[0]:
@@ -249,11 +276,11 @@ class EncodeExecutor:
         if dbytes > ring.deep_slot_bytes:
             raise StagingError(f"deepstack embedding of {dbytes} B exceeds the deepstack slot of "
                                f"{ring.deep_slot_bytes} B")
-        return enc, deep
+        return enc, nbytes, deep, dbytes
 
-    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor) -> None:
-        nbytes = src.numel() * src.element_size()
-        if self._host_copy and src.device.type == "cpu":
+    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor,
+              nbytes: int) -> None:
+        if self._host_copy and src.is_cpu:
             src = src.contiguous()
             ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
         else:
@@ -269,7 +296,7 @@ class EncodeExecutor:
             self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
             return
         try:
-            enc, deep = self._check(item)
+            enc, nbytes, deep, dbytes = self._check(item)
         except StagingError as exc:
             manager.fail_room(room, f"staging failed: {exc}")
             return
@@ -277,18 +304,19 @@ class EncodeExecutor:
         slot = ring.lease()
         try:
             src = ring.main_ptr(slot)
-            self._copy(src, ring.main_view, slot, enc)
+            self._copy(src, ring.main_view, slot, enc, nbytes)
             deep_src = deep_rb = 0
             if deep is not None:
                 deep_src = ring.deep_ptr(slot)
-                self._copy(deep_src, ring.deep_view, slot, deep)
+                self._copy(deep_src, ring.deep_view, slot, deep, dbytes)
                 deep_rb = deep.shape[1] * deep.element_size()
         except Exception as exc:
             ring.fire(slot, "abandon")
             manager.fail_room(room, f"staging failed: {exc}")
             return
         sender.staged = True
-        chunk = Chunk(slot, enc.shape[0], enc.shape[1], str(enc.dtype), enc.shape[1] * enc.element_size(),
+        rows, hidden = enc.shape
+        chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
                       src, deep_src, deep_rb)
         slot.room = room
         if self._copy_fence is not None:

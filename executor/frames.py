@@ -7,8 +7,7 @@ frame naming where its rows go. The N frames either each take a full copy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 _U64 = 1 << 64
 MAX_RECEIVERS = 1024
@@ -29,8 +28,9 @@ class FrameError(ValueError):
     """A registration frame that breaks the contract; it fails only its own room."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReceiverFrame:
+class ReceiverFrame(NamedTuple):
+    """One receiver's registration for a room (immutable; built once per frame)."""
+
     room: int
     session: str  # the receiver's transfer-engine session ("host:port")
     dst_ptr: int
@@ -53,8 +53,23 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _plainly_valid(f: ReceiverFrame) -> bool:
+    """The common case in one expression; anything it doubts gets the full check."""
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, _ = f
+    return (
+        type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
+        and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
+        and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
+        and 0 <= dst < _U64 and 0 <= deep < _U64 and n >= 0 and start >= 0 and span >= 1
+        and hidden >= 1 and 1 <= n_recv <= MAX_RECEIVERS and start + n <= span and dtype in DTYPE_SIZES
+        and (n == 0 or (dst != 0 and (not has_deep or deep != 0)))
+    )
+
+
 def check_frame(f: ReceiverFrame) -> None:
     """Field-level checks; raise FrameError naming the first broken field."""
+    if _plainly_valid(f):
+        return
     if not _is_int(f.room) or f.room < 0:
         raise FrameError(f"room must be a non-negative integer, got {f.room!r}")
     if not isinstance(f.session, str) or not f.session:
@@ -111,10 +126,10 @@ def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str
 
 def check_tiling(frames: list[ReceiverFrame]) -> None:
     """All identity copies, or non-empty shards tiling one contiguous row range."""
-    if all(f.identity for f in frames):
+    if len(frames) == 1 or all(f.identity for f in frames):
         return
-    if any(f.identity for f in frames):
-        raise FrameError(f"room {frames[0].room}: identity and shard frames are mixed")
+    # Otherwise shards: a full-span frame beside others overlaps them, and a
+    # zero-row frame (span smaller than the shard count) carries nothing.
     shards = sorted((f for f in frames if f.n_tokens), key=lambda f: f.row_start)
     for prev, nxt in zip(shards, shards[1:]):
         end = prev.row_start + prev.n_tokens

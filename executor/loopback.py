@@ -149,7 +149,11 @@ class LoopbackTransport(Transport):
         r = self.receivers.get(session)
         if r is None or not r.alive:
             return False
-        return all(self.local.covers(s, n) and r.regions.covers(d, n) for s, d, n in bufs if n)
+        local, remote = self.local, r.regions
+        for s, d, n in bufs:
+            if n and not (local.covers(s, n) and remote.covers(d, n)):
+                return False
+        return True
 
     def _land(self, session: str, bufs: Sequence[Buf]) -> bool:
         if not self._valid(session, bufs):

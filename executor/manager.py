@@ -128,6 +128,7 @@ class EncodeManager:
         self._synthetic: list[tuple[int, Outcome]] = []
         self._synthetic_ids = 0
         self._announced = 0
+        self._next_trim = 0.0
         self.on_conclude: list[Callable[[int, str], None]] = []
         self.stats: Counter = Counter()
 
@@ -160,7 +161,7 @@ class EncodeManager:
     # sender side ----------------------------------------------------------
     def bind_sender(self, room_id: int) -> str:
         """The encode request for `room_id` was registered; return the room's state."""
-        if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
+        if type(room_id) is not int or room_id < 0:
             raise ValueError(f"room must be a non-negative integer, got {room_id!r}")
         room = self.rooms.get(room_id)
         if room is None:
@@ -279,8 +280,8 @@ class EncodeManager:
         for handle, outcome in done:
             self._on_outcome(handle, outcome)
         n += len(done)
-        if len(self.deadlines):
-            now = self.clock.now()
+        now = self.clock.now()
+        if self.deadlines.any_due(now):
             for kind, obj in self.deadlines.due(now):
                 n += 1
                 if kind == "write":
@@ -293,21 +294,25 @@ class EncodeManager:
                                       f"within {self.park_timeout} s of parking")
                 else:  # announce
                     self._expire(obj, f"sender never registered within {self.announce_timeout} s")
-        if self.tombstones:
-            self._trim_tombstones(self.clock.now())
+        if now >= self._next_trim:
+            # Ageing tombstones is coarse on purpose: a tenth of their lifetime.
+            self._next_trim = now + self.tombstone_ttl / 10
+            self._trim_tombstones(now)
         return n
 
     # internals ------------------------------------------------------------
     def _start_writes(self, room: Room) -> None:
         chunk = room.chunk
         slot = chunk.slot
-        frames = list(room.frames.values())
-        try:
-            check_tiling(frames)
-        except FrameError as exc:
-            self._fail(room, str(exc))
-            return
-        self.deadlines.cancel(room)
+        frames = room.frames.values()
+        if len(frames) > 1:
+            try:
+                check_tiling(list(frames))
+            except FrameError as exc:
+                self._fail(room, str(exc))
+                return
+        if room.timer:
+            self.deadlines.cancel(room)
         writes = []
         rb, drb = chunk.row_bytes, chunk.deep_row_bytes
         for f in frames:
@@ -401,8 +406,10 @@ class EncodeManager:
             self._tell(f, room.id, state, room.reason)
         del self.rooms[room.id]
         now = self.clock.now()
-        self.tombstones[room.id] = Tombstone(room.id, state, room.reason, now, frozenset(room.frames))
-        self._trim_tombstones(now)
+        tombs = self.tombstones
+        tombs[room.id] = Tombstone(room.id, state, room.reason, now, frozenset(room.frames))
+        if len(tombs) > self.max_tombstones:
+            tombs.popitem(last=False)
         for cb in self.on_conclude:
             cb(room.id, state)
 

@@ -45,6 +45,9 @@ class Deadlines:
             obj.timer = 0
             self._live -= 1
 
+    def any_due(self, now: float) -> bool:
+        return bool(self._heap) and self._heap[0][0] <= now
+
     def due(self, now: float) -> Iterator[tuple[str, Any]]:
         """Pop and yield (kind, obj) for every live deadline at or before `now`."""
         heap = self._heap

@@ -88,6 +88,10 @@ class CompiledMachine:
         self.table: dict[tuple[str, str], tuple[tuple[str, tuple], ...]] = {
             k: tuple(v) for k, v in table.items()
         }
+        # Hot path: an unguarded single edge is stored as its bare destination.
+        self._fast: dict[tuple[str, str], object] = {
+            k: (v[0][0] if len(v) == 1 and not v[0][1] else tuple(v)) for k, v in table.items()
+        }
 
     def allowed(self, state: str, event: str) -> bool:
         return (state, event) in self.table
@@ -95,7 +99,10 @@ class CompiledMachine:
     def step(self, obj: Any, event: str) -> str:
         """Move `obj.state` along the declared edge for `event`; return the new state."""
         state = obj.state
-        options = self.table.get((state, event))
+        options = self._fast.get((state, event))
+        if options.__class__ is str:
+            obj.state = options
+            return options
         if options is None:
             raise InvalidTransition(self.name, state, event, obj)
         for dest, guards in options:

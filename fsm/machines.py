@@ -35,10 +35,10 @@ SLOT_DECLARATION = {
         # No write was ever issued from the slot, so nothing can still read it.
         {"trigger": "abandon", "source": ["copying", "staged", "parked"], "dest": "free"},
         # One write from the slot reported an outcome (or hit its own deadline).
-        {"trigger": "settle", "source": "sending", "dest": "sending",
-         "conditions": ["writes_pending"]},
         {"trigger": "settle", "source": "sending", "dest": "free",
          "unless": ["writes_pending", "write_unsure"]},
+        {"trigger": "settle", "source": "sending", "dest": "sending",
+         "conditions": ["writes_pending"]},
         {"trigger": "settle", "source": "sending", "dest": "quarantined",
          "conditions": ["write_unsure"], "unless": ["writes_pending"]},
         # A failed or timed-out write may still land later: reuse only after the
@@ -65,7 +65,7 @@ ROOM_DECLARATION = {
     "name": "room",
     "initial": "new",
     "states": [
-        {"name": "new", "tags": ["free"]},
+        {"name": "new", "tags": ["waiting"]},
         {"name": "announced", "tags": ["waiting"]},
         {"name": "registered", "tags": ["waiting"]},
         {"name": "ready", "tags": ["waiting"]},

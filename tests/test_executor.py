@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -369,7 +368,7 @@ def test_malformed_frame_fails_only_its_own_room():
     submit(rig, 2, 2)
     rig.manager.register_receiver(rig.frame(1, "p1", 2))
     assert not rig.manager.register_receiver(rig.frame(2, "p2", 2, n_tokens=-3))
-    assert not rig.manager.register_receiver(dataclasses.replace(rig.frame(2, "p2b", 2), room="two"))
+    assert not rig.manager.register_receiver(rig.frame(2, "p2b", 2)._replace(room="two"))
     assert rig.manager.stats["frames_refused"] == 2
     assert rig.manager.room_status(2) == "failed"
     assert rig.receiver("p2").statuses(2) == ["failed"]

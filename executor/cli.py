@@ -1,0 +1,43 @@
+"""The `epd-ring` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="epd-ring", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the controller on the loopback transport with a real tower")
+    demo.add_argument("--rooms", type=int, default=2000)
+    demo.add_argument("--slots", type=int, default=6)
+    demo.add_argument("--batch", type=int, default=8)
+    demo.add_argument("--fault-rate", type=float, default=0.25)
+    demo.add_argument("--no-deepstack", action="store_true")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--quiet", action="store_true")
+
+    bench = sub.add_parser("bench", help="per-item cost of the controller cycle at several ring sizes")
+    bench.add_argument("--items", type=int, default=10000)
+    bench.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 4096])
+
+    args = parser.parse_args(argv)
+    # Injected faults log errors by design; the demo reports them in its summary.
+    level = logging.CRITICAL if args.command == "demo" else logging.ERROR
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from .demo import run
+        return run(rooms=args.rooms, slots=args.slots, batch=args.batch, fault_rate=args.fault_rate,
+                   deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
+    if args.command == "bench":
+        from .bench import run as bench_run
+        bench_run(items=args.items, sizes=tuple(args.sizes))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

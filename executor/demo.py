@@ -1,0 +1,239 @@
+"""`epd-ring demo`: the controller under ring pressure, late registrations and faults.
+
+A real (tiny) torch vision tower encodes images of varied sizes; an encode loop
+drives the executor on the loopback transport with a simulated clock, so park,
+write and quarantine deadlines pass in simulated time while the work is real.
+At the end every delivered byte is compared with the tower's output, and every
+room's outcome with what was injected into it.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .clock import FakeClock
+from .executor import EncodeExecutor, EncodeItem
+from .frames import ReceiverFrame, shard_rows
+from .loopback import Fault, LoopbackTransport
+from .manager import EncodeManager
+from .tower import TinyVisionModel, TinyVisionTower
+
+FAULTS = ("none", "late", "partial", "never", "write_fail", "timeout_land_later", "oversized",
+          "tower_error", "receiver_killed")
+EXPECT = {"none": "success", "late": "success", "partial": "failed", "never": "failed",
+          "write_fail": "failed", "timeout_land_later": "failed", "oversized": "failed",
+          "tower_error": "failed", "batch_mate": "failed", "receiver_killed": "either"}
+
+
+@dataclass
+class RoomPlan:
+    room: int
+    rid: str
+    item: EncodeItem
+    fault: str
+    sessions: list[str]
+    shard: bool
+    register_at: list[int | None]  # tick of each receiver's frame; None: never
+    arrive_at: int
+    expected: torch.Tensor | None = None
+    buffers: dict = field(default_factory=dict)  # session -> (main, deep, row_start, rows)
+
+
+class PoisonableModel(TinyVisionModel):
+    """Raises inside the tower when a batch holds an item marked as poison."""
+
+    def get_image_feature(self, items):
+        if any(i.meta.get("poison") for i in items):
+            raise RuntimeError("injected tower failure (poisoned image)")
+        return super().get_image_feature(items)
+
+    image_encoder = get_image_feature
+
+
+def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_rate: float,
+               deepstack: bool) -> list[RoomPlan]:
+    plans = []
+    step = tower.patch * tower.merge
+    for r in range(n_rooms):
+        fault = "none"
+        if rng.random() < fault_rate:
+            # A tower error fails its whole batch, so it is kept rare.
+            fault = rng.choices(FAULTS[1:], weights=[4, 3, 2, 3, 3, 2, 0.3, 1])[0]
+        n = rng.choice((1, 1, 2))
+        shard = n > 1 and rng.random() < 0.5
+        if fault == "partial" and n == 1:
+            n = 2
+        h = step * rng.randint(1, 8)
+        w = step * rng.randint(1, 8)
+        if fault == "oversized":
+            h = w = step * 16
+        pixels = torch.randn(3, h, w, generator=torch.Generator().manual_seed(10_000 + r))
+        item = EncodeItem("image", tower.tokens_for(h, w), pixel_values=pixels, meta={"poison": fault == "tower_error"})
+        arrive = r // 2
+        sessions = ["prefill-doomed:0"] if fault == "receiver_killed" else [f"prefill-{k}:{rng.randint(0, 3)}" for k in range(n)]
+        if fault == "receiver_killed":
+            n, shard = 1, False
+        if fault == "late":
+            register_at = [arrive + rng.randint(1, 40) for _ in range(n)]
+        elif fault == "never":
+            register_at = [None] * n
+        elif fault == "partial":
+            register_at = [arrive] + [None] * (n - 1)
+        else:
+            register_at = [arrive - rng.randint(0, 2) if rng.random() < 0.7 else arrive + rng.randint(0, 3)
+                           for _ in range(n)]
+        plans.append(RoomPlan(1_000_000 + r, f"req-{r}", item, fault, sessions, shard, register_at, arrive))
+    return plans
+
+
+def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
+        seed: int = 0, tick_s: float = 0.01, quiet: bool = False) -> int:
+    torch.set_num_threads(1)
+    rng = random.Random(seed)
+    tower = TinyVisionTower(deepstack_layers=(0, 1) if deepstack else (), seed=seed)
+    model = PoisonableModel(tower)
+    n_deep = model.num_deepstack_embeddings
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
+    max_tokens = (8 * tower.patch * tower.merge // (tower.patch * tower.merge)) ** 2
+    slot_bytes = max_tokens * tower.hidden * 4
+    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
+    plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
+    by_room = {p.room: p for p in plans}
+
+    # Receivers and their buffers; a fault policy keyed by destination pointer.
+    write_faults: dict[int, Fault] = {}
+    for p in plans:
+        n = len(p.sessions)
+        for k, session in enumerate(p.sessions):
+            rcv = transport.receivers.get(session) or transport.add_receiver(session)
+            span = p.item.n_tokens
+            row_start, rows = shard_rows(span, k, n) if p.shard else (0, span)
+            main = torch.full((max(rows, 1), tower.hidden), float("nan"))
+            rcv.register(main)
+            deep = None
+            if n_deep:
+                deep = torch.full((max(rows, 1), tower.hidden * n_deep), float("nan"))
+                rcv.register(deep)
+            p.buffers[session] = (main, deep, row_start, rows)
+        first = p.buffers[p.sessions[0]][0].data_ptr()
+        if p.fault == "write_fail":
+            write_faults[first] = Fault("fail")
+        elif p.fault == "timeout_land_later":
+            write_faults[first] = Fault("timeout_land_later", delay=0.05, land_after=0.3)
+    transport.policy = lambda session, bufs: write_faults.get(bufs[0][1])
+
+    def frame_for(p: RoomPlan, k: int) -> ReceiverFrame:
+        session = p.sessions[k]
+        main, deep, row_start, rows = p.buffers[session]
+        return ReceiverFrame(p.room, session, main.data_ptr(), deep.data_ptr() if deep is not None else 0, rows,
+                             row_start, p.item.n_tokens, tower.hidden, "torch.float32", bool(n_deep),
+                             len(p.sessions))
+
+    frames_at: dict[int, list[tuple[RoomPlan, int]]] = {}
+    for p in plans:
+        for k, t in enumerate(p.register_at):
+            if t is not None:
+                frames_at.setdefault(max(t, 0), []).append((p, k))
+    arrivals = deque(sorted(plans, key=lambda p: p.arrive_at))
+    queue: deque[RoomPlan] = deque()
+    batch_mates: set[int] = set()
+    kill_tick = rooms // 4
+    last_frame_tick = max(frames_at) if frames_at else 0
+    outcome: dict[int, str] = {}
+    manager.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
+
+    t0 = time.perf_counter()
+    next_report = max(1, rooms // 10)
+    tick = 0
+    while True:
+        for p, k in frames_at.pop(tick, ()):
+            manager.register_receiver(frame_for(p, k))
+        while arrivals and arrivals[0].arrive_at <= tick:
+            p = arrivals.popleft()
+            executor.register(p.rid, "prefill-bootstrap", 8998, p.room)
+            queue.append(p)
+        if tick == kill_tick:
+            transport.receivers["prefill-doomed:0"].kill() if "prefill-doomed:0" in transport.receivers else None
+        if queue and not executor.has_deferred():  # backpressure: no tower run while sends wait
+            run_now = [queue.popleft() for _ in range(min(batch, len(queue)))]
+            if any(p.item.meta["poison"] for p in run_now):
+                batch_mates.update(p.room for p in run_now if not p.item.meta["poison"])
+            executor.execute([(p.rid, p.item) for p in run_now])
+            for p in run_now:
+                if p.item.encoded is not None:
+                    enc, deep = p.item.encoded, p.item.encoded_deepstack
+                    p.expected = torch.cat([enc, deep], dim=1) if deep is not None else enc.clone()
+        executor.poll()
+        executor.reap_concluded_senders({p.rid for p in queue})
+        clock.advance(tick_s)
+        tick += 1
+        if not quiet and len(outcome) >= next_report:
+            next_report += max(1, rooms // 10)
+            print(f"  tick {tick:5d}  concluded {len(outcome):4d}/{rooms}  queued {len(queue):3d}  "
+                  f"deferred {len(executor._deferred):3d}  free slots {executor.ring.free_count}/{slots}",
+                  flush=True)
+        if len(outcome) == rooms and not queue and tick > last_frame_tick:
+            break
+        if tick > 100_000:
+            print("demo did not converge", file=sys.stderr)
+            return 2
+    wall = time.perf_counter() - t0
+    # Quiesce: let every quarantine and late landing pass.
+    for _ in range(int(3.0 / tick_s)):
+        clock.advance(tick_s)
+        executor.poll()
+
+    # Check every byte and every outcome.
+    table: dict[str, Counter] = {}
+    mismatched = []
+    checked_bytes = 0
+    bad_bytes = 0
+    told_wrong = 0
+    for p in plans:
+        fault = "batch_mate" if p.room in batch_mates else p.fault
+        got = outcome.get(p.room, "unconcluded")
+        table.setdefault(fault, Counter())[got] += 1
+        want = EXPECT[fault]
+        if want != "either" and got != want:
+            mismatched.append((p.room, fault, got, manager.failure_reason(p.room)))
+        for session, (main, deep, row_start, rows) in p.buffers.items():
+            rcv = transport.receivers[session]
+            told = rcv.statuses(p.room)
+            if rcv.alive and p.register_at[p.sessions.index(session)] is not None and told[-1:] != [got]:
+                told_wrong += 1
+            landed = got == "success" or (fault == "timeout_land_later" and not torch.isnan(main).all())
+            if landed and rows:
+                exp = p.expected[row_start:row_start + rows]
+                full = torch.cat([main[:rows], deep[:rows]], dim=1) if deep is not None else main[:rows]
+                checked_bytes += full.numel() * 4
+                if not torch.equal(full, exp):
+                    bad_bytes += full.numel() * 4
+    leaked = executor.ring.n_slots - executor.ring.counts().get("free", 0)
+
+    print(f"\nepd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
+          f"seed {seed}")
+    print(f"{'injected':<20} {'rooms':>6} {'success':>8} {'failed':>7}   expected")
+    for fault in sorted(table, key=lambda f: (f != "none", f)):
+        c = table[fault]
+        print(f"{fault:<20} {sum(c.values()):>6} {c['success']:>8} {c['failed']:>7}   {EXPECT[fault]}")
+    total = Counter(outcome.values())
+    print(f"{'total':<20} {rooms:>6} {total['success']:>8} {total['failed']:>7}")
+    print(f"outcomes differing from the injection: {len(mismatched)}")
+    for room, fault, got, reason in mismatched[:10]:
+        print(f"  room {room} ({fault}): {got}: {reason}")
+    print(f"receivers told a wrong or no outcome:  {told_wrong}")
+    print(f"delivered bytes checked: {checked_bytes}, differing from the tower output: {bad_bytes}")
+    print(f"late landings: {transport.late_landings}, deferred sends: {manager.stats['deferred']}")
+    print(f"slots leaked: {leaked}")
+    print(f"throughput: {rooms / wall:.0f} items/s ({wall:.2f} s wall, {tick} ticks)")
+    ok = not mismatched and not bad_bytes and not leaked and not told_wrong
+    print("RESULT:", "ok" if ok else "FAILED")
+    return 0 if ok else 1

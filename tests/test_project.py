@@ -1,0 +1,65 @@
+"""Packaging, README freshness, and the main job and benchmark as smoke tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from epd_ring.fsm import tables
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_tables_match_the_declarations():
+    text = (ROOT / "README.md").read_text()
+    assert tables.refresh(text) == text, "run: python -m epd_ring.fsm.tables --write README.md"
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("```")[0].strip() for b in text.split("```bash")[1:3]]
+    assert "epd-ring demo" in blocks[0] and "pip install torch==2.13.0" in blocks[0]
+    test_cmd = blocks[1].split("&&")[-1].strip()
+    assert "pytest" in test_cmd
+    assert test_cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_wheel_installs_under_one_namespace(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
+    wheel = next((tmp_path / "dist").glob("epd_ring-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"epd_ring"}
+    assert "epd_ring/fsm/machines.py" in names and "epd_ring/executor/manager.py" in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True)
+    code = ("import epd_ring.fsm, epd_ring.executor, epd_ring.models, importlib.util; "
+            "print(epd_ring.fsm.__file__); assert importlib.util.find_spec('fsm') is None")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.startswith(str(target))
+
+
+def test_demo_main_job_passes_its_own_checks(capsys):
+    from epd_ring.executor.cli import main
+
+    assert main(["demo", "--rooms", "300", "--slots", "4", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "slots leaked: 0" in out and "differing from the tower output: 0" in out
+    assert "items/s" in out and "concluded" in out
+
+
+def test_bench_runs_its_cycle_and_prints_figures(capsys):
+    from epd_ring.executor.cli import main
+
+    assert main(["bench", "--items", "300", "--sizes", "16", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "us/item" in out and "64" in out
