@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--items", type=int, default=10000)
     bench.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 4096])
 
+    diagrams = sub.add_parser("diagrams", help="render the state diagrams into diagrams/")
+    diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
+    diagrams.add_argument("--dir", default="diagrams")
+
     args = parser.parse_args(argv)
     # Injected faults log errors by design; the demo reports them in its summary.
     level = logging.CRITICAL if args.command == "demo" else logging.ERROR
@@ -36,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run as bench_run
         bench_run(items=args.items, sizes=tuple(args.sizes))
         return 0
+    if args.command == "diagrams":
+        from epd_ring.fsm.render import main as render_main
+        return render_main(args.dir, check=args.check)
     return 2
 
 

@@ -378,8 +378,16 @@ class EncodeExecutor:
         return reaped
 
     # debugging ---------------------------------------------------------------
-    def dump_state(self) -> str:
-        """Each slot with its state and room, each live room with its state and receivers."""
+    def dump_state(self, format: str = "text") -> str:
+        """Each slot with its state and room, each live room with its state and receivers.
+
+        `format="dot"` gives a graphviz picture of the same (render with `dot -Tsvg`).
+        """
+        if format == "dot":
+            from epd_ring.fsm.diagrams import live_dot
+            return live_dot(self.ring.slots, self.manager.snapshot())
+        if format != "text":
+            raise ValueError(f"format must be 'text' or 'dot', got {format!r}")
         lines = [f"ring: {self.ring.n_slots} slots x {self.ring.slot_bytes} B, "
                  f"{self.ring.free_count} free, {len(self._deferred)} deferred"]
         for s in self.ring.slots:

@@ -26,7 +26,8 @@ def markdown() -> str:
     parts = []
     for m in (SLOT, ROOM):
         guards = m.declaration.get("guard_docs", {})
-        parts.append(f"#### {m.name.capitalize()} machine\n\n{states_table(m)}\n\n{events_table(m)}")
+        parts.append(f"#### {m.name.capitalize()} machine\n\n![{m.name} machine](diagrams/{m.name}.svg)\n\n"
+                     f"{states_table(m)}\n\n{events_table(m)}")
         if guards:
             parts.append("\n".join(f"- guard `{g}`: {doc}" for g, doc in guards.items()))
     return "\n\n".join(parts)
