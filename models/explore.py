@@ -1,0 +1,277 @@
+"""Exhaustive breadth-first exploration of the spec, with symmetry reduction.
+
+Every reachable state (up to a permutation of room and slot identities) is
+checked against the safety invariants; every transition against the checks
+that belong to transitions (no write for a concluded room, no extended deadline,
+failure sticky, status forward, a rank that strictly grows so the graph has no
+cycle). A state with no successor must be quiescent, otherwise it deadlocks;
+since the graph is acyclic, that also proves progress: from every reachable
+state a quiescent one (every room concluded, every slot free) is reachable.
+
+The first, and so shortest, trace to each kind of violation is kept; traces
+are concrete (replayable event lists), rebuilt from the canonical path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Spec
+
+FORWARD = {"success": 2, "failed": 2}
+
+
+def canonical(state: tuple) -> tuple:
+    """Relabel rooms and slots into a canonical order (a sound, cheap symmetry reduction).
+
+    Rooms are ordered by their own fields, the state of the slot they use and
+    their place in the deferred queue; slots follow the rooms that use them,
+    then the rest by their own fields. Ties keep their order, which can leave
+    two symmetric states apart but never merges two different ones.
+    """
+    rooms, slots, deferred, faults, halt = state
+    dpos = {r: k for k, r in enumerate(deferred)}
+    keys = []
+    for i, r in enumerate(rooms):
+        s = r[SLOTI]
+        if s >= 0:
+            sl = slots[s]
+            keys.append((r[:SLOTI], sl[SS], sl[UNSURE], sl[CONTENT] == i, dpos.get(i, -1), i))
+        else:
+            keys.append((r[:SLOTI], "", False, False, dpos.get(i, -1), i))
+    keys.sort()
+    rmap = [0] * len(rooms)
+    for new, k in enumerate(keys):
+        rmap[k[-1]] = new
+    smap = [-1] * len(slots)
+    nxt = 0
+    for k in keys:
+        s = rooms[k[-1]][SLOTI]
+        if s >= 0 and smap[s] < 0:
+            smap[s] = nxt
+            nxt += 1
+    rest = sorted((sl[SS], rmap[sl[CONTENT]] if sl[CONTENT] >= 0 else -1, sl[UNSURE], s)
+                  for s, sl in enumerate(slots) if smap[s] < 0)
+    for k in rest:
+        smap[k[-1]] = nxt
+        nxt += 1
+    new_rooms = [None] * len(rooms)
+    for i, r in enumerate(rooms):
+        s = r[SLOTI]
+        new_rooms[rmap[i]] = r[:SLOTI] + (smap[s] if s >= 0 else -1,)
+    new_slots = [None] * len(slots)
+    for s, sl in enumerate(slots):
+        c = sl[CONTENT]
+        new_slots[smap[s]] = (sl[SS], rmap[c] if c >= 0 else -1, sl[UNSURE])
+    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred), faults, halt)
+
+
+@dataclass
+class Violation:
+    kind: str
+    detail: str
+    trace: list  # [(event, state), ...] from the initial state; the last step is the bad one
+    hazard: str | None = None
+
+
+@dataclass
+class Result:
+    config: Config
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    finals: int = 0
+    violations: dict = field(default_factory=dict)  # kind -> Violation
+    symmetry: bool = True
+
+    @property
+    def states_per_s(self) -> float:
+        return self.states / self.seconds if self.seconds else 0.0
+
+
+def _transition_check(spec: Spec, state: tuple, nxt: tuple) -> tuple[str, str] | None:
+    for i, (a, b) in enumerate(zip(state[0], nxt[0])):
+        if a[RS] == "failed" and b[RS] != "failed":
+            return "failure-not-sticky", f"room {i} left failed for {b[RS]}"
+        if a[RS] in CONCLUDED and b[RS] != a[RS]:
+            return "status-not-forward", f"room {i} moved from {a[RS]} to {b[RS]}"
+    if spec.rank(nxt) <= spec.rank(state):
+        return "model-cycle", "a transition did not increase the rank"
+    return None
+
+
+def explore(config: Config, *, symmetry: bool = True, max_states: int | None = None,
+            progress: Callable[[int, float, int], None] | None = None, stop_at_first: bool = False) -> Result:
+    spec = Spec(config)
+    init = spec.initial()
+    canon = canonical if symmetry else (lambda s: s)
+    start = canon(init)
+    seen: dict[tuple, int] = {start: 0}
+    parent: list[int] = [-1]
+    frontier = [start]
+    result = Result(config, symmetry=symmetry)
+    bad: dict[str, tuple[int, str]] = {}  # kind -> (state id, detail)
+    tail: dict[int, tuple | None] = {}
+    t0 = time.perf_counter()
+    last = t0
+    depth = 0
+    transitions = 0
+    finals = 0
+    while frontier:
+        nxt_frontier = []
+        for state in frontier:
+            sid = seen[state]
+            steps = spec.successors(state)
+            if not steps:
+                if spec.is_final(state):
+                    finals += 1
+                elif "deadlock" not in bad:
+                    bad["deadlock"] = (sid, "no event is enabled: " + spec.describe(state))
+                continue
+            for step in steps:
+                transitions += 1
+                c = canon(step.state)
+                # Checks on the transition itself apply even when its target is known.
+                problem = ((step.violation, step.detail or f"on {step.event}") if step.violation
+                           else _transition_check(spec, state, step.state))
+                known = seen.get(c)
+                if known is not None and problem is None:
+                    continue
+                if problem is not None and problem[0] in bad:
+                    continue
+                cid = len(parent)
+                if known is None:
+                    seen[c] = cid
+                else:
+                    # A bad transition into a known state: keep the state, record a separate node for the trace.
+                    seen[("bad-edge", cid)] = cid
+                parent.append(sid)
+                tail[cid] = step.event if known is not None else None
+                if problem is None:
+                    problem = spec.invariant(step.state)
+                if problem:
+                    bad.setdefault(problem[0], (cid, problem[1]))
+                    continue  # a bad state is reported, not explored further
+                nxt_frontier.append(c)
+            if progress is not None:
+                now = time.perf_counter()
+                if now - last >= 1.0:
+                    last = now
+                    progress(len(parent), now - t0, depth)
+            if max_states is not None and len(parent) >= max_states:
+                nxt_frontier = []
+                break
+        if stop_at_first and bad:
+            break
+        frontier = nxt_frontier
+        if frontier:
+            depth += 1
+    result.seconds = time.perf_counter() - t0
+    result.states = len(parent)
+    result.transitions = transitions
+    result.depth = depth
+    result.finals = finals
+    if bad:
+        by_id = {v: k for k, v in seen.items()} if bad else {}
+        for kind, (cid, detail) in bad.items():
+            path = []
+            i = cid
+            last_event = tail.get(cid)
+            if last_event is not None:  # the bad step led into a state already seen
+                i = parent[cid]
+            while i >= 0:
+                path.append(by_id[i])
+                i = parent[i]
+            path.reverse()
+            trace = concretize(spec, path, canon)
+            if last_event is not None:
+                state = trace[-1][1]
+                step = next(st for st in spec.successors(state) if _event_matches(spec, state, st, last_event))
+                trace.append((step.event, step.state))
+            if last_event is not None or detail.startswith("on ("):
+                detail = "on " + event_name(trace[-1][0])
+            result.violations[kind] = Violation(kind, detail, trace, HAZARDS.get((config.variant, kind)))
+    return result
+
+
+def _event_matches(spec: Spec, state: tuple, step, event: tuple) -> bool:
+    """Does `step` take `event` (up to relabelling) and break a transition check?"""
+    if step.event[0] != event[0]:
+        return False
+    return bool(step.violation) or _transition_check(spec, state, step.state) is not None
+
+
+def concretize(spec: Spec, path: list[tuple], canon) -> list[tuple[tuple, tuple]]:
+    """Turn a path of canonical states into concrete (event, state) steps from the initial state."""
+    state = spec.initial()
+    trace = [(("init",), state)]
+    for target in path[1:]:
+        for step in spec.successors(state):
+            if canon(step.state) == target:
+                state = step.state
+                trace.append((step.event, state))
+                break
+        else:
+            raise AssertionError("model bug: canonical path cannot be followed concretely")
+    return trace
+
+
+def event_name(event: tuple) -> str:
+    name, *args = event
+    if not args:
+        return name
+    what = "slot" if name == "release" else "room"
+    return f"{name} {what}{args[0]}"
+
+
+def format_trace(spec: Spec, violation: Violation) -> str:
+    lines = [f"violation: {violation.kind}" + (f" ({violation.hazard})" if violation.hazard else ""),
+             f"  {violation.detail}",
+             f"shortest trace, {len(violation.trace) - 1} events:"]
+    for n, (event, state) in enumerate(violation.trace):
+        lines.append(f"  {n:2d}. {event_name(event):<22} {spec.describe(state)}")
+    return "\n".join(lines)
+
+
+def trace_to_json(config: Config, violation: Violation) -> str:
+    return json.dumps({
+        "config": {"slots": config.slots, "rooms": config.rooms, "receivers": config.receivers,
+                   "faults": config.faults, "variant": config.variant},
+        "violation": violation.kind,
+        "hazard": violation.hazard,
+        "detail": violation.detail,
+        "events": [list(e) for e, _ in violation.trace[1:]],
+    }, indent=1) + "\n"
+
+
+def replay(data: dict) -> tuple[list[tuple[tuple, tuple]], tuple[str, str] | None]:
+    """Re-run a saved trace on the spec; return the steps and the violation it reaches, if any."""
+    cfg = Config(**data["config"])
+    spec = Spec(cfg)
+    state = spec.initial()
+    steps = [(("init",), state)]
+    for raw in data["events"]:
+        event = tuple(raw)
+        for step in spec.successors(state):
+            if step.event == event and _same_choice(step, data, len(steps)):
+                break
+        else:
+            raise ValueError(f"event {event} is not enabled at step {len(steps)}: {spec.describe(state)}")
+        problem = (step.violation, step.detail) if step.violation else (
+            spec.invariant(step.state) or _transition_check(spec, state, step.state))
+        state = step.state
+        steps.append((event, state))
+        if problem:
+            return steps, problem
+    return steps, None
+
+
+def _same_choice(step, data, index) -> bool:
+    choices = data.get("states")
+    if not choices:
+        return True
+    return repr(step.state) == choices[index - 1]

@@ -1,0 +1,437 @@
+"""An executable abstract spec of the encode-side protocol.
+
+A global state is a tuple `(rooms, slots, deferred, faults, halt)`:
+
+- each room is `(rs, snd, ch, reg, told, ok, infl, ghost, slot)`: its room-machine
+  state; its sender (0 none, 1 registered, 2 reaped); where its chunk is (see CH_*);
+  receivers registered, told their outcome, written; writes in flight; writes that
+  reported failure or timeout but may still land ("ghosts"); the slot its chunk or
+  writes use (-1 none);
+- each slot is `(ss, content, unsure)`: its slot-machine state, the room whose bytes
+  it holds (-1 none), and whether a write from it was unsure;
+- `deferred` is the FIFO of rooms whose chunk waits for a slot; `faults` is the
+  fault budget left; `halt` marks a loop that crashed or spins forever.
+
+Room and slot moves are looked up in the fsm/ declarations (`ROOM`, `SLOT`), not
+copied. Variants change the executor's and manager's rules, never the machines:
+the `seed` variant models the seed, whose slots have no machine at all (a slot is
+reusable when its tenant room is terminal and not parked), so its slot moves are
+set directly and the invariants show what goes wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from epd_ring.fsm import ROOM, SLOT
+
+CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
+CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
+RS, SND, CH, REG, TOLD, OK, INFL, GHOST, SLOTI = range(9)
+SS, CONTENT, UNSURE = range(3)
+CONCLUDED = frozenset(("success", "failed"))
+
+VARIANTS = {
+    "project": "our design",
+    "seed": "the seed's rules: tenant-based reuse, only Success stragglers dropped, partial registration "
+            "re-arms the deadline, no Failed for late receivers or on expiry, failed write frees its slot at once",
+    "no-parked-check": "lease may take a slot whose chunk is parked",
+    "busy-wait": "a full ring makes the single loop wait for a slot instead of deferring",
+    "reaped-deferred-crash": "serving a deferred send whose sender was reaped crashes the loop",
+}
+
+# Which hazard each violation stands for, per variant (for fixture names and reports).
+HAZARDS = {
+    ("seed", "receiver-not-told"): "H5",
+    ("seed", "overwrite-under-late-write"): "H6",
+    ("seed", "overwrite-under-write"): "H15-slot-reuse",
+    ("seed", "overwrite-under-chunk"): "H15-slot-reuse-before-send",
+    ("seed", "write-for-concluded-room"): "H15",
+    ("seed", "deadline-extended"): "H16",
+    ("no-parked-check", "overwrite-under-chunk"): "lease-without-parked-check",
+    ("busy-wait", "deadlock"): "busy-wait-lease",
+    ("reaped-deferred-crash", "crash"): "deferred-send-after-reap",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    slots: int = 2
+    rooms: int = 2
+    receivers: int = 1
+    faults: int = 1
+    variant: str = "project"
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; one of {sorted(VARIANTS)}")
+        if min(self.slots, self.rooms, self.receivers) < 1 or self.faults < 0:
+            raise ValueError("slots, rooms and receivers must be >= 1, faults >= 0")
+
+
+@dataclass
+class Step:
+    event: tuple
+    state: tuple
+    violation: str | None = None
+    detail: str = ""
+
+
+class Spec:
+    def __init__(self, config: Config):
+        self.cfg = config
+        v = config.variant
+        self.seed = v == "seed"
+        self.no_parked_check = v == "no-parked-check"
+        self.busy_wait = v == "busy-wait"
+        self.reap_crash = v == "reaped-deferred-crash"
+        self.N = config.receivers
+
+    # -- states ---------------------------------------------------------------
+    def initial(self) -> tuple:
+        room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, -1)
+        slot = (SLOT.initial, -1, False)
+        return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None)
+
+    def is_final(self, state: tuple) -> bool:
+        """Quiescent: every room concluded and told, every slot free, nothing held or deferred."""
+        rooms, slots, deferred, _, halt = state
+        return (halt is None and not deferred
+                and all(s[SS] == "free" for s in slots)
+                and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
+                        and r[INFL] == 0 and r[GHOST] == 0 for r in rooms))
+
+    def invariant(self, state: tuple) -> tuple[str, str] | None:
+        """Safety checked in every state: (violation, detail) or None."""
+        rooms, slots, deferred, _, halt = state
+        if halt == "crash":
+            return "crash", "the encode loop raised"
+        for i, r in enumerate(rooms):
+            s = r[SLOTI]
+            if s >= 0 and slots[s][CONTENT] != i:
+                if r[GHOST]:
+                    kind, who = "overwrite-under-late-write", "a write that reported failure may still land"
+                elif r[INFL]:
+                    kind, who = "overwrite-under-write", "a write is in flight"
+                elif r[CH] in (CH_COPYING, CH_HELD):
+                    kind, who = "overwrite-under-chunk", "its chunk is still to be sent"
+                else:
+                    kind = None
+                if kind:
+                    return kind, f"slot {s} was rewritten by room {slots[s][CONTENT]} while {who} (room {i})"
+            if r[RS] in CONCLUDED and r[TOLD] < r[REG]:
+                return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
+            if r[RS] == "success" and r[OK] < self.N:
+                return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
+        return None
+
+    # -- helpers ----------------------------------------------------------------
+    @staticmethod
+    def _room_step(rs: str, event: str, all_receivers: bool) -> str:
+        dest = ROOM.destinations(rs, event, {"all_receivers": all_receivers})
+        if dest is None:
+            raise AssertionError(f"model bug: room event {event!r} not declared from {rs!r}")
+        return dest
+
+    @staticmethod
+    def _slot_step(slot: list, event: str, pending: bool = False) -> None:
+        dest = SLOT.destinations(slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
+        if dest is None:
+            raise AssertionError(f"model bug: slot event {event!r} not declared from {slot[SS]!r}")
+        slot[SS] = dest
+        if dest == "free":
+            slot[UNSURE] = False
+
+    def _leasable(self, rooms: list, slots: list) -> list[int]:
+        if self.seed:
+            out = []
+            for s, sl in enumerate(slots):
+                t = sl[CONTENT]
+                if t < 0 or (rooms[t][RS] in CONCLUDED and not rooms[t][CH] == CH_HELD):
+                    out.append(s)
+            return out
+        ok = ("free", "parked") if self.no_parked_check else ("free",)
+        return [s for s, sl in enumerate(slots) if sl[SS] in ok]
+
+    def _writes_pending(self, rooms: list, s: int) -> bool:
+        return any(r[SLOTI] == s and r[INFL] for r in rooms)
+
+    # -- room conclusion -----------------------------------------------------------
+    def _conclude(self, rooms: list, i: int, tell: bool = True) -> None:
+        if tell:
+            rooms[i][TOLD] = rooms[i][REG]
+
+    def _fail(self, rooms: list, slots: list, i: int, event: str = "fail") -> None:
+        r = rooms[i]
+        r[RS] = self._room_step(r[RS], event, r[REG] >= self.N)
+        if r[CH] in (CH_COPYING, CH_HELD) and not (self.seed and r[CH] == CH_HELD and event == "fail"):
+            if r[CH] == CH_HELD:
+                sl = slots[r[SLOTI]]
+                if self.seed:
+                    sl[SS] = "free"
+                else:
+                    self._slot_step(sl, "abandon")
+                r[CH], r[SLOTI] = CH_DROPPED, -1
+            # a copying chunk is abandoned when its copy completes
+        elif r[CH] in (CH_NONE, CH_DEFERRED):
+            pass  # dropped when it reaches the ring
+        silent = self.seed and event == "expire"
+        self._conclude(rooms, i, tell=not silent)
+
+    def _issue_writes(self, rooms: list, slots: list, i: int) -> str | None:
+        r = rooms[i]
+        sl = slots[r[SLOTI]]
+        violation = "write-for-concluded-room" if r[RS] in CONCLUDED else None
+        if self.seed:
+            sl[SS] = "sending"
+        else:
+            self._slot_step(sl, "send")
+        r[CH], r[INFL] = CH_SENT, self.N
+        return violation
+
+    # -- the ring ---------------------------------------------------------------------
+    def _stage(self, rooms: list, slots: list, i: int) -> Iterator[tuple[list, list, str | None]]:
+        """Lease a slot for room i and start the copy: one result per slot it may take."""
+        r = rooms[i]
+        if r[RS] not in ("registered", "ready"):
+            r2 = [list(x) for x in rooms]
+            r2[i][CH] = CH_DROPPED
+            yield r2, [list(x) for x in slots], None
+            return
+        for s in self._leasable(rooms, slots):
+            r2 = [list(x) for x in rooms]
+            s2 = [list(x) for x in slots]
+            sl = s2[s]
+            if self.seed or sl[SS] != "free":
+                sl[SS], sl[UNSURE] = "copying", False  # the seed has no slot machine
+            else:
+                self._slot_step(sl, "lease")
+            sl[CONTENT] = i
+            r2[i][CH], r2[i][SLOTI] = CH_COPYING, s
+            yield r2, s2, None
+
+    def _drain(self, rooms: list, slots: list, deferred: tuple) -> Iterator[tuple[list, list, tuple, str | None]]:
+        """Serve deferred sends oldest first while slots are leasable."""
+        if not deferred:
+            yield rooms, slots, deferred, None
+            return
+        head = deferred[0]
+        if rooms[head][SND] == 2:
+            if self.reap_crash:
+                yield rooms, slots, deferred, "crash"
+                return
+            r2 = [list(x) for x in rooms]
+            r2[head][CH] = CH_DROPPED
+            yield from self._drain(r2, slots, deferred[1:])
+            return
+        if not self._leasable(rooms, slots):
+            yield rooms, slots, deferred, None
+            return
+        for r2, s2, _ in self._stage(rooms, slots, head):
+            yield from self._drain(r2, s2, deferred[1:])
+
+    # -- events -----------------------------------------------------------------------
+    def successors(self, state: tuple) -> list[Step]:
+        rooms_t, slots_t, deferred, faults, halt = state
+        if halt is not None:
+            return []
+        out: list[Step] = []
+        N = self.N
+
+        def emit(event, rooms, slots, deferred=deferred, faults=faults, violation=None, detail="", halt=None):
+            st = (tuple(tuple(x) for x in rooms), tuple(tuple(x) for x in slots), deferred, faults, halt)
+            out.append(Step(event, st, violation, detail))
+
+        def copy():
+            return [list(x) for x in rooms_t], [list(x) for x in slots_t]
+
+        for i, r in enumerate(rooms_t):
+            rs = r[RS]
+            # the encode request is registered (its sender)
+            if r[SND] == 0:
+                rooms, slots = copy()
+                if rs not in CONCLUDED:
+                    rooms[i][RS] = self._room_step(rs, "bind_sender", r[REG] >= N)
+                rooms[i][SND] = 1
+                emit(("register", i), rooms, slots)
+            # a receiver registers (early, late, after the room concluded)
+            if r[REG] < N:
+                rooms, slots = copy()
+                ro = rooms[i]
+                ro[REG] += 1
+                violation = None
+                if rs in CONCLUDED:
+                    ro[RS] = self._room_step(rs, "add_receiver", True)
+                    if not self.seed:
+                        ro[TOLD] += 1
+                    elif rs == "failed" and ro[CH] == CH_HELD and ro[REG] >= N:
+                        # the seed flushes a parked chunk of a failed room and the worker sends it
+                        violation = self._issue_writes(rooms, slots, i)
+                else:
+                    allr = ro[REG] >= N
+                    ro[RS] = self._room_step(rs, "add_receiver", allr)
+                    if rs == "parked" and ro[RS] == "transferring":
+                        violation = self._issue_writes(rooms, slots, i)
+                    elif rs == "parked" and self.seed:
+                        violation = "deadline-extended"
+                emit(("frame", i), rooms, slots, violation=violation)
+            # the tower runs (or a cache hit arrives) for the room's single item
+            if r[SND] == 1 and r[CH] == CH_NONE:
+                rooms, slots = copy()
+                rooms[i][CH] = CH_DEFERRED  # placeholder until offered
+                for r2, s2, d2, crash in self._drain(rooms, slots, deferred):
+                    if crash:
+                        emit(("tower", i), r2, s2, d2, halt="crash")
+                        continue
+                    if d2 or not self._leasable(r2, s2):
+                        if self.busy_wait:
+                            emit(("tower", i), r2, s2, d2, halt="spin")
+                            continue
+                        r3 = [list(x) for x in r2]
+                        r3[i][CH] = CH_DEFERRED
+                        emit(("tower", i), r3, s2, d2 + (i,))
+                    else:
+                        for r3, s3, _ in self._stage(r2, s2, i):
+                            emit(("tower", i), r3, s3, d2)
+                if faults:
+                    for ev in ("tower_error", "stage_error"):
+                        rooms, slots = copy()
+                        rooms[i][CH] = CH_DROPPED
+                        if rs not in CONCLUDED:
+                            self._fail(rooms, slots, i)
+                        emit((ev, i), rooms, slots, faults=faults - 1)
+            # the copy into the slot completed: hand the chunk to the manager
+            if r[CH] == CH_COPYING and slots_t[r[SLOTI]][SS] == "copying":
+                rooms, slots = copy()
+                ro, sl = rooms[i], slots[r[SLOTI]]
+                violation = None
+                if self.seed:
+                    sl[SS] = "staged"
+                else:
+                    self._slot_step(sl, "copied")
+                if rs not in ("registered", "ready"):
+                    if self.seed and rs == "failed":
+                        sl[SS] = "free"
+                    else:
+                        self._slot_step(sl, "abandon")
+                    ro[CH], ro[SLOTI] = CH_DROPPED, -1
+                else:
+                    ro[RS] = self._room_step(rs, "stage", ro[REG] >= N)
+                    if ro[RS] == "parked":
+                        if self.seed:
+                            sl[SS] = "parked"
+                        else:
+                            self._slot_step(sl, "park")
+                        ro[CH] = CH_HELD
+                    else:
+                        violation = self._issue_writes(rooms, slots, i)
+                emit(("copied", i), rooms, slots, violation=violation)
+            # a write completes, or reports failure / timeout (it may still land)
+            if r[INFL]:
+                for ev in ("write_done", "write_unsure") if faults else ("write_done",):
+                    rooms, slots = copy()
+                    ro = rooms[i]
+                    sl = slots[ro[SLOTI]]
+                    ro[INFL] -= 1
+                    if ev == "write_unsure":
+                        ro[GHOST] += 1
+                        sl[UNSURE] = True
+                    if self.seed:
+                        if ev == "write_unsure" or not ro[INFL]:
+                            sl[SS] = "free"  # the seed: a failed write frees the slot at once
+                    else:
+                        self._slot_step(sl, "settle", self._writes_pending(rooms, ro[SLOTI]))
+                    if ro[RS] == "transferring":
+                        if ev == "write_done":
+                            ro[OK] += 1
+                            if ro[OK] == N:
+                                ro[RS] = self._room_step(ro[RS], "written", True)
+                                self._conclude(rooms, i)
+                        else:
+                            self._fail(rooms, slots, i)
+                    if not ro[INFL] and not ro[GHOST]:
+                        ro[SLOTI] = -1 if ro[CH] == CH_SENT else ro[SLOTI]
+                    emit((ev, i), rooms, slots, faults=faults - (ev == "write_unsure"))
+            # an unsure write lands after all
+            if r[GHOST]:
+                rooms, slots = copy()
+                ro = rooms[i]
+                s = ro[SLOTI]
+                violation = None
+                if slots[s][CONTENT] != i:
+                    violation = "overwrite-under-late-write"
+                ro[GHOST] -= 1
+                if not ro[INFL] and not ro[GHOST]:
+                    ro[SLOTI] = -1
+                emit(("late_landing", i), rooms, slots, violation=violation,
+                     detail=f"bytes of room {slots[s][CONTENT]} landed for room {i}" if violation else "")
+            # a deadline passes: parked too long, or receivers without a sender
+            if self.seed and rs == "failed" and r[CH] == CH_HELD:
+                # the seed's reaper pops a parked chunk of a room already failed
+                rooms, slots = copy()
+                slots[r[SLOTI]][SS] = "free"
+                rooms[i][CH], rooms[i][SLOTI] = CH_DROPPED, -1
+                emit(("expire", i), rooms, slots)
+            if rs == "parked" or (rs == "announced" and not self.seed):  # the seed has no announce deadline
+                rooms, slots = copy()
+                self._fail(rooms, slots, i, event="expire")
+                if rs == "parked":
+                    rooms[i][CH], rooms[i][SLOTI] = CH_DROPPED, -1
+                emit(("expire", i), rooms, slots)
+            # the client aborts: the encode loop fails the room
+            if faults and r[SND] == 1 and rs not in CONCLUDED:
+                rooms, slots = copy()
+                self._fail(rooms, slots, i)
+                emit(("abort", i), rooms, slots, faults=faults - 1)
+
+        # the loop serves deferred sends when slots free up
+        if deferred and (self._leasable([list(x) for x in rooms_t], slots_t) or rooms_t[deferred[0]][SND] == 2):
+            rooms, slots = copy()
+            for r2, s2, d2, crash in self._drain(rooms, slots, deferred):
+                emit(("drain",), r2, s2, d2, halt="crash" if crash else None)
+        # reaping: senders of concluded rooms whose tower already ran
+        reap = [i for i, r in enumerate(rooms_t) if r[SND] == 1 and r[RS] in CONCLUDED and r[CH] != CH_NONE]
+        if reap:
+            rooms, slots = copy()
+            for i in reap:
+                rooms[i][SND] = 2
+            emit(("reap",), rooms, slots)
+        # a quarantine deadline passes; writes that could land have landed by then
+        for s, sl in enumerate(slots_t):
+            if sl[SS] == "quarantined" and not self._writes_pending([list(x) for x in rooms_t], s):
+                rooms, slots = copy()
+                self._slot_step(slots[s], "release")
+                for ro in rooms:
+                    if ro[SLOTI] == s and ro[GHOST]:
+                        ro[GHOST] = 0
+                        if not ro[INFL]:
+                            ro[SLOTI] = -1
+                emit(("release", s), rooms, slots)
+        return out
+
+    # -- presentation ----------------------------------------------------------------
+    def rank(self, state: tuple) -> int:
+        """Strictly increases along every transition, so the state graph has no cycle."""
+        rooms, slots = state[0], state[1]
+        m = 3 * self.N + 4
+        total = sum(m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
+                    for r in rooms)
+        return total + sum(sl[SS] != "quarantined" for sl in slots) + (state[4] is not None)
+
+    def describe(self, state: tuple) -> str:
+        rooms, slots, deferred, faults, halt = state
+        parts = []
+        for i, r in enumerate(rooms):
+            extra = f" slot{r[SLOTI]}" if r[SLOTI] >= 0 else ""
+            w = f" infl{r[INFL]}" if r[INFL] else ""
+            g = f" ghost{r[GHOST]}" if r[GHOST] else ""
+            parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{extra}]")
+        for s, sl in enumerate(slots):
+            c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else ""
+            parts.append(f"slot{s}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
+        if deferred:
+            parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
+        if halt:
+            parts.append(f"HALT={halt}")
+        return " ".join(parts)
