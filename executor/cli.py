@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
     diagrams.add_argument("--dir", default="diagrams")
 
+    check = sub.add_parser("check", help="explore the formal model exhaustively (exit 1 on a violation)")
+    from epd_ring.models.check import add_arguments
+    add_arguments(check)
+
     args = parser.parse_args(argv)
     # Injected faults log errors by design; the demo reports them in its summary.
     level = logging.CRITICAL if args.command == "demo" else logging.ERROR
@@ -40,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run as bench_run
         bench_run(items=args.items, sizes=tuple(args.sizes))
         return 0
+    if args.command == "check":
+        from epd_ring.models.check import run as check_run
+        return check_run(args)
     if args.command == "diagrams":
         from epd_ring.fsm.render import main as render_main
         return render_main(args.dir, check=args.check)

@@ -126,7 +126,7 @@ class Sender:
     room: int
     bootstrap_host: str
     bootstrap_port: int
-    staged: bool = False
+    offered: bool = False  # its one item reached the ring path (staged, deferred or dropped)
 
 
 class EncodeExecutor:
@@ -223,11 +223,26 @@ class EncodeExecutor:
             self.stats["items_without_sender"] += 1
             log.error("dropping item for unregistered request %r", rid)
             return
+        room = sender.room
+        manager = self.manager
+        if sender.offered:
+            manager.fail_room(room, f"request {sender.request_id!r} sent a second item; a room carries exactly one")
+            return
+        sender.offered = True
+        # Settle what can be settled now, before the item waits for a slot.
+        if not manager.accepts_chunk(room):
+            self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
+            return
+        try:
+            checked = self._check(item)
+        except StagingError as exc:
+            manager.fail_room(room, f"staging failed: {exc}")
+            return
         if self._deferred:
             self.drain_deferred()  # deferred sends are served before new ones
         if self._deferred or not self.ring.has_free():
             if len(self._deferred) >= self.max_deferred:
-                self.manager.fail_room(sender.room, f"deferred queue full ({self.max_deferred} sends)")
+                manager.fail_room(room, f"deferred queue full ({self.max_deferred} sends)")
                 return
             enc = item.encoded
             if isinstance(enc, torch.Tensor):
@@ -238,7 +253,7 @@ class EncodeExecutor:
             self._deferred.append((rid, item))
             self.stats["deferred"] += 1
             return
-        self._stage(sender, item)
+        self._stage(sender, item, checked)
 
     def drain_deferred(self) -> None:
         """Stage deferred sends, oldest first, while the ring has free slots."""
@@ -286,20 +301,15 @@ class EncodeExecutor:
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
 
-    def _stage(self, sender: Sender, item: Any) -> None:
+    def _stage(self, sender: Sender, item: Any, checked: tuple | None = None) -> None:
         room = sender.room
         manager = self.manager
-        if sender.staged:
-            manager.fail_room(room, f"request {sender.request_id!r} sent a second item; a room carries exactly one")
-            return
-        if not manager.accepts_chunk(room):
-            self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
-            return
-        try:
-            enc, nbytes, deep, dbytes = self._check(item)
-        except StagingError as exc:
-            manager.fail_room(room, f"staging failed: {exc}")
-            return
+        if checked is None:  # from the deferred queue: the room may have concluded meanwhile
+            if not manager.accepts_chunk(room):
+                self.stats["items_for_concluded_rooms"] += 1
+                return
+            checked = self._check(item)  # passed before it was deferred
+        enc, nbytes, deep, dbytes = checked
         ring = self.ring
         slot = ring.lease()
         try:
@@ -314,7 +324,6 @@ class EncodeExecutor:
             ring.fire(slot, "abandon")
             manager.fail_room(room, f"staging failed: {exc}")
             return
-        sender.staged = True
         rows, hidden = enc.shape
         chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
                       src, deep_src, deep_rb)
@@ -326,20 +335,26 @@ class EncodeExecutor:
         ring.fire(slot, "copied")
         manager.submit_chunk(room, chunk)
 
-    def _finish_copies(self) -> int:
-        n = 0
-        copies = self._copies
-        while copies and copies[0][0].query():
-            _, sender, chunk = copies.popleft()
+    def finish_copies(self) -> int:
+        """Hand every staged chunk whose copy has finished to the manager (part of `poll`).
+
+        Exposed for drivers that step finer than a tick, such as the model's lockstep test.
+        """
+        # Any finished copy goes on, not only the oldest: copies on different
+        # streams may finish out of order. At most one copy per slot is pending.
+        done = [c for c in self._copies if c[0].query()]
+        if not done:
+            return 0
+        self._copies = deque(c for c in self._copies if not any(c is d for d in done))
+        for _, sender, chunk in done:
             self.ring.fire(chunk.slot, "copied")
             self.manager.submit_chunk(sender.room, chunk)
-            n += 1
-        return n
+        return len(done)
 
     # the tick --------------------------------------------------------------
     def poll(self) -> int:
         """Finish copies, take transfer outcomes and deadlines, then serve deferred sends."""
-        n = self._finish_copies() if self._copies else 0
+        n = self.finish_copies() if self._copies else 0
         n += self.manager.poll()
         if self._deferred:
             self.drain_deferred()

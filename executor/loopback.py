@@ -113,6 +113,7 @@ class LoopbackTransport(Transport):
         # (due time, order, handle, outcome or None for a landing only, bufs to copy or None)
         self._timed: list[tuple[float, int, int, Outcome | None, Any]] = []
         self._held: dict[int, tuple[str, Sequence[Buf]]] = {}
+        self._ghosts: dict[int, tuple[str, Sequence[Buf]]] = {}
         self._order = itertools.count()
         self.submitted = 0
         self.bytes_landed = 0
@@ -190,15 +191,33 @@ class LoopbackTransport(Transport):
             self._held[handle] = (session, tuple(bufs))
         return handle
 
-    def complete(self, handle: int, outcome: Outcome = Outcome.DONE, land: bool | None = None) -> None:
-        """Finish a held write by hand; by default its bytes land only when DONE."""
+    def complete(self, handle: int, outcome: Outcome = Outcome.DONE, land: bool | None = None,
+                 land_later: bool = False) -> None:
+        """Finish a held write by hand; by default its bytes land only when DONE.
+
+        With `land_later`, a write reported FAILED or TIMED_OUT keeps its bytes
+        pending until `land_ghost(handle)`, as a Mooncake write that returned -1
+        and still landed.
+        """
         session, bufs = self._held.pop(handle)
         if land is None:
             land = outcome is Outcome.DONE
         landed = self._land(session, bufs) if land else False
         if outcome is Outcome.DONE and not landed:
             outcome = Outcome.FAILED
+        if land_later and outcome is not Outcome.DONE:
+            self._ghosts[handle] = (session, bufs)
         self._ready.append((handle, outcome))
+
+    def land_ghost(self, handle: int) -> bool:
+        """Land the bytes of a write that already reported failure; True if they landed."""
+        landed = self._land(*self._ghosts.pop(handle))
+        self.late_landings += landed
+        return landed
+
+    @property
+    def ghosts(self) -> list[int]:
+        return list(self._ghosts)
 
     @property
     def held(self) -> list[int]:

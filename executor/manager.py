@@ -300,6 +300,28 @@ class EncodeManager:
             self._trim_tombstones(now)
         return n
 
+    # drivers that keep their own time --------------------------------------
+    def expire_room_now(self, room_id: int) -> bool:
+        """Fire a room's pending deadline (park or announce) now, whatever the clock says.
+
+        For drivers that keep time themselves, such as the model's replay, which
+        fires deadlines in any order. False if the room has no pending deadline.
+        """
+        room = self.rooms.get(room_id)
+        if room is None or not room.timer or room.state not in ("parked", "announced"):
+            return False
+        self.deadlines.cancel(room)
+        self._expire(room, f"deadline fired early by the driver ({room.state})")
+        return True
+
+    def release_slot_now(self, slot: Slot) -> bool:
+        """End a slot's quarantine now (see `expire_room_now`)."""
+        if slot.state != "quarantined" or not slot.timer:
+            return False
+        self.deadlines.cancel(slot)
+        slot.ring.fire(slot, "release")
+        return True
+
     # internals ------------------------------------------------------------
     def _start_writes(self, room: Room) -> None:
         chunk = room.chunk

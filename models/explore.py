@@ -238,14 +238,17 @@ def format_trace(spec: Spec, violation: Violation) -> str:
 
 
 def trace_to_json(config: Config, violation: Violation) -> str:
-    return json.dumps({
+    head = {
         "config": {"slots": config.slots, "rooms": config.rooms, "receivers": config.receivers,
                    "faults": config.faults, "variant": config.variant},
         "violation": violation.kind,
         "hazard": violation.hazard,
         "detail": violation.detail,
-        "events": [list(e) for e, _ in violation.trace[1:]],
-    }, indent=1) + "\n"
+    }
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    events = ",\n".join(f"    {json.dumps(list(e))}" for e, _ in violation.trace[1:])
+    return "{\n" + "\n".join(lines) + f'\n  "events": [\n{events}\n  ]\n}}\n'
+
 
 
 def replay(data: dict) -> tuple[list[tuple[tuple, tuple]], tuple[str, str] | None]:
@@ -267,6 +270,8 @@ def replay(data: dict) -> tuple[list[tuple[tuple, tuple]], tuple[str, str] | Non
         steps.append((event, state))
         if problem:
             return steps, problem
+    if not spec.successors(state) and not spec.is_final(state):
+        return steps, ("deadlock", "no event is enabled: " + spec.describe(state))
     return steps, None
 
 

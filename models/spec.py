@@ -213,7 +213,7 @@ class Spec:
 
     def _drain(self, rooms: list, slots: list, deferred: tuple) -> Iterator[tuple[list, list, tuple, str | None]]:
         """Serve deferred sends oldest first while slots are leasable."""
-        if not deferred:
+        if not deferred or not self._leasable(rooms, slots):
             yield rooms, slots, deferred, None
             return
         head = deferred[0]
@@ -224,9 +224,6 @@ class Spec:
             r2 = [list(x) for x in rooms]
             r2[head][CH] = CH_DROPPED
             yield from self._drain(r2, slots, deferred[1:])
-            return
-        if not self._leasable(rooms, slots):
-            yield rooms, slots, deferred, None
             return
         for r2, s2, _ in self._stage(rooms, slots, head):
             yield from self._drain(r2, s2, deferred[1:])
@@ -277,7 +274,11 @@ class Spec:
                         violation = "deadline-extended"
                 emit(("frame", i), rooms, slots, violation=violation)
             # the tower runs (or a cache hit arrives) for the room's single item
-            if r[SND] == 1 and r[CH] == CH_NONE:
+            if r[SND] == 1 and r[CH] == CH_NONE and rs not in ("registered", "ready"):
+                rooms, slots = copy()
+                rooms[i][CH] = CH_DROPPED  # its room concluded: never written, never deferred
+                emit(("tower", i), rooms, slots)
+            elif r[SND] == 1 and r[CH] == CH_NONE:
                 rooms, slots = copy()
                 rooms[i][CH] = CH_DEFERRED  # placeholder until offered
                 for r2, s2, d2, crash in self._drain(rooms, slots, deferred):
@@ -386,7 +387,7 @@ class Spec:
                 emit(("abort", i), rooms, slots, faults=faults - 1)
 
         # the loop serves deferred sends when slots free up
-        if deferred and (self._leasable([list(x) for x in rooms_t], slots_t) or rooms_t[deferred[0]][SND] == 2):
+        if deferred and self._leasable([list(x) for x in rooms_t], slots_t):
             rooms, slots = copy()
             for r2, s2, d2, crash in self._drain(rooms, slots, deferred):
                 emit(("drain",), r2, s2, d2, halt="crash" if crash else None)

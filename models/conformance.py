@@ -1,0 +1,267 @@
+"""Drive the implementation and the spec with the same events, and compare.
+
+`Harness` owns a real executor, manager and loopback transport (fake clock,
+every write held until the harness completes it, copies gated by fences the
+harness completes) and maps each spec event onto them. `abstract()` reads the
+implementation's state back as a spec state; after every event it must equal,
+up to relabelling rooms and slots, one of the spec's successors for that event.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Outcome,
+                               ReceiverFrame)
+
+from .explore import canonical, event_name
+from .spec import CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NONE, CH_SENT, Config, Spec
+
+HIDDEN = 4
+
+
+class Fence:
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+class RoomTower:
+    """Every room's embedding is distinct (rows filled with the room number)."""
+
+    num_deepstack_embeddings = 0
+
+    def __init__(self) -> None:
+        self.fail_next = False
+
+    def image_encoder(self, items):
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected tower error")
+        return torch.cat([torch.full((i.n_tokens, HIDDEN), float(i.meta["room"])) for i in items])
+
+    get_video_feature = image_encoder
+
+
+class Harness:
+    ROOM_BASE = 500
+
+    def __init__(self, config: Config, tokens: int = 2):
+        if config.variant != "project":
+            raise ValueError("the implementation is the project variant")
+        self.cfg = config
+        self.spec = Spec(config)
+        self.state = self.spec.initial()
+        self.tokens = tokens
+        self.clock = FakeClock()
+        self.transport = LoopbackTransport(self.clock)
+        self.transport.inject("hold", count=1 << 30)  # the harness decides every write's outcome
+        far = 1e9  # deadlines fire only when the harness fires them
+        self.manager = EncodeManager(self.transport, self.clock, park_timeout=far, write_timeout=far,
+                                     quarantine_s=far)
+        self.tower = RoomTower()
+        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
+                                       ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
+        R, N = config.rooms, config.receivers
+        self.frames = []
+        self.buffers = {}
+        for i in range(R):
+            row = []
+            for k in range(N):
+                session = f"p{i}.{k}"
+                rcv = self.transport.add_receiver(session)
+                buf = torch.full((tokens, HIDDEN), -1.0)
+                rcv.register(buf)
+                self.buffers[(i, k)] = buf
+                row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, tokens, 0, tokens, HIDDEN,
+                                         "torch.float32", False, N))
+            self.frames.append(row)
+        self.registered = [False] * R
+        self.tower_ran = [False] * R
+        self.sent = [False] * R
+        self.frames_sent = [0] * R
+        self.ok = [0] * R
+        self.faults = config.faults
+        self.content = [-1] * config.slots
+        self.handle_room: dict[int, int] = {}
+        self.handle_slot: dict[int, int] = {}
+        self.ghosts: dict[int, int] = {}  # handle -> room
+
+    def room(self, i: int) -> int:
+        return self.ROOM_BASE + i
+
+    def rid(self, i: int) -> str:
+        return f"r{i}"
+
+    # -- reading the implementation back ---------------------------------------------
+    def _observe(self) -> None:
+        for h, w in self.manager._writes.items():
+            if h not in self.handle_room:
+                i = w.room - self.ROOM_BASE
+                self.handle_room[h] = i
+                self.handle_slot[h] = w.slot.index
+                self.sent[i] = True
+        for s in self.executor.ring.slots:
+            if s.room is not None:
+                self.content[s.index] = s.room - self.ROOM_BASE
+
+    def abstract(self) -> tuple:
+        ex, m = self.executor, self.manager
+        deferred = tuple(int(rid[1:]) for rid, _ in ex._deferred)
+        slot_of = {s.room - self.ROOM_BASE: s for s in ex.ring.slots if s.room is not None}
+        infl = [0] * self.cfg.rooms
+        for w in m._writes.values():
+            infl[w.room - self.ROOM_BASE] += 1
+        ghost = [0] * self.cfg.rooms
+        for i in self.ghosts.values():
+            ghost[i] += 1
+        rooms = []
+        for i in range(self.cfg.rooms):
+            rid = self.room(i)
+            rs = m.room_status(rid) or "new"
+            snd = 0 if not self.registered[i] else (1 if self.rid(i) in ex.senders else 2)
+            slot = slot_of.get(i)
+            if not self.tower_ran[i]:
+                ch = CH_NONE
+            elif i in deferred:
+                ch = CH_DEFERRED
+            elif slot is not None and slot.state == "copying":
+                ch = CH_COPYING
+            elif slot is not None and slot.state in ("staged", "parked"):
+                ch = CH_HELD
+            elif self.sent[i]:
+                ch = CH_SENT
+            else:
+                ch = CH_DROPPED
+            told = sum(1 for k in range(self.cfg.receivers)
+                       if self.transport.receivers[f"p{i}.{k}"].statuses(rid))
+            # A quarantined slot still names its last room; the spec lets go once nothing may read it.
+            uses = slot is not None and (ch != CH_SENT or infl[i] or ghost[i])
+            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghost[i],
+                          slot.index if uses else -1))
+        slots = tuple((s.state, self.content[s.index], s.unsure) for s in ex.ring.slots)
+        return (tuple(rooms), slots, deferred, self.faults, None)
+
+    # -- events ----------------------------------------------------------------------
+    def enabled(self) -> list[tuple]:
+        seen = []
+        for step in self.spec.successors(self.state):
+            if step.event not in seen:
+                seen.append(step.event)
+        return seen
+
+    def apply(self, event: tuple) -> None:
+        """Apply `event` to the implementation only."""
+        name, *args = event
+        i = args[0] if args else None
+        ex, m, t = self.executor, self.manager, self.transport
+        if name == "register":
+            ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
+            self.registered[i] = True
+        elif name == "frame":
+            room = m.rooms.get(self.room(i))
+            parked_timer = room.timer if room is not None and room.state == "parked" else None
+            m.register_receiver(self.frames[i][self.frames_sent[i]])
+            self.frames_sent[i] += 1
+            if parked_timer is not None and room.state == "parked" and room.timer != parked_timer:
+                raise AssertionError(f"deadline-extended: a partial registration re-armed room {i}'s park deadline")
+        elif name in ("tower", "tower_error", "stage_error"):
+            self.tower_ran[i] = True
+            n = self.tokens if name != "stage_error" else self.tokens * 64  # too large for a slot
+            item = EncodeItem("image", n, meta={"room": self.room(i)})
+            if name == "tower_error":
+                self.tower.fail_next = True
+            if name != "tower":
+                self.faults -= 1
+            ex.execute([(self.rid(i), item)])
+        elif name == "copied":
+            for fence, sender, _ in ex._copies:
+                if sender.room == self.room(i):
+                    fence.done = True
+            ex.finish_copies()
+        elif name in ("write_done", "write_unsure"):
+            h = min(h for h in t.held if self.handle_room.get(h) == i)
+            was = m.room_status(self.room(i))
+            if name == "write_done":
+                t.complete(h, Outcome.DONE)
+                if was == "transferring":
+                    self.ok[i] += 1
+            else:
+                t.complete(h, Outcome.TIMED_OUT, land=False, land_later=True)
+                self.ghosts[h] = i
+                self.faults -= 1
+            m.poll()
+        elif name == "late_landing":
+            h = min(h for h, r in self.ghosts.items() if r == i)
+            del self.ghosts[h]
+            t.land_ghost(h)
+        elif name == "expire":
+            assert m.expire_room_now(self.room(i))
+        elif name == "abort":
+            ex.fail_rooms([self.rid(i)], RuntimeError("client abort"))
+            self.faults -= 1
+        elif name == "drain":
+            ex.drain_deferred()
+        elif name == "reap":
+            pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
+            ex.reap_concluded_senders(pending)
+        elif name == "release":
+            slot = ex.ring.slots[i]
+            assert m.release_slot_now(slot)
+            for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
+                del self.ghosts[h]  # past the quarantine a stale write is assumed gone
+        else:
+            raise ValueError(f"unknown event {event}")
+        self._observe()
+
+    def step(self, event: tuple) -> tuple:
+        """Apply `event` to both; raise AssertionError if the implementation leaves the spec."""
+        options = [s for s in self.spec.successors(self.state) if s.event == event]
+        if not options:
+            raise ValueError(f"{event_name(event)} is not enabled in the spec")
+        self.apply(event)
+        got = self.abstract()
+        want = {canonical(s.state) for s in options}
+        if canonical(got) not in want:
+            raise AssertionError(
+                f"after {event_name(event)} the implementation is in\n  {self.spec.describe(got)}\n"
+                "but the spec allows only\n" + "\n".join(f"  {self.spec.describe(s.state)}" for s in options))
+        problem = self.spec.invariant(got)
+        if problem:
+            raise AssertionError(f"invariant {problem[0]} broken on the implementation: {problem[1]}")
+        self.state = got  # the implementation's labelling of the same canonical state
+        return got
+
+
+def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
+    """Replay a hazard trace (found on another variant) on our design.
+
+    Events our design does not allow at that point are refused and skipped.
+    Returns where the implementation first left the hazard's path, and what it refused.
+    """
+    cfg = config or Config(**{**trace["config"], "variant": "project"})
+    h = Harness(cfg)
+    from .explore import replay
+
+    hazard_steps, _ = replay(trace)
+    diverged_at = None
+    refused = []
+    for n, raw in enumerate(trace["events"], start=1):
+        event = tuple(raw)
+        if event not in h.enabled():
+            refused.append((n, event_name(event), h.spec.describe(h.state)))
+            if diverged_at is None:
+                diverged_at = n
+            continue
+        got = h.step(event)
+        if diverged_at is None and canonical(got) != canonical(hazard_steps[n][1]):
+            diverged_at = n
+    if diverged_at is None:
+        # Same states all the way: the hazard lies in the last transition itself (e.g. a
+        # re-armed deadline), which `Harness.apply` checks on the implementation and found absent.
+        diverged_at = len(trace["events"])
+        refused.append((diverged_at, trace["violation"], "checked on the implementation: not present"))
+    return {"diverged_at": diverged_at, "refused": refused, "final": h.spec.describe(h.state),
+            "hazard_len": len(trace["events"])}

@@ -1,0 +1,45 @@
+"""The minimal hazard traces committed under tests/fixtures/hazards/, regenerated on demand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .explore import explore, trace_to_json
+from .spec import HAZARDS, Config
+
+# The smallest bounds at which each variant shows its hazards.
+FIXTURE_CONFIGS = [
+    Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed"),
+    Config(slots=1, rooms=2, receivers=1, faults=1, variant="no-parked-check"),
+    Config(slots=1, rooms=2, receivers=1, faults=1, variant="busy-wait"),
+    Config(slots=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash"),
+]
+
+
+def hazard_traces() -> dict[str, str]:
+    """File name -> JSON text, one per (variant, violation) named in HAZARDS."""
+    out = {}
+    for cfg in FIXTURE_CONFIGS:
+        result = explore(cfg)
+        for kind, violation in sorted(result.violations.items()):
+            hazard = HAZARDS.get((cfg.variant, kind))
+            if hazard:
+                out[f"{cfg.variant}--{hazard}.json"] = trace_to_json(cfg, violation)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["--write"] or len(argv) != 2:
+        print("usage: python -m epd_ring.models.fixtures --write DIR")
+        return 2
+    d = Path(argv[1])
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in hazard_traces().items():
+        (d / name).write_text(text)
+        print(f"wrote {d / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

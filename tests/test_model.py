@@ -1,0 +1,130 @@
+"""The formal model: our design is clean, the seed's hazards and the historical bugs are found,
+traces are shortest, replayable and committed, and the implementation conforms to the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from epd_ring.models.conformance import Harness, replay_on_implementation
+from epd_ring.models.explore import explore, format_trace, replay, trace_to_json
+from epd_ring.models.fixtures import hazard_traces
+from epd_ring.models.spec import Config, Spec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hazards"
+
+
+def test_project_has_no_violation_and_symmetry_shrinks_the_space():
+    cfg = Config(slots=2, rooms=3, receivers=2, faults=1)
+    reduced = explore(cfg)
+    full = explore(cfg, symmetry=False)
+    assert reduced.violations == {} and full.violations == {}
+    assert reduced.finals > 0 and full.finals > 0
+    assert reduced.states * 5 < full.states  # rooms and slots are interchangeable
+
+
+def test_project_is_clean_with_two_faults():
+    assert explore(Config(slots=1, rooms=3, receivers=1, faults=2)).violations == {}
+
+
+@pytest.mark.parametrize("kind, hazard", [
+    ("receiver-not-told", "H5"),
+    ("overwrite-under-late-write", "H6"),
+    ("write-for-concluded-room", "H15"),
+    ("deadline-extended", "H16"),
+])
+def test_seed_variant_admits_its_hazards(kind, hazard):
+    r = explore(Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed"))
+    assert kind in r.violations
+    assert r.violations[kind].hazard == hazard
+
+
+@pytest.mark.parametrize("variant, kind", [
+    ("no-parked-check", "overwrite-under-chunk"),
+    ("busy-wait", "deadlock"),
+    ("reaped-deferred-crash", "crash"),
+])
+def test_named_historical_bugs_are_caught(variant, kind):
+    r = explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant))
+    assert list(r.violations) == [kind]
+
+
+def test_traces_are_shortest_and_printed_one_event_per_line():
+    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed")
+    r = explore(cfg)
+    v = r.violations["overwrite-under-late-write"]
+    # register both, both frames, tower, copied, write_unsure, tower: 8 events, nothing shorter exists
+    assert len(v.trace) - 1 == 8
+    text = format_trace(Spec(cfg), v)
+    assert text.count("\n") == len(v.trace) + 2
+    assert "write_unsure room0" in text and "slot0=copying<room1" in text
+
+
+def test_trace_json_round_trips_and_replays_to_the_same_violation(tmp_path):
+    cfg = Config(slots=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash")
+    v = explore(cfg).violations["crash"]
+    data = json.loads(trace_to_json(cfg, v))
+    steps, problem = replay(data)
+    assert problem[0] == "crash"
+    assert [s for _, s in steps] == [s for _, s in v.trace]
+
+
+def test_committed_hazard_traces_are_fresh():
+    committed = {p.name: p.read_text() for p in FIXTURES.glob("*.json")}
+    assert committed == hazard_traces(), "run: python -m epd_ring.models.fixtures --write tests/fixtures/hazards"
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
+def test_hazard_trace_replays_to_its_violation_on_the_model(path):
+    data = json.loads(path.read_text())
+    _, problem = replay(data)
+    assert problem is not None and problem[0] == data["violation"]
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.stem)
+def test_hazard_trace_cannot_reach_its_bad_state_on_the_implementation(path):
+    data = json.loads(path.read_text())
+    report = replay_on_implementation(data)  # raises if the implementation breaks an invariant
+    assert report["diverged_at"] is not None and report["diverged_at"] <= report["hazard_len"]
+    n = report["diverged_at"]
+    print(f"{path.stem}: our design leaves the hazard's path at step {n} of {report['hazard_len']} "
+          f"({data['events'][n - 1]}); refused: {report['refused']}")
+
+
+def test_cli_check_exit_codes(capsys):
+    from epd_ring.executor.cli import main
+
+    assert main(["check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--quiet"]) == 0
+    assert main(["check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--variant", "busy-wait",
+                 "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "no violation" in out and "violation: deadlock (busy-wait-lease)" in out and "states/s" in out
+    assert main(["check", "--replay", str(FIXTURES / "seed--H16.json")]) == 1
+
+
+class Lockstep(RuleBasedStateMachine):
+    """The implementation and the model take the same events; their states must match."""
+
+    @initialize(cfg=st.sampled_from([Config(1, 2, 1, 1), Config(2, 3, 2, 2), Config(3, 3, 2, 3)]))
+    def start(self, cfg):
+        self.h = Harness(cfg)
+
+    @rule(data=st.data())
+    def step(self, data):
+        events = self.h.enabled()
+        if events:
+            self.h.step(data.draw(st.sampled_from(events), label="event"))
+
+    @invariant()
+    def invariants_hold(self):
+        if hasattr(self, "h"):
+            assert self.h.spec.invariant(self.h.abstract()) is None
+
+
+TestLockstep = Lockstep.TestCase
+TestLockstep.settings = settings(settings(), stateful_step_count=60)
