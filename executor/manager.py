@@ -48,7 +48,7 @@ class Chunk:
 
 
 class Room:
-    __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "reason", "writes_left",
+    __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
                  "sender", "announced")
 
     def __init__(self, room_id: int):
@@ -58,6 +58,7 @@ class Room:
         self.frames: dict[str, ReceiverFrame] = {}
         self.chunk: Chunk | None = None
         self.timer = 0
+        self.due = 0.0
         self.reason = ""
         self.writes_left = 0
         self.sender = False
@@ -84,10 +85,11 @@ class Tombstone:
 
 
 class _Write:
-    __slots__ = ("handle", "room", "slot", "frame", "timer")
+    __slots__ = ("handle", "room", "slot", "frame", "timer", "due", "overdue")
 
     def __init__(self, handle: int, room: int, slot: Slot, frame: ReceiverFrame):
-        self.handle, self.room, self.slot, self.frame, self.timer = handle, room, slot, frame, 0
+        self.handle, self.room, self.slot, self.frame, self.timer, self.due = handle, room, slot, frame, 0, 0.0
+        self.overdue = False  # our deadline passed before the transport reported
 
 
 class EncodeManager:
@@ -145,6 +147,11 @@ class EncodeManager:
         if tomb is not None and tomb.state == "failed":
             return tomb.reason
         return None
+
+    def deadline_of(self, room_id: int) -> float | None:
+        """When the room's pending deadline (park or announce) fires, or None if it has none."""
+        room = self.rooms.get(room_id)
+        return room.due if room is not None and room.timer else None
 
     def accepts_chunk(self, room_id: int) -> bool:
         room = self.rooms.get(room_id)
@@ -285,8 +292,7 @@ class EncodeManager:
             for kind, obj in self.deadlines.due(now):
                 n += 1
                 if kind == "write":
-                    self.stats["write_deadlines"] += 1
-                    self._on_outcome(obj.handle, Outcome.TIMED_OUT)
+                    self._write_overdue(obj)
                 elif kind == "quarantine":
                     obj.ring.fire(obj, "release")
                 elif kind == "park":
@@ -366,11 +372,24 @@ class EncodeManager:
             w = self._writes[handle] = _Write(handle, room.id, slot, f)
             self.deadlines.arm(deadline, "write", w)
 
+    def _write_overdue(self, w: _Write) -> None:
+        """Our write deadline passed with no report from the transport.
+
+        The room fails now and its receivers are told. The slot does not: the
+        transport may still be reading it, so it stays `sending` until the write
+        reports, then serves a full quarantine like any unsure write.
+        """
+        self.stats["write_deadlines"] += 1
+        w.overdue = True
+        w.slot.unsure = True
+        room = self.rooms.get(w.room)
+        if room is not None and room.state == "transferring":
+            self._fail(room, f"write to receiver {w.frame.session} got no report within {self.write_timeout} s")
+
     def _on_outcome(self, handle: int, outcome: Outcome) -> None:
         w = self._writes.pop(handle, None)
         if w is None:
-            # Already settled by our own write deadline, or never ours.
-            self.stats["completions_unknown"] += 1
+            self.stats["completions_unknown"] += 1  # not a write of ours
             return
         self.deadlines.cancel(w)
         slot = w.slot
@@ -480,7 +499,7 @@ class EncodeManager:
         """Rooms with their state and receivers, for debugging dumps."""
         return {
             rid: {"state": r.state, "receivers": list(r.frames), "n": r.n,
-                  "slot": r.chunk.slot.index if r.chunk else None}
+                  "slot": r.chunk.slot.index if r.chunk else None, "deadline": r.due if r.timer else None}
             for rid, r in self.rooms.items()
         }
 

@@ -21,7 +21,7 @@ _ALIGN = 64
 
 
 class Slot:
-    __slots__ = ("index", "state", "ring", "room", "writes_in_flight", "unsure", "timer")
+    __slots__ = ("index", "state", "ring", "room", "writes_in_flight", "unsure", "timer", "due")
 
     def __init__(self, index: int, ring: "Ring"):
         self.index = index
@@ -31,6 +31,7 @@ class Slot:
         self.writes_in_flight = 0
         self.unsure = False
         self.timer = 0
+        self.due = 0.0
 
     # guards named in the slot declaration
     def writes_pending(self) -> bool:

@@ -1,6 +1,6 @@
 """One heap of deadlines for every waiting state (park, announce, write, quarantine).
 
-Each object that can wait carries a `timer` token; an entry is live only while
+Each object that can wait carries a `timer` token (and `due`, its deadline); an entry is live only while
 the object's token still equals the entry's. Cancelling is O(1) (reset the
 token); dead entries are dropped when popped, and the heap is rebuilt when they
 outnumber live ones, so it stays bounded by the live deadlines.
@@ -34,6 +34,7 @@ class Deadlines:
             self.cancel(obj)
         self._seq += 1
         obj.timer = self._seq
+        obj.due = when
         heapq.heappush(self._heap, (when, self._seq, kind, obj))
         self._live += 1
         if len(self._heap) > _COMPACT_FLOOR and len(self._heap) > 4 * self._live:

@@ -8,17 +8,28 @@ from __future__ import annotations
 import logging
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
-    "ci", derandomize=True, database=None, deadline=None, max_examples=60, stateful_step_count=40,
+    "ci", derandomize=True, database=None, deadline=None, max_examples=400, stateful_step_count=50,
     suppress_health_check=[HealthCheck.too_slow], print_blob=True,
 )
 settings.register_profile(
-    "deep", deadline=None, max_examples=2000, stateful_step_count=150,
+    "deep", deadline=None, max_examples=400, stateful_step_count=50,
     suppress_health_check=[HealthCheck.too_slow], print_blob=True,
 )
+# The mutation runner needs the first falsifying example fast, not the smallest one.
+settings.register_profile("mutants", settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get("EPD_RING_HYPOTHESIS", "ci"))
 
 # Injected faults log errors on purpose; keep test output readable.
 logging.getLogger("epd_ring").setLevel(logging.CRITICAL)
+
+# The mutation runner imports a patched copy of the tree; make sure that is what runs.
+_expect = os.environ.get("EPD_RING_EXPECT_ROOT")
+if _expect:
+    import epd_ring.executor
+
+    assert epd_ring.executor.__file__.startswith(_expect), (
+        f"expected the mutant tree at {_expect}, imported {epd_ring.executor.__file__}")

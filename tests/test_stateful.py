@@ -1,0 +1,395 @@
+"""Stateful property suite: the real executor, manager, loopback transport and torch tensors,
+driven through every interleaving hypothesis can find.
+
+Every write is held until a rule completes it (done, failed, timed out, or timed out and
+landing later), and time moves only when a rule advances the fake clock, so deferred sends,
+late and partial registrations, reaping, failures and deadlines interleave freely.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import TableTower  # noqa: E402
+
+from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
+                               Outcome, ReceiverFrame, shard_rows)
+from epd_ring.fsm import InvalidTransition  # noqa: E402
+from epd_ring.fsm.core import CompiledMachine  # noqa: E402
+
+PARK, ANNOUNCE, WRITE_T, QUARANTINE = 10.0, 12.0, 20.0, 5.0
+MAX_ROOMS, MAX_TOMBSTONES, HIDDEN = 12, 6, 8
+SENTINEL = -7.0
+
+
+class RecordingTransport(LoopbackTransport):
+    """Holds every write for the test to complete, and records what each write targeted."""
+
+    def __init__(self, clock, owner):
+        super().__init__(clock)
+        self.owner = owner
+        self.submits: list[tuple[int, int, str]] = []  # (handle, room, room status at submit)
+
+    def submit_write(self, session, bufs):
+        handle = super().submit_write(session, bufs)
+        room = self.owner.room_of_dst.get(bufs[0][1])
+        self.submits.append((handle, room, self.owner.manager.room_status(room)))
+        return handle
+
+
+class Room:
+    def __init__(self, room_id, rid, item, n, shard, deep):
+        self.id, self.rid, self.item, self.n, self.shard = room_id, rid, item, n, shard
+        self.frames: list[ReceiverFrame] = []
+        self.sent = 0  # well-formed frames registered
+        self.told_sessions: list[str] = []  # sessions that registered (and so must be told)
+        self.tower_ran = False
+        self.expected: torch.Tensor | None = None
+        self.deep = deep
+        self.park_start: float | None = None
+
+
+class EncodeWorker(RuleBasedStateMachine):
+    @initialize(slots=st.integers(1, 3), deep=st.booleans())
+    def start(self, slots, deep):
+        self.invalid: list[InvalidTransition] = []
+        original = CompiledMachine.step
+
+        def recording_step(machine, obj, event, _orig=original, _log=self.invalid):
+            try:
+                return _orig(machine, obj, event)
+            except InvalidTransition as exc:
+                _log.append(exc)
+                raise
+
+        CompiledMachine.step = recording_step
+        self._restore = lambda: setattr(CompiledMachine, "step", original)
+        self.clock = FakeClock()
+        self.room_of_dst: dict[int, int] = {}
+        self.transport = RecordingTransport(self.clock, self)
+        self.transport.inject("hold", count=1 << 30)
+        self.manager = EncodeManager(self.transport, self.clock, park_timeout=PARK, announce_timeout=ANNOUNCE,
+                                     write_timeout=WRITE_T, quarantine_s=QUARANTINE,
+                                     max_tombstones=MAX_TOMBSTONES, tombstone_ttl=1e6)
+        self.tower = TableTower(hidden=HIDDEN, n_deep=1 if deep else 0)
+        self.slot_tokens = 6
+        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=slots,
+                                       ring_bytes=self.slot_tokens * HIDDEN * 4)
+        self.rooms: dict[int, Room] = {}
+        self.pending: list[Room] = []  # registered, tower not yet run
+        self.buffers: dict[tuple[int, str], tuple] = {}
+        self.ghosts: list[int] = []
+        self.unsure: list[tuple[int, int, float]] = []  # (slot, room, report time)
+        self.next_room = 0
+
+    def teardown(self):
+        try:
+            if hasattr(self, "executor"):
+                self.quiesce_and_check()
+        finally:
+            if hasattr(self, "_restore"):
+                self._restore()
+
+    # -- helpers ----------------------------------------------------------------------
+    def _frame(self, room: Room, k: int) -> ReceiverFrame:
+        session = f"p{room.id}.{k}"
+        rcv = self.transport.receivers.get(session) or self.transport.add_receiver(session)
+        span = room.item.n_tokens
+        start, rows = shard_rows(span, k, room.n) if room.shard else (0, span)
+        main = torch.full((max(rows, 1), HIDDEN), SENTINEL)
+        rcv.register(main)
+        deep = None
+        if room.deep:
+            deep = torch.full((max(rows, 1), HIDDEN), SENTINEL)
+            rcv.register(deep)
+        self.buffers[(room.id, session)] = (main, deep, start, rows)
+        self.room_of_dst[main.data_ptr()] = room.id
+        return ReceiverFrame(room.id, session, main.data_ptr(), deep.data_ptr() if deep is not None else 0, rows,
+                             start, span, HIDDEN, str(self.tower.dtype), room.deep, room.n)
+
+    def _register_next(self, room: Room) -> None:
+        k = len(room.frames)
+        f = self._frame(room, k)
+        room.frames.append(f)
+        room.sent += 1
+        room.told_sessions.append(f.session)
+        self.manager.register_receiver(f)
+
+    def _run(self, rooms: list[Room]) -> None:
+        for r in rooms:
+            r.tower_ran = True
+            r.expected = self.tower.expected(r.item)
+        self.executor.execute([(r.rid, r.item) for r in rooms])
+
+    # -- rules ------------------------------------------------------------------------
+    @precondition(lambda self: hasattr(self, "rooms") and self.next_room < MAX_ROOMS)
+    @rule(tokens=st.integers(1, 8), n=st.integers(1, 3), shard=st.booleans(), early=st.sampled_from([0, 0, 1, 3]))
+    def submit(self, tokens, n, shard, early):
+        room_id = 1000 + self.next_room
+        self.next_room += 1
+        item = EncodeItem("image", tokens, meta={"seed": room_id})
+        room = Room(room_id, f"req-{room_id}", item, n, shard, bool(self.tower.num_deepstack_embeddings))
+        self.rooms[room_id] = room
+        for _ in range(min(early, n)):
+            self._register_next(room)  # receivers before the sender: announced
+        self.executor.register(room.rid, "prefill", 8998, room_id)
+        self.pending.append(room)
+
+    @precondition(lambda self: hasattr(self, "pending") and self.pending)
+    @rule(size=st.integers(1, 3), fail=st.booleans())
+    def run_tower(self, size, fail):
+        batch, self.pending = self.pending[:size], self.pending[size:]
+        if fail:
+            self.tower.raise_next = RuntimeError("injected tower failure")
+            for r in batch:
+                r.tower_ran = True
+            self.executor.execute([(r.rid, r.item) for r in batch])
+            for r in batch:
+                assert self.manager.room_status(r.id) in ("failed", None)
+        else:
+            self._run(batch)
+
+    @precondition(lambda self: hasattr(self, "pending") and self.pending)
+    @rule(oversized=st.booleans())
+    def cache_hit(self, oversized):
+        room = self.pending.pop(0)
+        room.tower_ran = True
+        if oversized:
+            room.item.encoded = torch.zeros(self.slot_tokens * 4, HIDDEN)
+            room.item.encoded_deepstack = torch.zeros(self.slot_tokens * 4, HIDDEN) if room.deep else None
+            self.executor.send_item(room.rid, room.item)
+            assert self.manager.room_status(room.id) == "failed"
+            return
+        exp = self.tower.expected(room.item)
+        room.expected = exp
+        room.item.encoded = exp[:, :HIDDEN].contiguous()
+        room.item.encoded_deepstack = exp[:, HIDDEN:].contiguous() if room.deep else None
+        self.executor.send_item(room.rid, room.item)
+
+    @precondition(lambda self: hasattr(self, "rooms") and any(len(r.frames) < r.n for r in self.rooms.values()))
+    @rule(data=st.data())
+    def receiver_registers(self, data):
+        room = data.draw(st.sampled_from([r for r in self.rooms.values() if len(r.frames) < r.n]))
+        self._register_next(room)
+
+    @precondition(lambda self: hasattr(self, "rooms") and any(
+        len(r.frames) < r.n and self.manager.is_parked(r.id) for r in self.rooms.values()))
+    @rule(data=st.data(), wait=st.sampled_from([0.0, 3.0, 4.0]))
+    def late_receiver_for_parked_chunk(self, data, wait):
+        """Some time after its chunk parked, one more receiver of the room registers."""
+        room = data.draw(st.sampled_from([r for r in self.rooms.values()
+                                          if len(r.frames) < r.n and self.manager.is_parked(r.id)]))
+        if wait:
+            self.clock.advance(wait)
+            self.executor.poll()
+            self.parked_rooms_never_outlive_their_deadline()
+        if self.manager.is_parked(room.id):
+            self._register_next(room)
+
+    @precondition(lambda self: hasattr(self, "rooms") and any(r.frames for r in self.rooms.values()))
+    @rule(data=st.data())
+    def receiver_registers_twice(self, data):
+        room = data.draw(st.sampled_from([r for r in self.rooms.values() if r.frames]))
+        assert self.manager.register_receiver(room.frames[-1]) in (True, False)
+
+    @precondition(lambda self: hasattr(self, "rooms") and any(len(r.frames) < r.n for r in self.rooms.values()))
+    @rule(data=st.data(), kind=st.sampled_from(["negative_rows", "bad_dtype", "wrong_hidden"]))
+    def malformed_frame(self, data, kind):
+        room = data.draw(st.sampled_from([r for r in self.rooms.values() if len(r.frames) < r.n]))
+        f = self._frame(room, len(room.frames))
+        bad = {"negative_rows": dict(n_tokens=-1), "bad_dtype": dict(dtype="float32"),
+               "wrong_hidden": dict(hidden=HIDDEN * 2)}[kind]
+        room.frames.append(f)
+        room.told_sessions.append(f.session)
+        accepted = self.manager.register_receiver(f._replace(**bad))
+        if kind != "wrong_hidden":  # well-formed on its own: it fails the room against the chunk
+            assert not accepted and self.manager.room_status(room.id) in ("failed", None)
+
+    @precondition(lambda self: hasattr(self, "transport") and self.transport.held)
+    @rule(data=st.data(), outcome=st.sampled_from(["done", "failed", "timed_out", "timed_out_lands_later"]))
+    def transfer_completes(self, data, outcome):
+        handle = data.draw(st.sampled_from(self.transport.held))
+        write = self.manager._writes.get(handle)
+        if outcome != "done" and write is not None:
+            # From this report on, the write may still land: its slot must not be reused
+            # for a full quarantine.
+            self.unsure.append((write.slot.index, write.room, self.clock.now()))
+        if outcome == "done":
+            self.transport.complete(handle, Outcome.DONE)
+        elif outcome == "failed":
+            self.transport.complete(handle, Outcome.FAILED, land=False)
+        elif outcome == "timed_out":
+            self.transport.complete(handle, Outcome.TIMED_OUT, land=False)
+        else:
+            self.transport.complete(handle, Outcome.TIMED_OUT, land=False, land_later=True)
+            self.ghosts.append(handle)
+
+    @precondition(lambda self: hasattr(self, "ghosts") and self.ghosts)
+    @rule(data=st.data())
+    def late_write_lands(self, data):
+        handle = data.draw(st.sampled_from(self.ghosts))
+        self.ghosts.remove(handle)
+        self.transport.land_ghost(handle)
+
+    @precondition(lambda self: hasattr(self, "clock"))
+    @rule(dt=st.sampled_from([0.5, 3.0, 4.0, QUARANTINE + 0.1, PARK + 0.1, WRITE_T + 0.1, 3 * WRITE_T]))
+    def clock_advances(self, dt):
+        self.clock.advance(dt)
+        self.executor.poll()
+        # Past the quarantine a stale write is assumed to have landed or died (the
+        # transport's timeout is shorter): it may no longer land.
+        if dt > QUARANTINE:
+            self.ghosts.clear()
+
+    @precondition(lambda self: hasattr(self, "rooms") and self.rooms)
+    @rule(data=st.data())
+    def client_aborts(self, data):
+        """The encode loop fails a request's room (fail_rooms), whatever state it is in."""
+        room = data.draw(st.sampled_from(sorted(self.rooms.values(), key=lambda r: r.id)))
+        before = self.manager.room_status(room.id)
+        self.executor.fail_rooms([room.rid], RuntimeError("client abort"))
+        if before not in ("success", "failed", None) and room.rid in self.executor.senders:
+            assert self.manager.room_status(room.id) == "failed"
+
+    @precondition(lambda self: hasattr(self, "executor"))
+    @rule()
+    def poll(self):
+        self.executor.poll()
+
+    @precondition(lambda self: hasattr(self, "executor"))
+    @rule()
+    def drain(self):
+        self.executor.drain_deferred()
+
+    @precondition(lambda self: hasattr(self, "executor"))
+    @rule()
+    def reap(self):
+        pending = {r.rid for r in self.pending}
+        self.executor.reap_concluded_senders(pending)
+        for rid, sender in self.executor.senders.items():
+            status = self.manager.room_status(sender.room)
+            assert rid in pending or status not in ("success", "failed"), f"{rid} ({status}) was not reaped"
+
+    # -- invariants -------------------------------------------------------------------
+    @invariant()
+    def no_undeclared_transition(self):
+        if hasattr(self, "invalid"):
+            assert not self.invalid, self.invalid
+
+    @invariant()
+    def delivered_bytes_are_the_rooms_own(self):
+        if not hasattr(self, "rooms"):
+            return
+        h = HIDDEN
+        for room in self.rooms.values():
+            status = self.manager.room_status(room.id)
+            for f in room.frames:
+                main, deep, start, rows = self.buffers[(room.id, f.session)]
+                if not rows:
+                    continue
+                got = main[:rows] if deep is None else torch.cat([main[:rows], deep[:rows]], dim=1)
+                untouched = bool((got == SENTINEL).all())
+                if status == "success" and f.session in [x.session for x in room.frames[:room.n]]:
+                    assert room.expected is not None and torch.equal(got, room.expected[start:start + rows]), \
+                        f"room {room.id}: {f.session} got bytes that are not its tower output"
+                elif not untouched:
+                    assert room.expected is not None and torch.equal(got, room.expected[start:start + rows]), \
+                        f"room {room.id} ({status}): {f.session} got another room's bytes"
+        _ = h
+
+    @invariant()
+    def unsure_writes_keep_their_slot(self):
+        if not hasattr(self, "unsure"):
+            return
+        now = self.clock.now()
+        self.unsure = [u for u in self.unsure if now < u[2] + QUARANTINE]
+        for index, room, _ in self.unsure:
+            slot = self.executor.ring.slots[index]
+            assert slot.state != "free" and slot.room == room, (
+                f"slot {index} is {slot.state} (room {slot.room}) within the quarantine of an unsure write "
+                f"of room {room}")
+
+    @invariant()
+    def writes_only_for_transferring_rooms(self):
+        if hasattr(self, "transport"):
+            for handle, room, status in self.transport.submits:
+                assert status == "transferring", f"write {handle} for room {room} issued while {status}"
+
+    @invariant()
+    def slot_accounting_adds_up(self):
+        if not hasattr(self, "executor"):
+            return
+        ring = self.executor.ring
+        free_list = list(ring._free)
+        assert len({s.index for s in free_list}) == len(free_list)
+        assert all(s.state == "free" and s.writes_in_flight == 0 for s in free_list)
+        counts = Counter(s.state for s in ring.slots)
+        assert counts["free"] == len(free_list)
+        assert sum(counts.values()) == ring.n_slots
+
+    @invariant()
+    def records_stay_bounded(self):
+        if hasattr(self, "manager"):
+            assert len(self.manager.tombstones) <= MAX_TOMBSTONES
+            assert len(self.executor.senders) <= MAX_ROOMS
+            assert self.manager.deadlines.heap_size <= 8 * (MAX_ROOMS * 4 + 8)
+
+    @invariant()
+    def receivers_of_concluded_rooms_are_told(self):
+        if not hasattr(self, "rooms"):
+            return
+        for room in self.rooms.values():
+            status = self.manager.room_status(room.id)
+            if status not in ("success", "failed"):
+                continue
+            for session in room.told_sessions:
+                told = self.transport.receivers[session].statuses(room.id)
+                assert told, f"room {room.id} is {status} but {session} was never told"
+
+    @invariant()
+    def parked_rooms_never_outlive_their_deadline(self):
+        if not hasattr(self, "rooms"):
+            return
+        now = self.clock.now()
+        for room in self.rooms.values():
+            if self.manager.is_parked(room.id):
+                if room.park_start is None:
+                    room.park_start = now
+                assert now - room.park_start < PARK, f"room {room.id} parked for {now - room.park_start} s"
+                due = self.manager.deadline_of(room.id)
+                assert due == room.park_start + PARK, (
+                    f"room {room.id} parked at {room.park_start} must fail at {room.park_start + PARK}, not {due}")
+            else:
+                room.park_start = None
+
+    # -- teardown ---------------------------------------------------------------------
+    def quiesce_and_check(self):
+        ex, m, t = self.executor, self.manager, self.transport
+        if self.pending:
+            self._run(self.pending)
+            self.pending = []
+        for _ in range(50):
+            for handle in t.held:
+                t.complete(handle, Outcome.DONE)
+            self.ghosts.clear()
+            self.clock.advance(WRITE_T + PARK + QUARANTINE)
+            ex.poll()
+            if not t.held and not m.rooms and not ex.has_deferred() and ex.ring.free_count == ex.ring.n_slots:
+                break
+        assert not m.rooms, f"rooms never concluded: {m.snapshot()}"
+        assert ex.ring.counts() == Counter(free=ex.ring.n_slots), ex.dump_state()
+        assert not ex.has_deferred() and not any(m.is_parked(r) for r in self.rooms)
+        for room in self.rooms.values():
+            for session in room.told_sessions:
+                assert t.receivers[session].statuses(room.id), f"{session} of room {room.id} never told"
+        self.delivered_bytes_are_the_rooms_own()
+
+
+TestEncodeWorker = EncodeWorker.TestCase
