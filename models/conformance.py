@@ -141,7 +141,8 @@ class Harness:
             uses = slot is not None and (ch != CH_SENT or infl[i] or ghost[i])
             rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghost[i],
                           slot.index if uses else -1))
-        slots = tuple((s.state, self.content[s.index], s.unsure) for s in ex.ring.slots)
+        used = {r[8] for r in rooms}  # the spec forgets the bytes of slots no room uses
+        slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
         return (tuple(rooms), slots, deferred, self.faults, None)
 
     # -- events ----------------------------------------------------------------------

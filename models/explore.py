@@ -24,16 +24,9 @@ from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Sp
 FORWARD = {"success": 2, "failed": 2}
 
 
-def canonical(state: tuple) -> tuple:
-    """Relabel rooms and slots into a canonical order (a sound, cheap symmetry reduction).
-
-    Rooms are ordered by their own fields, the state of the slot they use and
-    their place in the deferred queue; slots follow the rooms that use them,
-    then the rest by their own fields. Ties keep their order, which can leave
-    two symmetric states apart but never merges two different ones.
-    """
-    rooms, slots, deferred, faults, halt = state
-    dpos = {r: k for k, r in enumerate(deferred)}
+def _keys(state: tuple) -> list:
+    rooms, slots, deferred, _, _ = state
+    dpos = {r: k for k, r in enumerate(deferred)} if deferred else {}
     keys = []
     for i, r in enumerate(rooms):
         s = r[SLOTI]
@@ -43,6 +36,21 @@ def canonical(state: tuple) -> tuple:
         else:
             keys.append((r[:SLOTI], "", False, False, dpos.get(i, -1), i))
     keys.sort()
+    return keys
+
+
+def canonical(state: tuple) -> tuple:
+    """Relabel rooms and slots into canonical order: a complete invariant of the symmetry.
+
+    Rooms are ordered by everything about them: their fields, the slot they use
+    (its state, whether it holds their bytes) and their place in the deferred
+    queue. Slots in use follow their rooms; the others (which hold nothing that
+    matters, see Spec.successors) follow, ordered by state. Two states get the
+    same canonical form exactly when a permutation of rooms and slots maps one
+    onto the other.
+    """
+    rooms, slots, deferred, faults, halt = state
+    keys = _keys(state)
     rmap = [0] * len(rooms)
     for new, k in enumerate(keys):
         rmap[k[-1]] = new
@@ -53,20 +61,58 @@ def canonical(state: tuple) -> tuple:
         if s >= 0 and smap[s] < 0:
             smap[s] = nxt
             nxt += 1
-    rest = sorted((sl[SS], rmap[sl[CONTENT]] if sl[CONTENT] >= 0 else -1, sl[UNSURE], s)
-                  for s, sl in enumerate(slots) if smap[s] < 0)
-    for k in rest:
-        smap[k[-1]] = nxt
-        nxt += 1
+    if nxt < len(slots):
+        rest = sorted((sl[SS], sl[UNSURE], rmap[sl[CONTENT]] if sl[CONTENT] >= 0 else -1, s)
+                      for s, sl in enumerate(slots) if smap[s] < 0)
+        for k in rest:
+            smap[k[-1]] = nxt
+            nxt += 1
     new_rooms = [None] * len(rooms)
     for i, r in enumerate(rooms):
         s = r[SLOTI]
-        new_rooms[rmap[i]] = r[:SLOTI] + (smap[s] if s >= 0 else -1,)
+        new_rooms[rmap[i]] = r if s < 0 and rmap[i] == i else r[:SLOTI] + (smap[s] if s >= 0 else -1,)
     new_slots = [None] * len(slots)
     for s, sl in enumerate(slots):
         c = sl[CONTENT]
-        new_slots[smap[s]] = (sl[SS], rmap[c] if c >= 0 else -1, sl[UNSURE])
+        new_slots[smap[s]] = sl if c < 0 else (sl[SS], rmap[c], sl[UNSURE])
     return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred), faults, halt)
+
+
+_FACT = [1, 1, 2, 6, 24, 120, 720, 5040, 40320, 362880, 3628800]
+
+
+def orbit_size(state: tuple) -> int:
+    """How many states (relabellings of rooms and slots) this one stands for.
+
+    |orbit| = R! S! / |automorphisms|; an automorphism can only swap rooms with
+    identical keys (and with them the slots they use) and unused slots with
+    identical state, so |automorphisms| is a product of factorials. Exact when
+    no two rooms use one slot, which holds in every state that is not itself a
+    violation (a test checks the sum against an unreduced search).
+    """
+    rooms, slots = state[0], state[1]
+    keys = _keys(state)
+    stab = 1
+    run = 1
+    for a, b in zip(keys, keys[1:]):
+        if a[:-1] == b[:-1]:
+            run += 1
+        else:
+            stab *= _FACT[run]
+            run = 1
+    stab *= _FACT[run]
+    used = {r[SLOTI] for r in rooms}
+    free = sorted((sl[SS], sl[UNSURE]) for s, sl in enumerate(slots) if s not in used)
+    run = 1
+    for a, b in zip(free, free[1:]):
+        if a == b:
+            run += 1
+        else:
+            stab *= _FACT[run]
+            run = 1
+    if free:
+        stab *= _FACT[run]
+    return _FACT[len(rooms)] * _FACT[len(slots)] // stab
 
 
 @dataclass
@@ -87,19 +133,23 @@ class Result:
     finals: int = 0
     violations: dict = field(default_factory=dict)  # kind -> Violation
     symmetry: bool = True
+    represented: int = 0  # states the explored ones stand for, before symmetry reduction
 
     @property
     def states_per_s(self) -> float:
         return self.states / self.seconds if self.seconds else 0.0
 
+    @property
+    def represented_per_s(self) -> float:
+        return self.represented / self.seconds if self.seconds else 0.0
 
-def _transition_check(spec: Spec, state: tuple, nxt: tuple) -> tuple[str, str] | None:
+
+def _transition_check(spec: Spec, state: tuple, nxt: tuple, rank: int | None = None) -> tuple[str, str] | None:
     for i, (a, b) in enumerate(zip(state[0], nxt[0])):
-        if a[RS] == "failed" and b[RS] != "failed":
-            return "failure-not-sticky", f"room {i} left failed for {b[RS]}"
-        if a[RS] in CONCLUDED and b[RS] != a[RS]:
-            return "status-not-forward", f"room {i} moved from {a[RS]} to {b[RS]}"
-    if spec.rank(nxt) <= spec.rank(state):
+        if a is not b and a[RS] in CONCLUDED and b[RS] != a[RS]:
+            kind = "failure-not-sticky" if a[RS] == "failed" else "status-not-forward"
+            return kind, f"room {i} moved from {a[RS]} to {b[RS]}"
+    if spec.rank(nxt) <= (spec.rank(state) if rank is None else rank):
         return "model-cycle", "a transition did not increase the rank"
     return None
 
@@ -126,6 +176,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
         for state in frontier:
             sid = seen[state]
             steps = spec.successors(state)
+            rank = spec.rank(state)
             if not steps:
                 if spec.is_final(state):
                     finals += 1
@@ -137,7 +188,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
                 c = canon(step.state)
                 # Checks on the transition itself apply even when its target is known.
                 problem = ((step.violation, step.detail or f"on {step.event}") if step.violation
-                           else _transition_check(spec, state, step.state))
+                           else _transition_check(spec, state, step.state, rank))
                 known = seen.get(c)
                 if known is not None and problem is None:
                     continue
@@ -172,6 +223,8 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
             depth += 1
     result.seconds = time.perf_counter() - t0
     result.states = len(parent)
+    result.represented = (sum(orbit_size(st) for st in seen if st[0] != "bad-edge") if symmetry
+                          else len(seen))
     result.transitions = transitions
     result.depth = depth
     result.finals = finals

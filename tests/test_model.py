@@ -28,6 +28,21 @@ def test_project_has_no_violation_and_symmetry_shrinks_the_space():
     assert reduced.states * 5 < full.states  # rooms and slots are interchangeable
 
 
+@pytest.mark.parametrize("cfg", [Config(1, 2, 1, 1), Config(2, 3, 2, 1), Config(3, 3, 1, 1), Config(2, 3, 1, 2)],
+                         ids=str)
+def test_reduced_states_stand_for_exactly_the_unreduced_space(cfg):
+    """The canonical form is complete: orbit sizes add up to the unreduced state count."""
+    reduced = explore(cfg)
+    full = explore(cfg, symmetry=False)
+    assert reduced.represented == full.states
+    assert reduced.violations == full.violations == {}
+
+
+def test_symmetry_reduction_finds_the_same_violations():
+    cfg = Config(2, 3, 1, 2, variant="seed")
+    assert sorted(explore(cfg).violations) == sorted(explore(cfg, symmetry=False).violations)
+
+
 def test_project_is_clean_with_two_faults():
     assert explore(Config(slots=1, rooms=3, receivers=1, faults=2)).violations == {}
 
