@@ -145,3 +145,51 @@ def shard_rows(span: int, rank: int, size: int) -> tuple[int, int]:
     base, extra = divmod(span, size)
     start = rank * base + min(rank, extra)
     return start, base + (1 if rank < extra else 0)
+
+
+# -- wire format (control plane) --------------------------------------------------------
+WIRE_MAGIC = b"epd-ring/1"
+_WIRE_PARTS = 13
+
+
+def frame_to_parts(f: ReceiverFrame) -> list[bytes]:
+    """A frame as ZMQ multipart: magic, then one part per field; pointers as 8-byte little-endian."""
+    return [WIRE_MAGIC, b"%d" % f.room, f.session.encode(), f.dst_ptr.to_bytes(8, "little"),
+            f.dst_deep_ptr.to_bytes(8, "little"), b"%d" % f.n_tokens, b"%d" % f.row_start, b"%d" % f.span,
+            b"%d" % f.hidden, f.dtype.encode(), b"1" if f.has_deepstack else b"0", b"%d" % f.n_receivers,
+            f.status_endpoint.encode()]
+
+
+def _wire_int(part: bytes, name: str) -> int:
+    if not isinstance(part, (bytes, bytearray)) or not 0 < len(part) <= 20 or not part.isdigit():
+        raise FrameError(f"{name} must be a decimal integer, got {bytes(part)[:24]!r}")
+    return int(part)
+
+
+def _wire_text(part: bytes, name: str, limit: int = 256) -> str:
+    if len(part) > limit:
+        raise FrameError(f"{name} longer than {limit} bytes")
+    try:
+        return bytes(part).decode("ascii")
+    except UnicodeDecodeError:
+        raise FrameError(f"{name} is not ASCII") from None
+
+
+def frame_from_parts(parts: list[bytes]) -> ReceiverFrame:
+    """Parse a multipart frame; raise FrameError naming the first bad part."""
+    if len(parts) != _WIRE_PARTS:
+        raise FrameError(f"expected {_WIRE_PARTS} parts, got {len(parts)}")
+    if parts[0] != WIRE_MAGIC:
+        raise FrameError(f"bad magic {bytes(parts[0])[:16]!r}")
+    for i, name in ((3, "dst_ptr"), (4, "dst_deep_ptr")):
+        if len(parts[i]) != 8:
+            raise FrameError(f"{name} must be 8 bytes, got {len(parts[i])}")
+    if parts[10] not in (b"0", b"1"):
+        raise FrameError(f"has_deepstack must be b'0' or b'1', got {bytes(parts[10])[:8]!r}")
+    return ReceiverFrame(
+        room=_wire_int(parts[1], "room"), session=_wire_text(parts[2], "session"),
+        dst_ptr=int.from_bytes(parts[3], "little"), dst_deep_ptr=int.from_bytes(parts[4], "little"),
+        n_tokens=_wire_int(parts[5], "n_tokens"), row_start=_wire_int(parts[6], "row_start"),
+        span=_wire_int(parts[7], "span"), hidden=_wire_int(parts[8], "hidden"),
+        dtype=_wire_text(parts[9], "dtype", 32), has_deepstack=parts[10] == b"1",
+        n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"))

@@ -132,6 +132,8 @@ class EncodeManager:
         self._announced = 0
         self._next_trim = 0.0
         self.on_conclude: list[Callable[[int, str], None]] = []
+        # Inputs polled at the start of every tick (a control plane's frame socket, say).
+        self.sources: list[Callable[[], int]] = []
         self.stats: Counter = Counter()
 
     # queries --------------------------------------------------------------
@@ -280,6 +282,8 @@ class EncodeManager:
     def poll(self) -> int:
         """Take transfer outcomes, fire due deadlines, age tombstones."""
         n = 0
+        for source in self.sources:
+            n += source()
         done = self.transport.poll()
         if self._synthetic:
             done += self._synthetic
@@ -296,8 +300,8 @@ class EncodeManager:
                 elif kind == "quarantine":
                     obj.ring.fire(obj, "release")
                 elif kind == "park":
-                    self._expire(obj, f"only {len(obj.frames)} of {obj.n} receivers registered "
-                                      f"within {self.park_timeout} s of parking")
+                    got = f"only {len(obj.frames)} of {obj.n}" if obj.n else "no"
+                    self._expire(obj, f"{got} receivers registered within {self.park_timeout} s of parking")
                 else:  # announce
                     self._expire(obj, f"sender never registered within {self.announce_timeout} s")
         if now >= self._next_trim:

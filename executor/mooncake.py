@@ -1,0 +1,158 @@
+"""A transport over Mooncake's TransferEngine (TCP here, RDMA in production).
+
+One engine per encode worker. Ring slots are registered once, in one
+`batch_register_memory` call; a registration failure raises at start-up.
+Writes go out with `transfer_submit_write` (one per buffer: main rows, and
+deepstack rows when present) and are polled with `transfer_check_status`
+from the controller's `poll()`, so no thread ever spins in a sync call.
+A write reports only once all its buffers have: DONE if all landed,
+TIMED_OUT if any timed out, FAILED otherwise; the controller quarantines the
+slot of any write that did not report DONE, since a -1 does not prove that
+nothing lands later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+from .transport import Buf, Outcome, Transport, TransportError
+
+log = logging.getLogger("epd_ring.mooncake")
+
+# transfer_check_status: 1 done, 0 pending, -1 failed, -2 timed out
+_DONE, _PENDING, _FAILED, _TIMEOUT = 1, 0, -1, -2
+_RC_MEANING = {-1: "invalid argument or generic failure", -3: "address not registered",
+               -7: "overlaps a registered region", -102: "socket error (peer unreachable)"}
+
+
+@contextlib.contextmanager
+def _quiet_stderr(enabled: bool):
+    """The engine's glog prints banners on fd 2 at import and init; hide those only."""
+    if not enabled:
+        yield
+        return
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def load_engine(hostname: str = "127.0.0.1", metadata_server: str = "P2PHANDSHAKE", protocol: str = "tcp",
+                device: str = "", quiet: bool = True) -> tuple[Any, str]:
+    """An initialized TransferEngine and its session id; TransportError if it will not start."""
+    if quiet:
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    try:
+        with _quiet_stderr(quiet):
+            from mooncake.engine import TransferEngine
+
+            engine = TransferEngine()
+            rc = engine.initialize(hostname, metadata_server, protocol, device)
+    except ImportError as exc:
+        raise TransportError(f"Mooncake is not installed ({exc}); pip install 'epd-ring[mooncake]' "
+                             "and apt-get install libibverbs1") from exc
+    if rc != 0:
+        raise TransportError(f"TransferEngine.initialize({hostname!r}, {metadata_server!r}, {protocol!r}) "
+                             f"returned {rc}")
+    return engine, f"{hostname}:{engine.get_rpc_port()}"
+
+
+class _Pending:
+    __slots__ = ("session", "bufs", "ids", "status", "retried")
+
+    def __init__(self, session: str, bufs: Sequence[Buf]):
+        self.session = session
+        self.bufs = [b for b in bufs if b[2]]
+        self.ids: list[int] = []
+        self.status: list[int] = []
+        self.retried = [False] * len(self.bufs)
+
+
+class MooncakeTransport(Transport):
+    def __init__(self, hostname: str = "127.0.0.1", *, metadata_server: str = "P2PHANDSHAKE",
+                 protocol: str = "tcp", device: str = "",
+                 notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True):
+        self.engine, self.session = load_engine(hostname, metadata_server, protocol, device, quiet)
+        self.notifier = notifier
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._owners: list[Any] = []
+        self.stats: Counter = Counter()
+
+    def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
+        ptrs = [p for p, _ in regions]
+        lens = [n for _, n in regions]
+        rc = self.engine.batch_register_memory(ptrs, lens)
+        if rc != 0:
+            raise TransportError(f"registering {len(regions)} ring regions failed: rc={rc} "
+                                 f"({_RC_MEANING.get(rc, 'unknown')})")
+        self._owners.append(owner)
+
+    def _submit(self, p: _Pending, i: int) -> None:
+        src, dst, n = p.bufs[i]
+        bid = self.engine.transfer_submit_write(p.session, src, dst, n)
+        p.ids[i] = bid
+        p.status[i] = _PENDING if bid else _FAILED
+
+    def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
+        handle = next(self._ids)
+        p = _Pending(session, bufs)
+        p.ids = [0] * len(p.bufs)
+        p.status = [_PENDING] * len(p.bufs)
+        for i in range(len(p.bufs)):
+            self._submit(p, i)
+        self._pending[handle] = p
+        return handle
+
+    def poll(self) -> list[tuple[int, Outcome]]:
+        out = []
+        check = self.engine.transfer_check_status
+        for handle, p in list(self._pending.items()):
+            for i, st in enumerate(p.status):
+                if st == _PENDING:
+                    st = p.status[i] = check(p.ids[i])
+                if st == _FAILED and not p.retried[i] and p.ids[i]:
+                    # A rejected transfer resets a TCP lane and can fail the next write
+                    # spuriously: retry once (the slot is still ours, it is `sending`).
+                    p.retried[i] = True
+                    self.stats["retries"] += 1
+                    self._submit(p, i)
+            if any(st == _PENDING for st in p.status):
+                continue
+            del self._pending[handle]
+            if all(st == _DONE for st in p.status):
+                out.append((handle, Outcome.DONE))
+                continue
+            outcome = Outcome.TIMED_OUT if any(st == _TIMEOUT for st in p.status) else Outcome.FAILED
+            self.stats[outcome.value] += 1
+            log.warning("write to %s %s", p.session, outcome.value)
+            out.append((handle, outcome))
+        return out
+
+    def probe(self, session: str) -> bool:
+        """Is the peer's engine alive? Tells a dead peer (False, at once) from a refused address (True).
+
+        For diagnostics off the encode loop: against a hung (stopped) peer the
+        engine's probe waits for its 60 s handshake timeout.
+        """
+        rc = self.engine.send_probe(session)
+        self.stats["probe_dead" if rc else "probe_alive"] += 1
+        return rc == 0
+
+    def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:
+        if self.notifier is not None:
+            self.notifier(frame, room, status, reason)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,325 @@
+"""End to end across processes with a real Mooncake TransferEngine over TCP on 127.0.0.1.
+
+The encode worker runs in the test process (MooncakeTransport, ZMQ control plane,
+a real tiny vision tower); two receiver processes run `epd_ring.executor.receiver`.
+Every received byte is checked against the tower output by sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+# Read when an engine starts. MC_TRANSFER_TIMEOUT bounds sync calls; submitted writes on TCP
+# are bounded by the transport's own progress and status deadlines.
+os.environ["MC_TRANSFER_TIMEOUT"] = "5"  # the minimum
+os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = "5"
+os.environ["MC_TCP_STATUS_TIMEOUT_SEC"] = "5"
+
+if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
+    pytest.importorskip("mooncake.engine")
+    pytest.importorskip("zmq")
+
+from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock  # noqa: E402
+from epd_ring.executor.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.frames import WIRE_MAGIC, shard_rows  # noqa: E402
+from epd_ring.executor.mooncake import MooncakeTransport  # noqa: E402
+from epd_ring.executor.tower import TinyVisionModel, TinyVisionTower  # noqa: E402
+
+STEP = 8  # pixels per merged token side (patch 4 x merge 2)
+
+
+class Receiver:
+    """A receiver process driven by JSON lines."""
+
+    def __init__(self, endpoint: str):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.receiver", endpoint],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = json.loads(self.proc.stdout.readline())
+        self.session = hello["session"]
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "receiver process died"
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class EncodeSide:
+    def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0):
+        self.control = ZmqControlPlane()
+        self.transport = MooncakeTransport(notifier=self.control.push_status)
+        clock = MonotonicClock()
+        self.manager = EncodeManager(self.transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
+                                     write_timeout=60.0)
+        self.control.attach(self.manager)
+        self.model = TinyVisionModel(TinyVisionTower(deepstack_layers=(0, 1) if deep else (), seed=7))
+        self.hidden = self.model.hidden
+        self.deep_width = self.model.hidden * self.model.num_deepstack_embeddings
+        self.executor = EncodeExecutor(self.manager, self.model, "cpu", ring_slots=slots,
+                                       ring_bytes=64 * 64 * 4 * 2)
+        self.expected: dict[int, torch.Tensor] = {}
+
+    def run(self, rooms: list[tuple[int, EncodeItem]], batch: int = 8, after_batch=None) -> None:
+        for i in range(0, len(rooms), batch):
+            chunk = rooms[i:i + batch]
+            for room, item in chunk:
+                self.executor.register(f"r{room}", "127.0.0.1", 0, room)
+            while self.executor.has_deferred():  # backpressure, as an encode loop does
+                self.executor.poll()
+                time.sleep(0.001)
+            self.executor.execute([(f"r{room}", item) for room, item in chunk])
+            for room, item in chunk:
+                if item.encoded is not None:
+                    deep = item.encoded_deepstack
+                    self.expected[room] = torch.cat([item.encoded, deep], 1) if deep is not None else item.encoded
+            self.executor.poll()
+            if after_batch is not None:
+                after_batch([room for room, _ in chunk])
+
+    def settle(self, rooms, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.executor.poll()
+            self.executor.reap_concluded_senders(set())
+            if all(self.manager.room_status(r) in ("success", "failed") for r in rooms):
+                return
+            time.sleep(0.002)
+        raise AssertionError({r: self.manager.room_status(r) for r in rooms
+                              if self.manager.room_status(r) not in ("success", "failed")})
+
+    def digest(self, room: int, row_start: int, rows: int) -> str:
+        exp = self.expected[room][row_start:row_start + rows]
+        h = self.hidden
+        d = hashlib.sha256(exp[:, :h].contiguous().numpy().tobytes())
+        if self.deep_width:
+            d.update(exp[:, h:].contiguous().numpy().tobytes())
+        return d.hexdigest()
+
+    def close(self) -> None:
+        self.control.close()
+
+
+@pytest.fixture(scope="module")
+def receivers():
+    # One control endpoint per encode side, so receivers connect lazily via a relay endpoint list.
+    made = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def image(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
+    h, w = STEP * rng.randint(1, 8), STEP * rng.randint(1, 8)
+    pixels = torch.randn(3, h, w, generator=torch.Generator().manual_seed(room))
+    return EncodeItem("image", tower.tokens_for(h, w), pixel_values=pixels)
+
+
+@pytest.mark.parametrize("deep", [True, False], ids=["deepstack", "plain"])
+def test_images_across_processes_with_fanout_and_late_registration(deep):
+    rng = random.Random(1 if deep else 2)
+    enc = EncodeSide(deep, park_timeout=3.0)
+    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    try:
+        plans = {}
+        for k in range(100):
+            room = (10_000 if deep else 20_000) + k
+            kind = rng.choice(["a", "a", "b", "identity", "shard"])
+            partial = k % 25 == 7  # only one of two receivers ever registers: fails at the park deadline
+            late = rng.random() < 0.3
+            item = image(rng, room, enc.model.tower)
+            members = {"a": [(a, 0)], "b": [(b, 0)], "identity": [(a, 0), (b, 0)], "shard": [(a, 0), (b, 1)]}[kind]
+            if partial:
+                kind, members = "partial", [(a, 0), (b, 1)]
+            n = len(members)
+            for rcv, rank in members:
+                rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden, deep=enc.deep_width, n=n,
+                        rank=rank, shard=kind in ("shard", "partial"))
+            plans[room] = (item, kind, members, late)
+        early = lambda rcv: [r for r, (_, kind, m, late) in plans.items()  # noqa: E731
+                             if not late and any(x is rcv and (kind != "partial" or rank == 0) for x, rank in m)]
+        for rcv in (a, b):
+            rcv.ask(cmd="register", rooms=early(rcv))
+
+        def register_late(batch_rooms):  # their chunks are parked by now
+            for rcv in (a, b):
+                rcv.ask(cmd="register", rooms=[r for r in batch_rooms if plans[r][3] and any(
+                    x is rcv and (plans[r][1] != "partial" or rank == 0) for x, rank in plans[r][2])])
+
+        enc.run([(room, item) for room, (item, *_) in plans.items()], after_batch=register_late)
+        enc.settle(list(plans))
+        reports = {rcv: rcv.ask(cmd="report", wait_rooms=[r for r, p in plans.items() if any(x is rcv for x, _ in p[2])
+                                                          and not (p[1] == "partial" and rcv is b)], timeout=20)
+                   for rcv in (a, b)}
+        for room, (item, kind, members, _) in plans.items():
+            status = enc.manager.room_status(room)
+            assert status == ("failed" if kind == "partial" else "success"), (room, kind, status,
+                                                                            enc.manager.failure_reason(room))
+            n = len(members)
+            for rcv, rank in members:
+                if kind == "partial" and rcv is b:
+                    continue
+                told = reports[rcv]["status"].get(str(room))
+                assert told == [status], (room, kind, told)
+                if status == "success":
+                    start, rows = shard_rows(item.n_tokens, rank, n) if kind == "shard" else (0, item.n_tokens)
+                    assert reports[rcv]["digest"][str(room)] == enc.digest(room, start, rows), (room, kind)
+        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+    finally:
+        a.close()
+        b.close()
+        enc.close()
+
+
+def test_killed_receiver_fails_its_rooms_and_others_succeed():
+    rng = random.Random(3)
+    enc = EncodeSide(False, quarantine_s=0.5)
+    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    try:
+        rooms = {}
+        for k in range(40):
+            room = 30_000 + k
+            item = image(rng, room, enc.model.tower)
+            rcv = a if k % 2 else b
+            rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+            rooms[room] = (item, rcv)
+        for rcv in (a, b):
+            rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
+        first = list(rooms.items())[:20]
+        second = list(rooms.items())[20:]
+        enc.run([(r, item) for r, (item, _) in first])
+        enc.settle([r for r, _ in first])
+        b.proc.kill()
+        b.proc.wait()
+        enc.run([(r, item) for r, (item, _) in second])
+        enc.settle(list(rooms))
+        for r, (item, rcv) in rooms.items():
+            status = enc.manager.room_status(r)
+            if rcv is a or (r, (item, rcv)) in first:
+                assert status == "success", (r, status, enc.manager.failure_reason(r))
+            else:
+                assert status == "failed", (r, status)
+        report = a.ask(cmd="report", wait_rooms=[r for r, (_, x) in rooms.items() if x is a], timeout=10)
+        for r, (item, rcv) in rooms.items():
+            if rcv is a:
+                assert report["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+        assert enc.transport.stats["failed"] + enc.transport.stats["timed_out"] >= 1
+        assert enc.transport.probe(b.session) is False  # dead peer, told apart at once
+        assert enc.transport.probe(a.session) is True
+        deadline = time.monotonic() + 5
+        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+            enc.executor.poll()
+            time.sleep(0.01)
+        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+    finally:
+        a.close()
+        b.close()
+        enc.close()
+
+
+def test_malformed_and_hostile_frames_disturb_nothing_else():
+    rng = random.Random(4)
+    enc = EncodeSide(False)
+    a = Receiver(enc.control.endpoint)
+    try:
+        good = {}
+        for k in range(10):
+            room = 40_000 + k
+            item = image(rng, room, enc.model.tower)
+            a.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+            good[room] = item
+        victim = 40_999
+        junk = [
+            [b"hello"],  # wrong part count
+            [b"not-magic"] + [b"1"] * 12,  # bad magic
+            [WIRE_MAGIC, b"12x", b"s", b"\0" * 8, b"\0" * 8] + [b"1"] * 8,  # non-digit room
+            [WIRE_MAGIC, b"5", b"s", b"\0" * 9, b"\0" * 8] + [b"1"] * 8,  # 9-byte pointer
+            [WIRE_MAGIC, b"5", b"s", b"\0" * 8, b"\0" * 8, b"1", b"0", b"1", b"8", b"torch.float32", b"2", b"1", b""],
+        ]
+        for parts in junk:
+            a.ask(cmd="raw", parts_hex=[p.hex() for p in parts])
+        # Well-formed on the wire, but N = 0: it fails the room it names, and only that room.
+        bad = [WIRE_MAGIC, str(victim).encode(), a.session.encode(), (4096).to_bytes(8, "little"),
+               b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", b"0", b""]
+        a.ask(cmd="raw", parts_hex=[p.hex() for p in bad])
+        a.ask(cmd="register", rooms=list(good))
+        enc.run([(r, item) for r, item in good.items()])
+        enc.settle(list(good))
+        assert all(enc.manager.room_status(r) == "success" for r in good)
+        assert enc.control.stats["frames_refused"] == len(junk)
+        assert enc.manager.room_status(victim) == "failed" and "n_receivers" in enc.manager.failure_reason(victim)
+        report = a.ask(cmd="report", wait_rooms=list(good), timeout=10)
+        for r, item in good.items():
+            assert report["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+    finally:
+        a.close()
+        enc.close()
+
+
+def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_nothing():
+    rng = random.Random(5)
+    enc = EncodeSide(False, slots=4, quarantine_s=4.0)
+    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    try:
+        rooms = {}
+        for k in range(13):
+            room = 50_000 + k
+            item = image(rng, room, enc.model.tower)
+            rcv = b if k < 4 else a
+            rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+            rooms[room] = (item, rcv)
+        for rcv in (a, b):
+            rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
+        time.sleep(0.3)  # frames in flight to the encode side
+        # One room to b first: Mooncake's first write to a peer opens its segment with a
+        # handshake inside the submit call, which a stopped peer would hold for 60 s.
+        warm = [(r, item) for r, (item, x) in rooms.items() if x is b][:1]
+        enc.run(warm)
+        enc.settle([r for r, _ in warm])
+        assert enc.manager.room_status(warm[0][0]) == "success"
+        b.proc.send_signal(signal.SIGSTOP)
+        stopped = [(r, item) for r, (item, x) in rooms.items() if x is b][1:]
+        enc.run(stopped)
+        enc.settle([r for r, _ in stopped], timeout=40)
+        assert all(enc.manager.room_status(r) == "failed" for r, _ in stopped)
+        held = enc.executor.ring.counts()
+        assert held["quarantined"] == len(stopped), held  # not free: those writes may still land
+        b.proc.send_signal(signal.SIGCONT)
+        others = [(r, item) for r, (item, x) in rooms.items() if x is a]
+        enc.run(others)  # only one slot is free: the rest waits for the quarantine
+        enc.settle([r for r, _ in others], timeout=30)
+        report_a = a.ask(cmd="report", wait_rooms=[r for r, _ in others], timeout=10)
+        for r, item in others:
+            assert enc.manager.room_status(r) == "success"
+            assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+        report_b = b.ask(cmd="report", wait_rooms=[r for r, _ in stopped], timeout=10)
+        for r, item in stopped:
+            assert report_b["status"][str(r)] == ["failed"]
+            untouched = hashlib.sha256(bytes(item.n_tokens * enc.hidden * 4)).hexdigest()
+            assert report_b["digest"][str(r)] in (untouched, enc.digest(r, 0, item.n_tokens)), r
+    finally:
+        a.close()
+        b.close()
+        enc.close()
