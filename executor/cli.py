@@ -19,10 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-deepstack", action="store_true")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--quiet", action="store_true")
+    demo.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
 
     bench = sub.add_parser("bench", help="per-item cost of the controller cycle at several ring sizes")
     bench.add_argument("--items", type=int, default=10000)
-    bench.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 4096])
+    bench.add_argument("--sizes", type=int, nargs="+", default=None,
+                       help="ring sizes (loopback) or embedding sizes in MiB (mooncake)")
+    bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
 
     diagrams = sub.add_parser("diagrams", help="render the state diagrams into diagrams/")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
@@ -36,13 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     # Injected faults log errors by design; the demo reports them in its summary.
     level = logging.CRITICAL if args.command == "demo" else logging.ERROR
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo" and args.transport == "mooncake":
+        from .demo_mooncake import run as mc_demo
+        return mc_demo(rooms=min(args.rooms, 300) if args.rooms == 2000 else args.rooms, slots=args.slots,
+                       batch=args.batch, deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
     if args.command == "demo":
         from .demo import run
         return run(rooms=args.rooms, slots=args.slots, batch=args.batch, fault_rate=args.fault_rate,
                    deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
     if args.command == "bench":
+        if args.transport == "mooncake":
+            from .bench_mooncake import run as mc_run
+            mc_run(sizes=tuple(s << 20 for s in (args.sizes or [1, 16])))
+            return 0
         from .bench import run as bench_run
-        bench_run(items=args.items, sizes=tuple(args.sizes))
+        bench_run(items=args.items, sizes=tuple(args.sizes or [64, 1024, 4096]))
         return 0
     if args.command == "check":
         from epd_ring.models.check import run as check_run

@@ -129,3 +129,40 @@ def serve(encode_endpoint: str) -> None:
 
 if __name__ == "__main__":
     serve(sys.argv[1])
+
+
+class ReceiverProcess:
+    """A receiver in its own process, driven by the JSON-line commands of `serve`."""
+
+    def __init__(self, encode_endpoint: str):
+        import os
+        import subprocess
+
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.receiver", encode_endpoint],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("receiver process failed to start")
+        self.session = json.loads(line)["session"]
+
+    def ask(self, **cmd: Any) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("receiver process died")
+        return json.loads(line)
+
+    def close(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()

@@ -12,8 +12,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -33,38 +31,13 @@ from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, Monoton
 from epd_ring.executor.control import ZmqControlPlane  # noqa: E402
 from epd_ring.executor.frames import WIRE_MAGIC, shard_rows  # noqa: E402
 from epd_ring.executor.mooncake import MooncakeTransport  # noqa: E402
+from epd_ring.executor.receiver import ReceiverProcess  # noqa: E402
 from epd_ring.executor.tower import TinyVisionModel, TinyVisionTower  # noqa: E402
 
 STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 
 
-class Receiver:
-    """A receiver process driven by JSON lines."""
-
-    def __init__(self, endpoint: str):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.receiver", endpoint],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        hello = json.loads(self.proc.stdout.readline())
-        self.session = hello["session"]
-
-    def ask(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "receiver process died"
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
+Receiver = ReceiverProcess
 
 
 class EncodeSide:
@@ -120,15 +93,6 @@ class EncodeSide:
 
     def close(self) -> None:
         self.control.close()
-
-
-@pytest.fixture(scope="module")
-def receivers():
-    # One control endpoint per encode side, so receivers connect lazily via a relay endpoint list.
-    made = []
-    yield made
-    for r in made:
-        r.close()
 
 
 def image(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
@@ -323,3 +287,19 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         a.close()
         b.close()
         enc.close()
+
+
+def test_demo_over_mooncake_passes_its_own_checks(capsys):
+    from epd_ring.executor.cli import main
+
+    assert main(["demo", "--transport", "mooncake", "--rooms", "80", "--seed", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "slots leaked: 0" in out and "differing from the tower output: 0" in out and "RESULT: ok" in out
+
+
+def test_mooncake_bench_prints_controller_and_raw_figures(capsys):
+    from epd_ring.executor.bench_mooncake import run
+
+    figures = run(sizes=(1 << 20,), slots=2, seconds=0.05)
+    out = capsys.readouterr().out
+    assert "ctrl GB/s" in out and "raw GB/s" in out and figures[1 << 20][0] > 0

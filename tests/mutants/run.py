@@ -61,10 +61,10 @@ def falsifying(output: str, lines: int = 4) -> str:
     """The first rule calls of the falsifying example, or the error if there is none."""
     out = output.splitlines()
     for i, line in enumerate(out):
-        if "Falsifying example" in line:
+        if "Falsifying example" in line or "Failing test case" in line:
             steps = []
             for ln in out[i + 1:]:
-                text = ln.lstrip("E").strip()
+                text = ln.lstrip("E").strip().lstrip("|").strip()
                 if text.startswith("state.") and not text.startswith(tuple(f"state.{n}" for n in INVARIANTS)):
                     steps.append(text.removeprefix("state."))
             error = next((ln.lstrip("E").strip() for ln in out if ln.lstrip("E").strip().startswith(

@@ -1,0 +1,122 @@
+"""Throughput through the controller over Mooncake, against raw TransferEngine async writes.
+
+Both paths run in the same process against a receiver engine on 127.0.0.1, with
+the same number of writes in flight (the ring's slots), and write the same
+bytes: the controller path additionally copies each embedding into its ring
+slot, as it must.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .clock import MonotonicClock
+from .executor import EncodeExecutor, EncodeItem
+from .frames import ReceiverFrame
+from .manager import EncodeManager
+from .mooncake import MooncakeTransport, load_engine
+
+HIDDEN = 1024  # float32 columns: 4 KiB per row
+
+
+class FixedTower:
+    num_deepstack_embeddings = 0
+
+    def __init__(self, rows: int):
+        self.out = torch.randn(rows, HIDDEN)
+
+    def image_encoder(self, items):
+        return self.out
+
+    get_video_feature = image_encoder
+
+
+def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx_buf: torch.Tensor) -> float:
+    rows = size // (HIDDEN * 4)
+    transport = MooncakeTransport()
+    manager = EncodeManager(transport, MonotonicClock())
+    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", ring_slots=slots, ring_bytes=size)
+    dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
+    room = 0
+
+    def one(k: int) -> None:
+        nonlocal room
+        room += 1
+        ex.register(room, "127.0.0.1", 0, room)
+        manager.register_receiver(ReceiverFrame(room, rx_session, dsts[k % slots], 0, rows, 0, rows, HIDDEN,
+                                                "torch.float32", False, 1))
+        while not ex.ring.has_free():
+            ex.poll()
+        ex.execute([(room, EncodeItem("image", rows))])
+
+    for k in range(slots):  # warm-up: opens the segment, touches the ring
+        one(k)
+    while manager.rooms:
+        ex.poll()
+    t0 = time.perf_counter()
+    for k in range(items):
+        one(k)
+        ex.poll()
+    while manager.rooms:
+        ex.poll()
+    elapsed = time.perf_counter() - t0
+    assert manager.stats["success"] == items + slots, manager.stats
+    ex.reap_concluded_senders(set())
+    return elapsed
+
+
+def raw(size: int, items: int, slots: int, rx_session: str, rx_buf: torch.Tensor) -> float:
+    engine, _ = load_engine()
+    src = torch.randn(slots * size // 4)
+    base = src.data_ptr()
+    assert engine.register_memory(base, slots * size) == 0
+    dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
+    inflight: dict[int, int] = {}
+
+    def run(n: int) -> None:
+        k = 0
+        while k < n or inflight:
+            while k < n and len(inflight) < slots:
+                s = k % slots
+                if s in inflight.values():
+                    break
+                bid = engine.transfer_submit_write(rx_session, base + s * size, dsts[s], size)
+                assert bid, "submit failed"
+                inflight[bid] = s
+                k += 1
+            for bid in list(inflight):
+                st = engine.transfer_check_status(bid)
+                if st == 1:
+                    del inflight[bid]
+                elif st < 0:
+                    raise RuntimeError(f"raw write failed: {st}")
+
+    run(slots)
+    t0 = time.perf_counter()
+    run(items)
+    return time.perf_counter() - t0
+
+
+def run(sizes=(1 << 20, 16 << 20), slots: int = 4, seconds: float = 2.0) -> dict:
+    torch.set_num_threads(1)
+    rx_engine, rx_session = load_engine()
+    rx_buf = torch.zeros(slots * max(sizes) // 4)
+    assert rx_engine.register_memory(rx_buf.data_ptr(), slots * max(sizes)) == 0
+    print(f"Mooncake over TCP on 127.0.0.1, {slots} writes in flight, one receiver engine")
+    print(f"{'size':>7} {'items':>6} {'ctrl GB/s':>10} {'ctrl img/s':>11} {'raw GB/s':>9} {'raw img/s':>10} {'ratio':>6}")
+    out = {}
+    for size in sizes:
+        items = max(8, int(seconds * 2e9 / size))
+        t_ctrl = controller(size, items, slots, rx_engine, rx_session, rx_buf)
+        t_raw = raw(size, items, slots, rx_session, rx_buf)
+        gb_c, gb_r = items * size / t_ctrl / 1e9, items * size / t_raw / 1e9
+        out[size] = (gb_c, gb_r)
+        print(f"{size >> 20:>5}Mi {items:>6} {gb_c:>10.2f} {items / t_ctrl:>11.0f} {gb_r:>9.2f} {items / t_raw:>10.0f} "
+              f"{gb_c / gb_r:>5.2f}x", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,158 @@
+"""`epd-ring demo --transport mooncake`: the same job across processes over a real engine.
+
+The encode worker runs here (MooncakeTransport, ZMQ control plane, the real tiny
+tower); three receiver processes take the rooms, and one of them is killed a
+quarter of the way through. Transport faults cannot be scripted on a real
+engine, so the injections are registrations (late, partial, never), oversized
+images, tower errors and the killed receiver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections import Counter
+
+import torch
+
+from .clock import MonotonicClock
+from .control import ZmqControlPlane
+from .demo import EXPECT, PoisonableModel
+from .executor import EncodeExecutor, EncodeItem
+from .frames import shard_rows
+from .manager import EncodeManager
+from .mooncake import MooncakeTransport
+from .receiver import ReceiverProcess
+from .tower import TinyVisionTower
+
+FAULTS = ["none"] * 40 + ["late"] * 6 + ["partial"] * 3 + ["never"] * 3 + ["oversized"] * 3 + ["receiver_killed"] * 3 + ["tower_error"]
+
+
+def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True, seed: int = 0,
+        quiet: bool = False) -> int:
+    os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", "5")
+    os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", "5")
+    torch.set_num_threads(1)
+    rng = random.Random(seed)
+    tower = TinyVisionTower(deepstack_layers=(0, 1) if deepstack else (), seed=seed)
+    model = PoisonableModel(tower)
+    hidden, deep_w = tower.hidden, tower.hidden * model.num_deepstack_embeddings
+    control = ZmqControlPlane()
+    transport = MooncakeTransport(notifier=control.push_status)
+    manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
+    control.attach(manager)
+    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * (hidden + 0) * 4)
+    procs = {name: ReceiverProcess(control.endpoint) for name in ("a", "b", "doomed")}
+    try:
+        plans = []
+        step = tower.patch * tower.merge
+        for k in range(rooms):
+            fault = rng.choice(FAULTS)
+            n = 2 if fault == "partial" else rng.choice((1, 1, 2))
+            shard = n == 2 and rng.random() < 0.5
+            side = step * (16 if fault == "oversized" else rng.randint(1, 8))
+            h, w = (side, side) if fault == "oversized" else (step * rng.randint(1, 8), step * rng.randint(1, 8))
+            item = EncodeItem("image", tower.tokens_for(h, w), meta={"poison": fault == "tower_error"},
+                              pixel_values=torch.randn(3, h, w, generator=torch.Generator().manual_seed(k)))
+            names = ["doomed"] if fault == "receiver_killed" else (["a", "b"] if n == 2 else [rng.choice("ab")])
+            room = 1_000_000 + k
+            for rank, name in enumerate(names):
+                procs[name].ask(cmd="expect", room=room, span=item.n_tokens, hidden=hidden, deep=deep_w,
+                                n=len(names), rank=rank, shard=shard)
+            regs = {"never": [], "partial": names[:1]}.get(fault, names)
+            plans.append((room, item, fault, names, shard, regs))
+        expected: dict[int, torch.Tensor] = {}
+        outcome: dict[int, str] = {}
+        manager.on_conclude.append(lambda r, st: outcome.__setitem__(r, st))
+        batch_mates: set[int] = set()
+        t0 = time.perf_counter()
+        report_every = max(1, rooms // 10)
+        for i in range(0, rooms, batch):
+            chunk = plans[i:i + batch]
+            for name, proc in procs.items():
+                early = [p[0] for p in chunk if p[2] != "late" and name in p[5]]
+                if early and proc.proc.poll() is None:
+                    proc.ask(cmd="register", rooms=early)
+            if i >= rooms // 4 and procs["doomed"].proc.poll() is None:
+                procs["doomed"].proc.kill()
+                procs["doomed"].proc.wait()
+            for room, item, *_ in chunk:
+                executor.register(f"r{room}", "127.0.0.1", 0, room)
+            while executor.has_deferred():  # backpressure: no tower run while sends wait
+                executor.poll()
+            if any(p[2] == "tower_error" for p in chunk):
+                batch_mates.update(p[0] for p in chunk if p[2] != "tower_error")
+            executor.execute([(f"r{room}", item) for room, item, *_ in chunk])
+            for room, item, *_ in chunk:
+                if item.encoded is not None:
+                    d = item.encoded_deepstack
+                    expected[room] = torch.cat([item.encoded, d], 1) if d is not None else item.encoded.clone()
+            for name, proc in procs.items():
+                late = [p[0] for p in chunk if p[2] == "late" and name in p[5]]
+                if late and proc.proc.poll() is None:
+                    proc.ask(cmd="register", rooms=late)
+            executor.poll()
+            executor.reap_concluded_senders(set())
+            if not quiet and len(outcome) >= report_every * (len(outcome) // report_every) and i % (batch * 8) == 0:
+                print(f"  batch {i // batch:4d}  concluded {len(outcome):4d}/{rooms}  deferred "
+                      f"{len(executor._deferred):3d}  free slots {executor.ring.free_count}/{slots}", flush=True)
+        deadline = time.monotonic() + 60
+        while len(outcome) < rooms and time.monotonic() < deadline:
+            executor.poll()
+            executor.reap_concluded_senders(set())
+            time.sleep(0.001)
+        wall = time.perf_counter() - t0
+        quiesce = time.monotonic() + 5
+        while executor.ring.free_count < slots and time.monotonic() < quiesce:
+            executor.poll()
+            time.sleep(0.005)
+        reports = {name: proc.ask(cmd="report", timeout=3) for name, proc in procs.items() if proc.proc.poll() is None}
+        table: dict[str, Counter] = {}
+        mismatched, told_wrong, checked, bad = [], 0, 0, 0
+        for room, item, fault, names, shard, regs in plans:
+            kind = "batch_mate" if room in batch_mates else fault
+            got = outcome.get(room, "unconcluded")
+            table.setdefault(kind, Counter())[got] += 1
+            if EXPECT[kind] != "either" and got != EXPECT[kind]:
+                mismatched.append((room, kind, got, manager.failure_reason(room)))
+            for rank, name in enumerate(names):
+                if name not in reports or name not in regs:
+                    continue
+                told = reports[name]["status"].get(str(room))
+                if told != [got]:
+                    told_wrong += 1
+                if got == "success":
+                    start, rows = shard_rows(item.n_tokens, rank, len(names)) if shard else (0, item.n_tokens)
+                    exp = expected[room][start:start + rows]
+                    hsh = hashlib.sha256(exp[:, :hidden].contiguous().numpy().tobytes())
+                    if deep_w:
+                        hsh.update(exp[:, hidden:].contiguous().numpy().tobytes())
+                    checked += exp.numel() * 4
+                    if reports[name]["digest"][str(room)] != hsh.hexdigest():
+                        bad += exp.numel() * 4
+        leaked = slots - executor.ring.counts().get("free", 0)
+        print(f"\nepd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
+              f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}")
+        print(f"{'injected':<20} {'rooms':>6} {'success':>8} {'failed':>7}   expected")
+        for kind in sorted(table, key=lambda f: (f != "none", f)):
+            c = table[kind]
+            print(f"{kind:<20} {sum(c.values()):>6} {c['success']:>8} {c['failed']:>7}   {EXPECT[kind]}")
+        total = Counter(outcome.values())
+        print(f"{'total':<20} {rooms:>6} {total['success']:>8} {total['failed']:>7}")
+        print(f"outcomes differing from the injection: {len(mismatched)}")
+        for room, kind, got, reason in mismatched[:10]:
+            print(f"  room {room} ({kind}): {got}: {reason}")
+        print(f"receivers told a wrong or no outcome:  {told_wrong}")
+        print(f"delivered bytes checked: {checked}, differing from the tower output: {bad}")
+        print(f"frames refused: {control.stats['frames_refused']}, statuses dropped: {control.stats['status_dropped']}")
+        print(f"slots leaked: {leaked}")
+        print(f"throughput: {rooms / wall:.0f} items/s ({wall:.2f} s wall)")
+        ok = not mismatched and not bad and not leaked and not told_wrong
+        print("RESULT:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
+    finally:
+        for proc in procs.values():
+            proc.close()
+        control.close()
