@@ -1,0 +1,97 @@
+"""The control plane's wire format and its never-blocking status pushes; Mooncake start-up errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
+    pytest.importorskip("zmq")
+
+import zmq  # noqa: E402
+
+from epd_ring.executor import EncodeManager, FakeClock, FrameError, LoopbackTransport, ReceiverFrame  # noqa: E402
+from epd_ring.executor.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts  # noqa: E402
+
+FRAME = ReceiverFrame(7, "127.0.0.1:1234", 0xFFFF_FFFF_FFFF_F000, 0x1000, 5, 2, 9, 64, "torch.bfloat16", True, 2,
+                      "tcp://127.0.0.1:5555")
+
+
+def test_wire_round_trip_keeps_full_64_bit_pointers():
+    assert frame_from_parts(frame_to_parts(FRAME)) == FRAME
+
+
+@pytest.mark.parametrize("index, value, needle", [
+    (0, b"other/1", "magic"),
+    (1, b"-7", "room"),
+    (1, b"7.0", "room"),
+    (3, b"\0" * 7, "dst_ptr"),
+    (5, b"", "n_tokens"),
+    (5, b"9" * 30, "n_tokens"),
+    (9, b"\xff\xfe", "dtype"),
+    (10, b"yes", "has_deepstack"),
+    (12, b"x" * 300, "status_endpoint"),
+])
+def test_each_malformed_part_is_named(index, value, needle):
+    parts = frame_to_parts(FRAME)
+    parts[index] = value
+    with pytest.raises(FrameError, match=needle):
+        frame_from_parts(parts)
+    with pytest.raises(FrameError, match="parts"):
+        frame_from_parts(parts[:-1])
+
+
+def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
+    clock = FakeClock()
+    manager = EncodeManager(LoopbackTransport(clock), clock)
+    control = ZmqControlPlane(manager)
+    try:
+        assert control.endpoint.startswith("tcp://127.0.0.1:")
+        assert manager.poll() == 0  # nothing queued: returns at once
+        push = control.ctx.socket(zmq.PUSH)
+        push.connect(control.endpoint)
+        push.send_multipart([b"junk"])
+        push.send_multipart(frame_to_parts(FRAME._replace(room=8, n_receivers=1, n_tokens=9, row_start=0)))
+        push.send_multipart([WIRE_MAGIC] + [b"1"] * 12)
+        n = 0
+        for _ in range(200):
+            n += manager.poll()
+            if n >= 3:
+                break
+            zmq.select([control.pull], [], [], 0.05)
+        assert control.stats["frames_refused"] == 2 and control.stats["frames"] == 1
+        assert manager.room_status(8) == "announced"
+        push.close(linger=0)
+    finally:
+        control.close()
+
+
+def test_status_pushes_to_a_dead_receiver_drop_instead_of_blocking():
+    control = ZmqControlPlane(push_hwm=4)
+    try:
+        dead = FRAME._replace(status_endpoint="tcp://127.0.0.1:9")  # nothing listens there
+        for room in range(200):
+            control.push_status(dead, room, "failed", "test")
+        assert control.stats["status_dropped"] > 0
+        assert control.stats["status_sent"] + control.stats["status_dropped"] == 200
+        control.push_status(FRAME._replace(status_endpoint=""), 1, "failed")
+        assert control.stats["status_without_endpoint"] == 1
+    finally:
+        control.close()
+
+
+def test_mooncake_registration_failure_is_raised_at_start_up():
+    pytest.importorskip("mooncake.engine") if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE") else None
+    import torch
+
+    from epd_ring.executor import TransportError
+    from epd_ring.executor.mooncake import MooncakeTransport
+
+    t = MooncakeTransport()
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    t.register_memory([(buf.data_ptr(), 4096)], owner=buf)
+    with pytest.raises(TransportError, match="overlaps a registered region"):
+        t.register_memory([(buf.data_ptr() + 1024, 1024)])
+    assert t.session.startswith("127.0.0.1:")
