@@ -106,7 +106,6 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     slot_bytes = max_tokens * tower.hidden * 4
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
-    by_room = {p.room: p for p in plans}
 
     # Receivers and their buffers; a fault policy keyed by destination pointer.
     write_faults: dict[int, Fault] = {}
@@ -218,22 +217,33 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
                     bad_bytes += full.numel() * 4
     leaked = executor.ring.n_slots - executor.ring.counts().get("free", 0)
 
-    print(f"\nepd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
-          f"seed {seed}")
+    return summary(
+        f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
+        f"seed {seed}", table, outcome, mismatched, told_wrong, checked_bytes, bad_bytes, leaked,
+        [f"late landings: {transport.late_landings}, deferred sends: {manager.stats['deferred']}"],
+        f"{rooms / wall:.0f} items/s ({wall:.2f} s wall, {tick} ticks)")
+
+
+def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong: int, checked: int, bad: int,
+            leaked: int, extra: list[str], throughput: str) -> int:
+    """Print the demo's closing report; 0 if every check held."""
+    print(f"\n{title}")
     print(f"{'injected':<20} {'rooms':>6} {'success':>8} {'failed':>7}   expected")
     for fault in sorted(table, key=lambda f: (f != "none", f)):
         c = table[fault]
         print(f"{fault:<20} {sum(c.values()):>6} {c['success']:>8} {c['failed']:>7}   {EXPECT[fault]}")
     total = Counter(outcome.values())
-    print(f"{'total':<20} {rooms:>6} {total['success']:>8} {total['failed']:>7}")
+    print(f"{'total':<20} {sum(sum(c.values()) for c in table.values()):>6} {total['success']:>8} "
+          f"{total['failed']:>7}")
     print(f"outcomes differing from the injection: {len(mismatched)}")
     for room, fault, got, reason in mismatched[:10]:
         print(f"  room {room} ({fault}): {got}: {reason}")
     print(f"receivers told a wrong or no outcome:  {told_wrong}")
-    print(f"delivered bytes checked: {checked_bytes}, differing from the tower output: {bad_bytes}")
-    print(f"late landings: {transport.late_landings}, deferred sends: {manager.stats['deferred']}")
+    print(f"delivered bytes checked: {checked}, differing from the tower output: {bad}")
+    for line in extra:
+        print(line)
     print(f"slots leaked: {leaked}")
-    print(f"throughput: {rooms / wall:.0f} items/s ({wall:.2f} s wall, {tick} ticks)")
-    ok = not mismatched and not bad_bytes and not leaked and not told_wrong
+    print(f"throughput: {throughput}")
+    ok = not mismatched and not bad and not leaked and not told_wrong
     print("RESULT:", "ok" if ok else "FAILED")
     return 0 if ok else 1

@@ -19,7 +19,7 @@ import torch
 
 from .clock import MonotonicClock
 from .control import ZmqControlPlane
-from .demo import EXPECT, PoisonableModel
+from .demo import EXPECT, PoisonableModel, summary
 from .executor import EncodeExecutor, EncodeItem
 from .frames import shard_rows
 from .manager import EncodeManager
@@ -133,25 +133,13 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
                     if reports[name]["digest"][str(room)] != hsh.hexdigest():
                         bad += exp.numel() * 4
         leaked = slots - executor.ring.counts().get("free", 0)
-        print(f"\nepd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
-              f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}")
-        print(f"{'injected':<20} {'rooms':>6} {'success':>8} {'failed':>7}   expected")
-        for kind in sorted(table, key=lambda f: (f != "none", f)):
-            c = table[kind]
-            print(f"{kind:<20} {sum(c.values()):>6} {c['success']:>8} {c['failed']:>7}   {EXPECT[kind]}")
-        total = Counter(outcome.values())
-        print(f"{'total':<20} {rooms:>6} {total['success']:>8} {total['failed']:>7}")
-        print(f"outcomes differing from the injection: {len(mismatched)}")
-        for room, kind, got, reason in mismatched[:10]:
-            print(f"  room {room} ({kind}): {got}: {reason}")
-        print(f"receivers told a wrong or no outcome:  {told_wrong}")
-        print(f"delivered bytes checked: {checked}, differing from the tower output: {bad}")
-        print(f"frames refused: {control.stats['frames_refused']}, statuses dropped: {control.stats['status_dropped']}")
-        print(f"slots leaked: {leaked}")
-        print(f"throughput: {rooms / wall:.0f} items/s ({wall:.2f} s wall)")
-        ok = not mismatched and not bad and not leaked and not told_wrong
-        print("RESULT:", "ok" if ok else "FAILED")
-        return 0 if ok else 1
+        return summary(
+            f"epd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
+            f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}",
+            table, outcome, mismatched, told_wrong, checked, bad, leaked,
+            [f"frames refused: {control.stats['frames_refused']}, "
+             f"statuses dropped: {control.stats['status_dropped']}"],
+            f"{rooms / wall:.0f} items/s ({wall:.2f} s wall)")
     finally:
         for proc in procs.values():
             proc.close()

@@ -7,7 +7,7 @@ from .machines import ROOM, SLOT
 
 
 def states_table(machine: CompiledMachine) -> str:
-    rows = [f"| state | meaning | kind |", "| --- | --- | --- |"]
+    rows = ["| state | meaning | kind |", "| --- | --- | --- |"]
     for s in machine.states:
         mark = " (initial)" if s == machine.initial else ""
         rows.append(f"| `{s}`{mark} | {machine.docs.get(s, '')} | {', '.join(machine.tags[s])} |")

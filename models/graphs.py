@@ -8,27 +8,15 @@ from epd_ring.fsm.diagrams import KIND_STYLE
 
 from .explore import _transition_check, canonical, event_name, replay
 from .fixtures import hazard_traces
-from .spec import CH_NAMES, CONCLUDED, Config, Spec
+from .spec import CONCLUDED, Config, Spec
 
 TINY = dict(slots=1, rooms=2, receivers=1, faults=0)
 BAD = {"style": "filled", "fillcolor": "#f4b6b6", "color": "#b71c1c", "penwidth": "2"}
 
 
 def short(spec: Spec, state: tuple) -> str:
-    """A compact node label: one line per room, one per slot."""
-    rooms, slots, deferred, _, halt = state
-    lines = []
-    for i, r in enumerate(rooms):
-        extra = f" s{r[8]}" if r[8] >= 0 else ""
-        lines.append(f"r{i} {r[0]} {CH_NAMES[r[2]]} {r[3]}/{spec.N}r {r[4]}t{extra}")
-    for s, sl in enumerate(slots):
-        owner = f"<r{sl[1]}" if sl[1] >= 0 else ""
-        lines.append(f"s{s} {sl[0]}{owner}{'!' if sl[2] else ''}")
-    if deferred:
-        lines.append("deferred " + ",".join(f"r{i}" for i in deferred))
-    if halt:
-        lines.append(f"HALT {halt}")
-    return "\\n".join(lines)
+    """A node label: one line per room, one per slot."""
+    return "\\n".join(spec.describe_parts(state))
 
 
 def _attrs(d: dict) -> str:

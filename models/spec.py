@@ -21,7 +21,7 @@ set directly and the invariants show what goes wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 from epd_ring.fsm import ROOM, SLOT
@@ -434,7 +434,8 @@ class Spec:
             total += sl[SS] != "quarantined"
         return total + (state[4] is not None)
 
-    def describe(self, state: tuple) -> str:
+    def describe_parts(self, state: tuple) -> list[str]:
+        """One short description per room and slot (and the deferred queue), for traces and diagrams."""
         rooms, slots, deferred, faults, halt = state
         parts = []
         for i, r in enumerate(rooms):
@@ -449,4 +450,7 @@ class Spec:
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
         if halt:
             parts.append(f"HALT={halt}")
-        return " ".join(parts)
+        return parts
+
+    def describe(self, state: tuple) -> str:
+        return " ".join(self.describe_parts(state))

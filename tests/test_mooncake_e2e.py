@@ -8,7 +8,6 @@ Every received byte is checked against the tower output by sha256.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import signal

@@ -8,7 +8,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 
 from epd_ring.fsm import tables
 
