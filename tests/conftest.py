@@ -15,7 +15,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow], print_blob=True,
 )
 settings.register_profile(
-    "deep", deadline=None, max_examples=400, stateful_step_count=50,
+    "deep", deadline=None, max_examples=2000, stateful_step_count=150,
     suppress_health_check=[HealthCheck.too_slow], print_blob=True,
 )
 # The mutation runner needs the first falsifying example fast, not the smallest one.

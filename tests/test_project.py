@@ -62,3 +62,11 @@ def test_bench_runs_its_cycle_and_prints_figures(capsys):
     assert main(["bench", "--items", "300", "--sizes", "16", "64"]) == 0
     out = capsys.readouterr().out
     assert "us/item" in out and "64" in out
+
+
+def test_deep_profile_explores_more_than_ci():
+    from hypothesis import settings
+
+    ci, deep = settings.get_profile("ci"), settings.get_profile("deep")
+    assert ci.derandomize and ci.database is None
+    assert deep.max_examples >= 4 * ci.max_examples and deep.stateful_step_count > ci.stateful_step_count
