@@ -42,7 +42,8 @@ def prepare(patch: Path | None) -> tuple[Path, str]:
 
 def run_suite(tmp: Path, site: str, timeout: float) -> tuple[int, str, float]:
     # The `ci` examples without shrinking: the first failure is enough to call a mutant killed.
-    env = dict(os.environ, PYTHONPATH=site, EPD_RING_HYPOTHESIS="mutants", EPD_RING_EXPECT_ROOT=str(tmp))
+    profile = os.environ.get("EPD_RING_MUTANT_PROFILE", "mutants")  # mutants-random: from random seeds
+    env = dict(os.environ, PYTHONPATH=site, EPD_RING_HYPOTHESIS=profile, EPD_RING_EXPECT_ROOT=str(tmp))
     t0 = time.perf_counter()
     try:
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", SUITE],
