@@ -195,9 +195,13 @@ class EncodeExecutor:
         A tower or scatter exception fails every room of the batch and returns
         0: it never escapes into the encode loop.
         """
-        by_modality: dict[str, list] = {}
-        for _, item in request_items:
-            by_modality.setdefault(_modality_name(item.modality), []).append(item)
+        if len(request_items) == 1:  # the common cache-miss batch of one: no grouping needed
+            item = request_items[0][1]
+            by_modality = {_modality_name(item.modality): [item]}
+        else:
+            by_modality = {}
+            for _, item in request_items:
+                by_modality.setdefault(_modality_name(item.modality), []).append(item)
         try:
             with self._inference:
                 for modality, items in by_modality.items():

@@ -23,6 +23,7 @@ from .transport import Outcome, Transport
 log = logging.getLogger("epd_ring.manager")
 
 _ACCEPTS_CHUNK = frozenset(("registered", "ready"))
+_TOLD = {"success": "told_success", "failed": "told_failed"}
 
 
 class RoomConflict(ValueError):
@@ -469,7 +470,7 @@ class EncodeManager:
     def _tell(self, frame: ReceiverFrame, room_id: int, status: str, reason: str = "") -> None:
         try:
             self.transport.notify(frame, room_id, status, reason)
-            self.stats["told_" + status] += 1
+            self.stats[_TOLD.get(status) or "told_" + status] += 1
         except Exception as exc:  # one unreachable receiver must not stop the others
             self.stats["notify_errors"] += 1
             log.warning("could not tell %s that room %s %s: %s", getattr(frame, "session", "?"), room_id, status, exc)
