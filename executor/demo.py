@@ -102,7 +102,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
-    max_tokens = (8 * tower.patch * tower.merge // (tower.patch * tower.merge)) ** 2
+    max_tokens = 8 * 8  # plan_rooms draws images of up to 8 x 8 merged tokens; larger ones are "oversized"
     slot_bytes = max_tokens * tower.hidden * 4
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
@@ -160,7 +160,9 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
             executor.register(p.rid, "prefill-bootstrap", 8998, p.room)
             queue.append(p)
         if tick == kill_tick:
-            transport.receivers["prefill-doomed:0"].kill() if "prefill-doomed:0" in transport.receivers else None
+            doomed = transport.receivers.get("prefill-doomed:0")
+            if doomed is not None:
+                doomed.kill()
         if queue and not executor.has_deferred():  # backpressure: no tower run while sends wait
             run_now = [queue.popleft() for _ in range(min(batch, len(queue)))]
             if any(p.item.meta["poison"] for p in run_now):

@@ -43,7 +43,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
     control.attach(manager)
-    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * (hidden + 0) * 4)
+    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * hidden * 4)
     procs = {name: ReceiverProcess(control.endpoint) for name in ("a", "b", "doomed")}
     try:
         plans = []

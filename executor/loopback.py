@@ -227,9 +227,6 @@ class LoopbackTransport(Transport):
     def in_flight(self) -> int:
         return len(self._held) + len(self._timed)
 
-    def next_event_time(self) -> float | None:
-        return self._timed[0][0] if self._timed else None
-
     def poll(self) -> list[tuple[int, Outcome]]:
         if self._timed:
             now = self.clock.now()

@@ -58,9 +58,3 @@ class Deadlines:
                 obj.timer = 0
                 self._live -= 1
                 yield kind, obj
-
-    def next_deadline(self) -> float | None:
-        heap = self._heap
-        while heap and heap[0][3].timer != heap[0][1]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None

@@ -21,7 +21,6 @@ from typing import Callable
 
 from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Spec
 
-FORWARD = {"success": 2, "failed": 2}
 
 
 def _keys(state: tuple) -> list:
@@ -146,7 +145,7 @@ class Result:
 
 def _transition_check(spec: Spec, state: tuple, nxt: tuple, rank: int | None = None) -> tuple[str, str] | None:
     for i, (a, b) in enumerate(zip(state[0], nxt[0])):
-        if a is not b and a[RS] in CONCLUDED and b[RS] != a[RS]:
+        if a[RS] in CONCLUDED and b[RS] != a[RS]:
             kind = "failure-not-sticky" if a[RS] == "failed" else "status-not-forward"
             return kind, f"room {i} moved from {a[RS]} to {b[RS]}"
     if spec.rank(nxt) <= (spec.rank(state) if rank is None else rank):

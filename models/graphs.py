@@ -8,7 +8,7 @@ from epd_ring.fsm.diagrams import KIND_STYLE
 
 from .explore import _transition_check, canonical, event_name, replay
 from .fixtures import hazard_traces
-from .spec import CONCLUDED, Config, Spec
+from .spec import Config, Spec
 
 TINY = dict(slots=1, rooms=2, receivers=1, faults=0)
 BAD = {"style": "filled", "fillcolor": "#f4b6b6", "color": "#b71c1c", "penwidth": "2"}
@@ -99,4 +99,4 @@ def model_sources() -> dict[str, str]:
     return out
 
 
-__all__ = ["model_sources", "state_graph_dot", "trace_dot", "CONCLUDED"]
+__all__ = ["model_sources", "state_graph_dot", "trace_dot"]
