@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Outcome,
+from epd_ring.executor.core import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Outcome,
                                ReceiverFrame)
 
 from .explore import canonical, event_name

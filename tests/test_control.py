@@ -12,8 +12,8 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
 import zmq  # noqa: E402
 
 from epd_ring.executor import EncodeManager, FakeClock, FrameError, LoopbackTransport, ReceiverFrame  # noqa: E402
-from epd_ring.executor.control import ZmqControlPlane  # noqa: E402
-from epd_ring.executor.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts  # noqa: E402
+from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.core.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts  # noqa: E402
 
 FRAME = ReceiverFrame(7, "127.0.0.1:1234", 0xFFFF_FFFF_FFFF_F000, 0x1000, 5, 2, 9, 64, "torch.bfloat16", True, 2,
                       "tcp://127.0.0.1:5555")
@@ -87,7 +87,7 @@ def test_mooncake_registration_failure_is_raised_at_start_up():
     import torch
 
     from epd_ring.executor import TransportError
-    from epd_ring.executor.mooncake import MooncakeTransport
+    from epd_ring.executor.drivers.mooncake import MooncakeTransport
 
     t = MooncakeTransport()
     buf = torch.zeros(4096, dtype=torch.uint8)

@@ -9,8 +9,8 @@ import pytest
 
 from epd_ring.fsm import ROOM, SLOT
 from epd_ring.fsm.diagrams import machine_dot, parse_edges
-from epd_ring.fsm.render import main as render_main
-from epd_ring.fsm.render import render, stale
+from epd_ring.executor.tools.diagrams import main as render_main
+from epd_ring.executor.tools.diagrams import render, stale
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not installed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epd_ring.executor import FrameError, ReceiverFrame, shard_rows
-from epd_ring.executor.frames import check_frame, check_frames_agree, check_tiling
+from epd_ring.executor.core.frames import check_frame, check_frames_agree, check_tiling
 
 BASE = ReceiverFrame(7, "127.0.0.1:1234", 0x1000, 0, 10, 0, 10, 64, "torch.bfloat16", False, 1)
 

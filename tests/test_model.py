@@ -112,7 +112,7 @@ def test_hazard_trace_cannot_reach_its_bad_state_on_the_implementation(path):
 
 
 def test_cli_check_exit_codes(capsys):
-    from epd_ring.executor.cli import main
+    from epd_ring.executor.tools.cli import main
 
     assert main(["check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--quiet"]) == 0
     assert main(["check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--variant", "busy-wait",

@@ -1,7 +1,7 @@
 """End to end across processes with a real Mooncake TransferEngine over TCP on 127.0.0.1.
 
 The encode worker runs in the test process (MooncakeTransport, ZMQ control plane,
-a real tiny vision tower); two receiver processes run `epd_ring.executor.receiver`.
+a real tiny vision tower); two receiver processes run `epd_ring.executor.drivers.receiver`.
 Every received byte is checked against the tower output by sha256.
 """
 
@@ -27,11 +27,11 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock  # noqa: E402
-from epd_ring.executor.control import ZmqControlPlane  # noqa: E402
-from epd_ring.executor.frames import WIRE_MAGIC, shard_rows  # noqa: E402
-from epd_ring.executor.mooncake import MooncakeTransport  # noqa: E402
-from epd_ring.executor.receiver import ReceiverProcess  # noqa: E402
-from epd_ring.executor.tower import TinyVisionModel, TinyVisionTower  # noqa: E402
+from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows  # noqa: E402
+from epd_ring.executor.drivers.mooncake import MooncakeTransport  # noqa: E402
+from epd_ring.executor.drivers.receiver import ReceiverProcess  # noqa: E402
+from epd_ring.executor.tools.tower import TinyVisionModel, TinyVisionTower  # noqa: E402
 
 STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 
@@ -289,7 +289,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
 
 
 def test_demo_over_mooncake_passes_its_own_checks(capsys):
-    from epd_ring.executor.cli import main
+    from epd_ring.executor.tools.cli import main
 
     assert main(["demo", "--transport", "mooncake", "--rooms", "80", "--seed", "2", "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -297,7 +297,7 @@ def test_demo_over_mooncake_passes_its_own_checks(capsys):
 
 
 def test_mooncake_bench_prints_controller_and_raw_figures(capsys):
-    from epd_ring.executor.bench_mooncake import run
+    from epd_ring.executor.tools.bench_mooncake import run
 
     figures = run(sizes=(1 << 20,), slots=2, seconds=0.05)
     out = capsys.readouterr().out

@@ -35,7 +35,9 @@ def test_wheel_installs_under_one_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"epd_ring"}
-    assert "epd_ring/fsm/machines.py" in names and "epd_ring/executor/manager.py" in names
+    for module in ("fsm/machines.py", "executor/core/manager.py", "executor/drivers/control.py",
+                   "executor/tools/cli.py", "models/spec.py"):
+        assert f"epd_ring/{module}" in names, module
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                     str(wheel)], check=True)
@@ -48,7 +50,7 @@ def test_wheel_installs_under_one_namespace(tmp_path):
 
 
 def test_demo_main_job_passes_its_own_checks(capsys):
-    from epd_ring.executor.cli import main
+    from epd_ring.executor.tools.cli import main
 
     assert main(["demo", "--rooms", "300", "--slots", "4", "--seed", "3"]) == 0
     out = capsys.readouterr().out
@@ -57,7 +59,7 @@ def test_demo_main_job_passes_its_own_checks(capsys):
 
 
 def test_bench_runs_its_cycle_and_prints_figures(capsys):
-    from epd_ring.executor.cli import main
+    from epd_ring.executor.tools.cli import main
 
     assert main(["bench", "--items", "300", "--sizes", "16", "64"]) == 0
     out = capsys.readouterr().out
@@ -70,3 +72,46 @@ def test_deep_profile_explores_more_than_ci():
     ci, deep = settings.get_profile("ci"), settings.get_profile("deep")
     assert ci.derandomize and ci.database is None
     assert deep.max_examples >= 4 * ci.max_examples and deep.stateful_step_count > ci.stateful_step_count
+
+
+SEED = ROOT.parent / "shared" / "seeds" / "encode_executor.py"
+
+
+def test_bench_measures_the_seed_from_its_file_in_the_same_run(capsys):
+    import pytest
+
+    if not SEED.is_file():
+        pytest.skip(f"no seed at {SEED}")
+    from epd_ring.executor.tools.cli import main
+
+    before = set(sys.modules)
+    assert main(["bench", "--items", "300", "--sizes", "16", "--seed", str(SEED)]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["16"])
+    ours, seed, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
+    assert ours > 0 and seed > 0 and abs(ratio - ours / seed) < 0.01
+    assert "no slot held" in out
+    # The stand-ins for the engine's modules do not stay behind.
+    assert not any(m.startswith("tokenspeed") for m in set(sys.modules) - before)
+
+
+def test_bench_without_seed_prints_only_its_own_figures(capsys):
+    from epd_ring.executor.tools.cli import main
+
+    assert main(["bench", "--items", "200", "--sizes", "16"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["16"])
+    assert row[2] == "-" and "seed:" not in out and "no slot held" not in out
+
+
+def test_seed_loader_refuses_a_missing_file_or_a_file_without_the_executor(tmp_path):
+    import pytest
+
+    from epd_ring.executor.tools.seed_bench import load_seed
+
+    with pytest.raises(FileNotFoundError):
+        load_seed(tmp_path / "absent.py")
+    other = tmp_path / "other.py"
+    other.write_text("X = 1\n")
+    with pytest.raises(ValueError, match="DisaggEncodeExecutor"):
+        load_seed(other)

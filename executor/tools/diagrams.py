@@ -9,8 +9,9 @@ from typing import Callable
 
 import graphviz
 
-from .diagrams import machine_dot
-from .machines import ROOM, SLOT
+from epd_ring.fsm import ROOM, SLOT
+from epd_ring.fsm.diagrams import machine_dot
+from epd_ring.models.graphs import model_sources
 
 
 def _svg(dot: str) -> bytes:
@@ -22,10 +23,6 @@ def _svg(dot: str) -> bytes:
 def sources() -> dict[str, str]:
     """Diagram name -> DOT source, for every diagram the project keeps."""
     out = {"slot": machine_dot(SLOT), "room": machine_dot(ROOM)}
-    try:
-        from epd_ring.models.graphs import model_sources
-    except ImportError:  # the model's diagrams come with the model
-        return out
     out.update(model_sources())
     return out
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import zmq
 
-from .frames import ReceiverFrame, frame_to_parts, shard_rows
+from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from .mooncake import load_engine
 
 _ALIGN = 64
@@ -139,7 +139,7 @@ class ReceiverProcess:
         import subprocess
 
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.receiver", encode_endpoint],
+        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.drivers.receiver", encode_endpoint],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line:

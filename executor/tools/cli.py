@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--sizes", type=int, nargs="+", default=None,
                        help="ring sizes (loopback) or embedding sizes in MiB (mooncake)")
     bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
+    bench.add_argument("--seed", metavar="PATH", default=None,
+                       help="also run the seed's executor from this file on the same cycle (loopback only)")
 
     diagrams = sub.add_parser("diagrams", help="render the state diagrams into diagrams/")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
@@ -53,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             mc_run(sizes=tuple(s << 20 for s in (args.sizes or [1, 16])))
             return 0
         from .bench import run as bench_run
-        bench_run(items=args.items, sizes=tuple(args.sizes or [64, 1024, 4096]))
+        bench_run(items=args.items, sizes=tuple(args.sizes or [64, 1024, 4096]), seed_path=args.seed)
         return 0
     if args.command == "check":
         from epd_ring.models.check import run as check_run
         return check_run(args)
     if args.command == "diagrams":
-        from epd_ring.fsm.render import main as render_main
+        from epd_ring.executor.tools.diagrams import main as render_main
         return render_main(args.dir, check=args.check)
     return 2
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .clock import FakeClock
-from .executor import EncodeExecutor, EncodeItem
-from .frames import ReceiverFrame, shard_rows
-from .loopback import Fault, LoopbackTransport
-from .manager import EncodeManager
+from ..core.clock import FakeClock
+from ..core.executor import EncodeExecutor, EncodeItem
+from ..core.frames import ReceiverFrame, shard_rows
+from ..core.loopback import Fault, LoopbackTransport
+from ..core.manager import EncodeManager
 from .tower import TinyVisionModel, TinyVisionTower
 
 FAULTS = ("none", "late", "partial", "never", "write_fail", "timeout_land_later", "oversized",

@@ -20,7 +20,7 @@ import os
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from .transport import Buf, Outcome, Transport, TransportError
+from ..core.transport import Buf, Outcome, Transport, TransportError
 
 log = logging.getLogger("epd_ring.mooncake")
 

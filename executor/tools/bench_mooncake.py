@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from .clock import MonotonicClock
-from .executor import EncodeExecutor, EncodeItem
-from .frames import ReceiverFrame
-from .manager import EncodeManager
-from .mooncake import MooncakeTransport, load_engine
+from ..core.clock import MonotonicClock
+from ..core.executor import EncodeExecutor, EncodeItem
+from ..core.frames import ReceiverFrame
+from ..core.manager import EncodeManager
+from ..drivers.mooncake import MooncakeTransport, load_engine
 
 HIDDEN = 1024  # float32 columns: 4 KiB per row
 

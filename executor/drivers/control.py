@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from .frames import FrameError, ReceiverFrame, frame_from_parts
+from ..core.frames import FrameError, ReceiverFrame, frame_from_parts
 
 log = logging.getLogger("epd_ring.control")
 

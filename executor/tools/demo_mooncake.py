@@ -17,14 +17,14 @@ from collections import Counter
 
 import torch
 
-from .clock import MonotonicClock
-from .control import ZmqControlPlane
+from ..core.clock import MonotonicClock
+from ..drivers.control import ZmqControlPlane
 from .demo import EXPECT, PoisonableModel, summary
-from .executor import EncodeExecutor, EncodeItem
-from .frames import shard_rows
-from .manager import EncodeManager
-from .mooncake import MooncakeTransport
-from .receiver import ReceiverProcess
+from ..core.executor import EncodeExecutor, EncodeItem
+from ..core.frames import shard_rows
+from ..core.manager import EncodeManager
+from ..drivers.mooncake import MooncakeTransport
+from ..drivers.receiver import ReceiverProcess
 from .tower import TinyVisionTower
 
 FAULTS = ["none"] * 40 + ["late"] * 6 + ["partial"] * 3 + ["never"] * 3 + ["oversized"] * 3 + ["receiver_killed"] * 3 + ["tower_error"]

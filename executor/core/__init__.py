@@ -1,0 +1,27 @@
+"""The sans-I/O core: the controller's state and every rule that changes it.
+
+Code here is deterministic and single-threaded: it changes only through explicit
+calls (tower output, a receiver frame, a transfer report, a clock reading) and
+never opens a socket, starts a thread or process, or sleeps. Time comes from an
+injected clock. `executor` owns items and slots (tower, scatter, lease, stage,
+defer, reap); `manager` owns rooms and writes (frames, parking, deadlines,
+outcomes); `ring` the slots; `transport` the seam every transport implements;
+`loopback` the in-process transport with fault injection. It may import only
+`epd_ring.fsm`, torch and the standard library.
+"""
+
+from .clock import FakeClock, MonotonicClock
+from .executor import (EncodeExecutor, EncodeItem, Modality, StagingError, assign_encoded_embeddings,
+                       item_token_count)
+from .frames import FrameError, ReceiverFrame, shard_rows
+from .loopback import Fault, LoopbackReceiver, LoopbackTransport
+from .manager import Chunk, EncodeManager, RoomConflict
+from .ring import Ring, Slot
+from .transport import Outcome, Transport, TransportError
+
+__all__ = [
+    "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
+    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Outcome", "ReceiverFrame",
+    "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError",
+    "assign_encoded_embeddings", "item_token_count", "shard_rows",
+]

@@ -1,0 +1,164 @@
+"""Per-item cost of the controller's hot cycle, at several ring sizes.
+
+The cycle, per item: register the request, a receiver frame arrives, `execute`
+one 16 x 64 float32 image through a tower that returns a fixed tensor, the
+loopback write completes at once, `poll`, reap. All but 4 slots are held by
+rooms whose writes never complete, so any scan over busy slots or senders
+shows up as a cost that grows with the ring.
+
+With `--seed PATH` the seed's executor runs the same cycle in the same process
+(see `seed_bench`), so the two figures come from one run.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import seed_bench
+from ..core.clock import FakeClock
+from ..core.executor import EncodeExecutor, EncodeItem
+from ..core.frames import ReceiverFrame
+from ..core.loopback import LoopbackTransport
+from ..core.manager import EncodeManager
+
+TOKENS, HIDDEN = 16, 64
+
+
+class FixedTower:
+    num_deepstack_embeddings = 0
+
+    def __init__(self) -> None:
+        self.out = torch.randn(TOKENS, HIDDEN)
+
+    def image_encoder(self, items):
+        return self.out
+
+    get_video_feature = image_encoder
+
+
+def _best_of(cycle, items: int, repeats: int) -> float:
+    """Best seconds for `items` cycles over several runs, as timeit does: noise only adds time."""
+    cycle(500)  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            cycle(items)
+            best = min(best, time.perf_counter() - t0)
+        finally:
+            gc.enable()
+    return best
+
+
+def _slot_bytes() -> int:
+    nbytes = TOKENS * HIDDEN * 4
+    return nbytes + (-nbytes) % 64
+
+
+def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+    """Microseconds per item for our cycle at this ring size."""
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock, max_tombstones=4096)
+    executor = EncodeExecutor(manager, FixedTower(), "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
+    receiver = transport.add_receiver("prefill:0")
+    dst = torch.empty(TOKENS, HIDDEN)
+    receiver.register(dst)
+    ptr = dst.data_ptr()
+    held = transport.add_receiver("prefill:held")
+    held_dst = torch.empty(TOKENS, HIDDEN)
+    held.register(held_dst)
+    transport.inject("hold", session="prefill:held", count=ring_slots - free_slots)
+    room = 0
+    for _ in range(ring_slots - free_slots):
+        room += 1
+        executor.register(("held", room), "h", 1, room)
+        manager.register_receiver(ReceiverFrame(room, "prefill:held", held_dst.data_ptr(), 0, TOKENS, 0,
+                                                TOKENS, HIDDEN, "torch.float32", False, 1))
+        executor.execute([(("held", room), EncodeItem("image", TOKENS))])
+    assert executor.ring.free_count == free_slots
+    pending: set = set()
+
+    def cycle(n: int) -> None:
+        nonlocal room
+        for _ in range(n):
+            room += 1
+            executor.register(room, "h", 1, room)
+            manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
+                                                    "torch.float32", False, 1))
+            executor.execute([(room, EncodeItem("image", TOKENS))])
+            executor.poll()
+            executor.reap_concluded_senders(pending)
+
+    best = _best_of(cycle, items, repeats)
+    assert manager.stats["success"] == repeats * items + 500, manager.stats
+    assert executor.ring.free_count == free_slots
+    assert len(executor.senders) == ring_slots - free_slots  # reaped: only the held rooms remain
+    assert torch.equal(dst, executor.model.out)
+    return best / items * 1e6
+
+
+def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+    """Microseconds per item for the seed's executor on the same cycle (see `seed_bench`)."""
+    manager = seed_bench.SeedManager()
+    tower = FixedTower()
+    executor = seed.DisaggEncodeExecutor(manager, tower, "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
+    dst = torch.empty(TOKENS, HIDDEN)
+    held_dst = torch.empty(TOKENS, HIDDEN)
+    image = seed_bench.Modality.IMAGE
+    item_type = seed_bench.MultimodalDataItem
+    room = 0
+    for _ in range(ring_slots - free_slots):
+        room += 1
+        executor.register(("held", room), "h", 1, room)
+        manager.register_receiver(room, held_dst.data_ptr(), held=True)
+        executor.execute([(("held", room), item_type(image, TOKENS))])
+    ptr = dst.data_ptr()
+    pending: set = set()
+
+    def cycle(n: int) -> None:
+        nonlocal room
+        for _ in range(n):
+            room += 1
+            executor.register(room, "h", 1, room)
+            manager.register_receiver(room, ptr)
+            executor.execute([(room, item_type(image, TOKENS))])
+            executor.reap_concluded_senders(pending)
+
+    best = _best_of(cycle, items, repeats)
+    assert manager.success == repeats * items + 500, manager.success
+    assert not executor.has_deferred()
+    assert len(executor.senders) == ring_slots - free_slots
+    assert torch.equal(dst, tower.out)
+    return best / items * 1e6
+
+
+def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None = None) -> dict:
+    """Print and return {slots: (our us/item, seed us/item or None)}."""
+    torch.set_num_threads(1)
+    seed = seed_bench.load_seed(seed_path) if seed_path else None
+    results: dict[int, tuple[float, float | None]] = {}
+    print(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 slots held, best of 3 x {items} items")
+    if seed is not None:
+        print(f"seed: {seed_path} (same cycle, same run, stand-ins for its engine modules)")
+    print(f"{'slots':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
+    for n in sizes:
+        us = measure(n, items)
+        seed_us = measure_seed(seed, n, items) if seed is not None else None
+        results[n] = (us, seed_us)
+        base = results[sizes[0]][0]
+        seed_cols = f"{seed_us:>8.1f} {us / seed_us:>7.2f}x" if seed_us else f"{'-':>8} {'-':>8}"
+        print(f"{n:>6} {us:>9.1f} {seed_cols} {us / base:>9.2f}x", flush=True)
+    if seed is not None:
+        # The seed's best case: nothing held, so its lease and reap scans find a free slot at once.
+        n = sizes[0]
+        us, seed_us = measure(n, items, free_slots=n), measure_seed(seed, n, items, free_slots=n)
+        print(f"no slot held, {n} slots: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
+    return results

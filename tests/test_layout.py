@@ -1,0 +1,157 @@
+"""The layout is the architecture: imports run one way, tools -> drivers -> core -> fsm.
+
+Read from the source's own import statements (ast), so a new file in the wrong
+folder, or a socket opened from the core, fails here before review.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Folder (relative to the repo) -> the package it installs as.
+PACKAGES = {"fsm": "epd_ring.fsm", "executor": "epd_ring.executor", "models": "epd_ring.models"}
+
+# Layer of a module, by its dotted name; the facade `epd_ring.executor` itself re-exports the core.
+LAYERS = [
+    ("epd_ring.executor.tools", "tools"),
+    ("epd_ring.executor.drivers", "drivers"),
+    ("epd_ring.executor.core", "core"),
+    ("epd_ring.executor", "core"),
+    ("epd_ring.models", "models"),
+    ("epd_ring.fsm", "fsm"),
+]
+
+ALLOWED = {
+    "fsm": {"fsm"},
+    "core": {"fsm", "core"},
+    "models": {"fsm", "core", "models"},
+    "drivers": {"fsm", "core", "drivers"},
+    "tools": {"fsm", "core", "drivers", "tools", "models"},
+}
+
+# What only the edge may touch: I/O libraries and blocking.
+CORE_FORBIDDEN_MODULES = {"zmq", "mooncake", "subprocess", "socket", "threading", "multiprocessing",
+                          "asyncio", "selectors", "signal"}
+SANS_IO_LAYERS = {"fsm", "core", "models"}
+
+
+def layer_of(module: str) -> str | None:
+    for prefix, layer in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return None
+
+
+def module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    parts[0] = PACKAGES[parts[0]]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((node.lineno, target))
+            # `from . import x` names submodules too
+            out.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names
+                       if layer_of(f"{target}.{alias.name}") and not node.module)
+    return out
+
+
+def sleeps(path: Path) -> list[int]:
+    """Lines that call time.sleep (or import sleep from time)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr == "sleep" and isinstance(node.value, ast.Name)
+                and node.value.id == "time"):
+            lines.append(node.lineno)
+        if isinstance(node, ast.ImportFrom) and node.module == "time" and any(a.name == "sleep" for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for folder in PACKAGES:
+        for path in sorted((root / folder).rglob("*.py")):
+            module = module_name(path, root)
+            layer = layer_of(module)
+            where = path.relative_to(root)
+            for line, target in imports_of(path, module):
+                top = target.split(".")[0]
+                if layer in SANS_IO_LAYERS and top in CORE_FORBIDDEN_MODULES:
+                    found.append(f"{where}:{line}: {layer} code imports {target} (I/O belongs in executor/drivers)")
+                target_layer = layer_of(target)
+                if target_layer and target_layer not in ALLOWED[layer]:
+                    found.append(f"{where}:{line}: {layer} imports {target} ({target_layer}): "
+                                 f"imports run tools -> drivers -> core -> fsm")
+            if layer in SANS_IO_LAYERS:
+                found.extend(f"{where}:{line}: {layer} code calls time.sleep" for line in sleeps(path))
+    return found
+
+
+def test_imports_run_one_way():
+    assert violations(ROOT) == []
+
+
+def test_every_folder_says_what_lives_there():
+    for init in [ROOT / "executor/__init__.py", *sorted((ROOT / "executor").glob("*/__init__.py"))]:
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.split()) >= 20, f"{init.relative_to(ROOT)} needs a docstring saying what lives there"
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for folder in PACKAGES:
+        (tmp_path / folder).mkdir(exist_ok=True)
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("rel,text,needle", [
+    ("executor/core/bad.py", "import zmq\n", "imports zmq"),
+    ("executor/core/bad.py", "import socket\n", "imports socket"),
+    ("executor/core/bad.py", "import time\ntime.sleep(1)\n", "time.sleep"),
+    ("executor/core/bad.py", "from ..drivers.mooncake import load_engine\n", "core imports epd_ring.executor.drivers"),
+    ("executor/core/bad.py", "from epd_ring.executor.tools import cli\n", "core imports epd_ring.executor.tools"),
+    ("executor/drivers/bad.py", "from ..tools.demo import run\n", "drivers imports epd_ring.executor.tools"),
+    ("fsm/bad.py", "from epd_ring.models.spec import Spec\n", "fsm imports epd_ring.models"),
+    ("models/bad.py", "import threading\n", "imports threading"),
+    ("models/bad.py", "from epd_ring.executor.drivers import control\n", "models imports epd_ring.executor.drivers"),
+])
+def test_a_file_in_the_wrong_place_is_caught(tmp_path, rel, text, needle):
+    found = violations(_tree(tmp_path, {rel: text}))
+    assert any(needle in v for v in found), found
+
+
+def test_allowed_directions_pass(tmp_path):
+    root = _tree(tmp_path, {
+        "executor/tools/ok.py": "from ..drivers.control import X\nfrom epd_ring.models.spec import Spec\n",
+        "executor/drivers/ok.py": "import zmq\nimport threading\nfrom ..core.frames import F\n",
+        "executor/core/ok.py": "from epd_ring.fsm import ROOM\nfrom .ring import Ring\nimport time\ntime.monotonic()\n",
+        "models/ok.py": "from epd_ring.executor.core import EncodeExecutor\n",
+    })
+    assert violations(root) == []
