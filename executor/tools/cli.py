@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--quiet", action="store_true")
     demo.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
+    demo.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
+                      help="qwen3-vl-tiny: a real Qwen3-VL split at the tower (needs the `qwen` extra)")
+    demo.add_argument("--requests", type=int, default=16, help="qwen3-vl-tiny: prefill requests")
+    demo.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="qwen3-vl-tiny only")
 
     bench = sub.add_parser("bench", help="per-item cost of the controller cycle at several ring sizes")
     bench.add_argument("--items", type=int, default=10000)
@@ -41,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     # Injected faults log errors by design; the demo reports them in its summary.
     level = logging.CRITICAL if args.command == "demo" else logging.ERROR
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo" and args.model == "qwen3-vl-tiny":
+        from . import demo_qwen
+        run_qwen = demo_qwen.run_mooncake if args.transport == "mooncake" else demo_qwen.run_loopback
+        return run_qwen(requests=args.requests, dtype=args.dtype, seed=args.seed, slots=args.slots,
+                        quiet=args.quiet)
     if args.command == "demo" and args.transport == "mooncake":
         from .demo_mooncake import run as mc_demo
         return mc_demo(rooms=min(args.rooms, 300) if args.rooms == 2000 else args.rooms, slots=args.slots,
