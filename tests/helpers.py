@@ -78,7 +78,8 @@ class Rig:
         fields = dict(room=room, session=session, dst_ptr=main.data_ptr(),
                       dst_deep_ptr=deep_t.data_ptr() if deep_t is not None else 0,
                       n_tokens=rows, row_start=row_start, span=span, hidden=hidden,
-                      dtype=str(self.tower.dtype), has_deepstack=deep, n_receivers=n)
+                      dtype=str(self.tower.dtype), has_deepstack=deep, n_receivers=n,
+                      deep_levels=self.tower.num_deepstack_embeddings if deep else 0)
         fields.update(over)
         return ReceiverFrame(**fields)
 

@@ -16,7 +16,7 @@ from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
 from epd_ring.executor.core.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts  # noqa: E402
 
 FRAME = ReceiverFrame(7, "127.0.0.1:1234", 0xFFFF_FFFF_FFFF_F000, 0x1000, 5, 2, 9, 64, "torch.bfloat16", True, 2,
-                      "tcp://127.0.0.1:5555")
+                      "tcp://127.0.0.1:5555", 3)
 
 
 def test_wire_round_trip_keeps_full_64_bit_pointers():
@@ -33,6 +33,7 @@ def test_wire_round_trip_keeps_full_64_bit_pointers():
     (9, b"\xff\xfe", "dtype"),
     (10, b"yes", "has_deepstack"),
     (12, b"x" * 300, "status_endpoint"),
+    (13, b"-1", "deep_levels"),
 ])
 def test_each_malformed_part_is_named(index, value, needle):
     parts = frame_to_parts(FRAME)
@@ -54,7 +55,7 @@ def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
         push.connect(control.endpoint)
         push.send_multipart([b"junk"])
         push.send_multipart(frame_to_parts(FRAME._replace(room=8, n_receivers=1, n_tokens=9, row_start=0)))
-        push.send_multipart([WIRE_MAGIC] + [b"1"] * 12)
+        push.send_multipart([WIRE_MAGIC] + [b"1"] * 13)
         n = 0
         for _ in range(200):
             n += manager.poll()

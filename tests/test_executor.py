@@ -338,7 +338,7 @@ def test_receivers_without_a_sender_expire_and_are_told():
     (5, dict(hidden=16), "hidden"),
     (5, dict(dtype="torch.bfloat16"), "torch.bfloat16"),
     (7, dict(), "expects 7 rows"),
-    (5, dict(has_deepstack=True, dst_deep_ptr=0x1000), "deepstack"),
+    (5, dict(has_deepstack=True, dst_deep_ptr=0x1000, deep_levels=1), "deepstack"),
 ])
 def test_fanout_mismatch_fails_the_room_with_a_reason(span, override, reason):
     rig = make_rig()

@@ -13,7 +13,7 @@ BASE = ReceiverFrame(7, "127.0.0.1:1234", 0x1000, 0, 10, 0, 10, 64, "torch.bfloa
 def test_valid_frame_passes_and_round_trips_high_pointers():
     check_frame(BASE)
     check_frame(BASE._replace(dst_ptr=0xFFFF_FFFF_FFFF_F000, dst_deep_ptr=0xFFFF_FFFF_FFFF_0000,
-                              has_deepstack=True))
+                              has_deepstack=True, deep_levels=3))
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -33,7 +33,10 @@ def test_valid_frame_passes_and_round_trips_high_pointers():
     (dict(dtype="float32"), "dtype"),
     (dict(has_deepstack=1), "has_deepstack"),
     (dict(dst_ptr=0), "null destination"),
-    (dict(has_deepstack=True), "deepstack destination"),
+    (dict(has_deepstack=True, deep_levels=1), "deepstack destination"),
+    (dict(has_deepstack=True), "deep_levels"),
+    (dict(deep_levels=2), "deep_levels"),
+    (dict(has_deepstack=True, dst_deep_ptr=0x2000, deep_levels=65), "deep_levels"),
 ])
 def test_malformed_fields_are_named(change, needle):
     with pytest.raises(FrameError, match=needle):
@@ -43,7 +46,7 @@ def test_malformed_fields_are_named(change, needle):
 def test_frames_of_a_room_must_agree():
     check_frames_agree(BASE, BASE._replace(session="b", dst_ptr=0x2000))
     for change in (dict(n_receivers=2), dict(span=11), dict(hidden=32), dict(dtype="torch.float16"),
-                   dict(has_deepstack=True)):
+                   dict(has_deepstack=True, deep_levels=1, dst_deep_ptr=0x2000)):
         with pytest.raises(FrameError, match="disagree"):
             check_frames_agree(BASE, BASE._replace(session="b", **change))
 

@@ -44,8 +44,10 @@ class EncodeSide:
         self.control = ZmqControlPlane()
         self.transport = MooncakeTransport(notifier=self.control.push_status)
         clock = MonotonicClock()
+        # Early frames wait for their senders as long as the run takes on a loaded machine;
+        # only the park deadline is short (the partial rooms fail at it).
         self.manager = EncodeManager(self.transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
-                                     write_timeout=60.0)
+                                     write_timeout=60.0, announce_timeout=120.0)
         self.control.attach(self.manager)
         self.model = TinyVisionModel(TinyVisionTower(deepstack_layers=(0, 1) if deep else (), seed=7))
         self.hidden = self.model.hidden
@@ -216,16 +218,16 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
         victim = 40_999
         junk = [
             [b"hello"],  # wrong part count
-            [b"not-magic"] + [b"1"] * 12,  # bad magic
-            [WIRE_MAGIC, b"12x", b"s", b"\0" * 8, b"\0" * 8] + [b"1"] * 8,  # non-digit room
-            [WIRE_MAGIC, b"5", b"s", b"\0" * 9, b"\0" * 8] + [b"1"] * 8,  # 9-byte pointer
-            [WIRE_MAGIC, b"5", b"s", b"\0" * 8, b"\0" * 8, b"1", b"0", b"1", b"8", b"torch.float32", b"2", b"1", b""],
+            [b"not-magic"] + [b"1"] * 13,  # bad magic
+            [WIRE_MAGIC, b"12x", b"s", b"\0" * 8, b"\0" * 8] + [b"1"] * 9,  # non-digit room
+            [WIRE_MAGIC, b"5", b"s", b"\0" * 9, b"\0" * 8] + [b"1"] * 9,  # 9-byte pointer
+            [WIRE_MAGIC, b"5", b"s", b"\0" * 8, b"\0" * 8, b"1", b"0", b"1", b"8", b"torch.float32", b"2", b"1", b"", b"0"],
         ]
         for parts in junk:
             a.ask(cmd="raw", parts_hex=[p.hex() for p in parts])
         # Well-formed on the wire, but N = 0: it fails the room it names, and only that room.
         bad = [WIRE_MAGIC, str(victim).encode(), a.session.encode(), (4096).to_bytes(8, "little"),
-               b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", b"0", b""]
+               b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", b"0", b"", b"0"]
         a.ask(cmd="raw", parts_hex=[p.hex() for p in bad])
         a.ask(cmd="register", rooms=list(good))
         enc.run([(r, item) for r, item in good.items()])

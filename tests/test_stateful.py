@@ -112,7 +112,8 @@ class EncodeWorker(RuleBasedStateMachine):
         self.buffers[(room.id, session)] = (main, deep, start, rows)
         self.room_of_dst[main.data_ptr()] = room.id
         return ReceiverFrame(room.id, session, main.data_ptr(), deep.data_ptr() if deep is not None else 0, rows,
-                             start, span, HIDDEN, str(self.tower.dtype), room.deep, room.n)
+                             start, span, HIDDEN, str(self.tower.dtype), room.deep, room.n,
+                             deep_levels=1 if room.deep else 0)
 
     def _register_next(self, room: Room) -> None:
         k = len(room.frames)

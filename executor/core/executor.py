@@ -20,6 +20,7 @@ import torch
 
 from epd_ring.fsm import ROOM_CONCLUDED
 
+from . import settings
 from .manager import Chunk, EncodeManager
 from .ring import Ring, Slot
 
@@ -89,13 +90,17 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
 
 
 _MODALITY_NAMES: dict = {}
+_TOWER_MODALITIES = frozenset(("image", "video"))
 
 
 def _modality_name(m: Any) -> str:
     try:
         return _MODALITY_NAMES[m]
     except (KeyError, TypeError):
-        name = str(getattr(m, "value", m)).lower()
+        try:
+            name = str(getattr(m, "value", m)).lower()
+        except Exception:  # an object whose str() raises is no modality
+            return ""
         try:
             if len(_MODALITY_NAMES) < 64:
                 _MODALITY_NAMES[m] = name
@@ -141,10 +146,15 @@ class EncodeExecutor:
         max_deferred: int | None = None,
         copy_fence: Callable[[], Any] | None = None,
     ):
+        settings.count("ring_slots", ring_slots, 1)
+        settings.count("ring_bytes", ring_bytes, 1)
+        if max_deferred is not None:
+            settings.count("max_deferred", max_deferred, 0)
         self.manager = manager
         self.model = multimodal_model
         self.device = torch.device(device)
-        n_deep = int(getattr(multimodal_model, "num_deepstack_embeddings", 0) or 0)
+        n_deep = settings.count("model.num_deepstack_embeddings",
+                                getattr(multimodal_model, "num_deepstack_embeddings", 0) or 0, 0)
         # The deepstack ring is n_deep times wider per slot, so it holds as many
         # tokens per slot as the main ring (deepstack rows are n_deep * hidden wide).
         self.ring = Ring(manager.transport, ring_slots, ring_bytes, self.device,
@@ -192,16 +202,28 @@ class EncodeExecutor:
     def execute(self, request_items: Sequence[tuple[Any, Any]]) -> int:
         """Run the tower on a batch and ship each item; return items encoded.
 
-        A tower or scatter exception fails every room of the batch and returns
-        0: it never escapes into the encode loop.
+        An item that cannot go to the tower (None, no modality, an unknown one)
+        fails only its own room. A tower or scatter exception fails every room
+        of the batch and returns 0. Neither escapes into the encode loop.
         """
         if len(request_items) == 1:  # the common cache-miss batch of one: no grouping needed
-            item = request_items[0][1]
-            by_modality = {_modality_name(item.modality): [item]}
+            rid, item = request_items[0]
+            name = _modality_name(getattr(item, "modality", None))
+            if name not in _TOWER_MODALITIES:
+                self._refuse_item(rid, item)
+                return 0
+            by_modality = {name: [item]}
         else:
             by_modality = {}
-            for _, item in request_items:
-                by_modality.setdefault(_modality_name(item.modality), []).append(item)
+            good = []
+            for rid, item in request_items:
+                name = _modality_name(getattr(item, "modality", None))
+                if name not in _TOWER_MODALITIES:
+                    self._refuse_item(rid, item)
+                    continue
+                by_modality.setdefault(name, []).append(item)
+                good.append((rid, item))
+            request_items = good
         try:
             with self._inference:
                 for modality, items in by_modality.items():
@@ -213,12 +235,38 @@ class EncodeExecutor:
             log.error("encode batch of %d items failed (%d rooms failed): %s", len(request_items), n, exc)
             return 0
         for rid, item in request_items:
-            self._offer(rid, item)
+            self._offer_safely(rid, item)
         return len(request_items)
 
     def send_item(self, request_id: Any, item: Any) -> None:
         """Ship an item already encoded (a cache hit) through the same lease-or-defer path."""
-        self._offer(request_id, item)
+        self._offer_safely(request_id, item)
+
+    def _refuse_item(self, rid: Any, item: Any) -> None:
+        self.stats["items_refused"] += 1
+        modality = getattr(item, "modality", "<none>")
+        self._fail_request(rid, f"bad item {type(item).__name__}: unsupported modality {modality!r}")
+
+    def _fail_request(self, rid: Any, reason: str) -> None:
+        try:
+            sender = self.senders.get(rid)
+        except TypeError:  # an unhashable request id names no room
+            sender = None
+        if sender is None:
+            self.stats["items_without_sender"] += 1
+            log.error("dropping item for unregistered request %r: %s", rid, reason)
+            return
+        sender.offered = True
+        self.manager.fail_room(sender.room, reason)
+
+    def _offer_safely(self, rid: Any, item: Any) -> None:
+        # The last line of defence for one bad item: whatever it raises fails its
+        # own room, never the loop. A try costs nothing when nothing is raised.
+        try:
+            self._offer(rid, item)
+        except Exception as exc:
+            self.stats["items_refused"] += 1
+            self._fail_request(rid, f"item could not be sent: {type(exc).__name__}: {exc}")
 
     # lease, stage, defer ---------------------------------------------------
     def _offer(self, rid: Any, item: Any) -> None:
@@ -239,7 +287,7 @@ class EncodeExecutor:
             return
         try:
             checked = self._check(item)
-        except StagingError as exc:
+        except Exception as exc:  # StagingError, or an item without the attributes
             manager.fail_room(room, f"staging failed: {exc}")
             return
         if self._deferred:
@@ -312,25 +360,34 @@ class EncodeExecutor:
             if not manager.accepts_chunk(room):
                 self.stats["items_for_concluded_rooms"] += 1
                 return
-            checked = self._check(item)  # passed before it was deferred
+            try:
+                # It passed before it was deferred, but the caller may have changed
+                # the item since (dropped `encoded`, say): fail its room, not the loop.
+                checked = self._check(item)
+            except Exception as exc:
+                manager.fail_room(room, f"staging failed for a deferred send: {exc}")
+                return
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
         slot = ring.lease()
         try:
             src = ring.main_ptr(slot)
             self._copy(src, ring.main_view, slot, enc, nbytes)
-            deep_src = deep_rb = 0
+            deep_src = deep_rb = levels = 0
             if deep is not None:
                 deep_src = ring.deep_ptr(slot)
                 self._copy(deep_src, ring.deep_view, slot, deep, dbytes)
                 deep_rb = deep.shape[1] * deep.element_size()
+                levels, rest = divmod(deep.shape[1], enc.shape[1]) if enc.shape[1] else (-1, 0)
+                if rest or deep.dtype != enc.dtype:
+                    levels = -1
         except Exception as exc:
             ring.fire(slot, "abandon")
             manager.fail_room(room, f"staging failed: {exc}")
             return
         rows, hidden = enc.shape
         chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
-                      src, deep_src, deep_rb)
+                      src, deep_src, deep_rb, levels)
         slot.room = room
         if self._copy_fence is not None:
             # The write must not read the slot before the copy into it has finished.

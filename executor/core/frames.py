@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 _U64 = 1 << 64
 MAX_RECEIVERS = 1024
+MAX_DEEP_LEVELS = 64
 
 DTYPE_SIZES = {
     "torch.float32": 4,
@@ -43,6 +44,10 @@ class ReceiverFrame(NamedTuple):
     has_deepstack: bool
     n_receivers: int  # N: receivers the room waits for
     status_endpoint: str = ""  # where status pushes go (control plane), if any
+    # Deepstack levels the receiver's deepstack buffer holds per row (each `hidden`
+    # wide): 0 exactly when it has none. Part of the contract, so an encoder at a
+    # different width fails the room instead of writing rows past each region.
+    deep_levels: int = 0
 
     @property
     def identity(self) -> bool:
@@ -55,11 +60,12 @@ def _is_int(v: Any) -> bool:
 
 def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, _ = f
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, _, levels = f
     return (
         type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
         and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
+        and type(levels) is int and (0 < levels <= MAX_DEEP_LEVELS if has_deep else levels == 0)
         and 0 <= dst < _U64 and 0 <= deep < _U64 and n >= 0 and start >= 0 and span >= 1
         and hidden >= 1 and 1 <= n_recv <= MAX_RECEIVERS and start + n <= span and dtype in DTYPE_SIZES
         and (n == 0 or (dst != 0 and (not has_deep or deep != 0)))
@@ -94,6 +100,10 @@ def check_frame(f: ReceiverFrame) -> None:
         raise FrameError(f"room {f.room}: unknown dtype {f.dtype!r}")
     if not isinstance(f.has_deepstack, bool):
         raise FrameError(f"room {f.room}: has_deepstack must be a bool")
+    if not _is_int(f.deep_levels) or not (0 < f.deep_levels <= MAX_DEEP_LEVELS if f.has_deepstack
+                                          else f.deep_levels == 0):
+        raise FrameError(f"room {f.room}: deep_levels must be in 1..{MAX_DEEP_LEVELS} with a deepstack buffer "
+                         f"and 0 without, got {f.deep_levels!r}")
     if f.n_tokens and not f.dst_ptr:
         raise FrameError(f"room {f.room}: null destination for {f.n_tokens} rows")
     if f.n_tokens and f.has_deepstack and not f.dst_deep_ptr:
@@ -102,7 +112,7 @@ def check_frame(f: ReceiverFrame) -> None:
 
 def check_frames_agree(a: ReceiverFrame, b: ReceiverFrame) -> None:
     """Frames of one room must describe the same chunk and the same N."""
-    for name in ("n_receivers", "span", "hidden", "dtype", "has_deepstack"):
+    for name in ("n_receivers", "span", "hidden", "dtype", "has_deepstack", "deep_levels"):
         if getattr(a, name) != getattr(b, name):
             raise FrameError(
                 f"room {a.room}: receivers disagree on {name} "
@@ -110,7 +120,9 @@ def check_frames_agree(a: ReceiverFrame, b: ReceiverFrame) -> None:
             )
 
 
-def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str, has_deep: bool) -> None:
+def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str, deep_levels: int) -> None:
+    """The receiver's side of the contract (rows, hidden, dtype, deepstack width) against the chunk's."""
+    has_deep = deep_levels != 0
     if f.span != n_tokens:
         raise FrameError(f"room {f.room}: receiver {f.session} expects {f.span} rows, chunk has {n_tokens}")
     if f.hidden != hidden:
@@ -122,6 +134,9 @@ def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str
             f"room {f.room}: receiver {f.session} "
             + ("expects deepstack rows the chunk lacks" if f.has_deepstack else "lacks a deepstack buffer the chunk has")
         )
+    if f.deep_levels != deep_levels:
+        raise FrameError(f"room {f.room}: receiver {f.session} expects {f.deep_levels} deepstack levels, "
+                         f"chunk has {deep_levels if deep_levels > 0 else 'a width that is no multiple of hidden'}")
 
 
 def check_tiling(frames: list[ReceiverFrame]) -> None:
@@ -148,8 +163,8 @@ def shard_rows(span: int, rank: int, size: int) -> tuple[int, int]:
 
 
 # -- wire format (control plane) --------------------------------------------------------
-WIRE_MAGIC = b"epd-ring/1"
-_WIRE_PARTS = 13
+WIRE_MAGIC = b"epd-ring/2"  # /2: deep_levels joined the contract
+_WIRE_PARTS = 14
 
 
 def frame_to_parts(f: ReceiverFrame) -> list[bytes]:
@@ -157,7 +172,7 @@ def frame_to_parts(f: ReceiverFrame) -> list[bytes]:
     return [WIRE_MAGIC, b"%d" % f.room, f.session.encode(), f.dst_ptr.to_bytes(8, "little"),
             f.dst_deep_ptr.to_bytes(8, "little"), b"%d" % f.n_tokens, b"%d" % f.row_start, b"%d" % f.span,
             b"%d" % f.hidden, f.dtype.encode(), b"1" if f.has_deepstack else b"0", b"%d" % f.n_receivers,
-            f.status_endpoint.encode()]
+            f.status_endpoint.encode(), b"%d" % f.deep_levels]
 
 
 def _wire_int(part: bytes, name: str) -> int:
@@ -192,4 +207,5 @@ def frame_from_parts(parts: list[bytes]) -> ReceiverFrame:
         n_tokens=_wire_int(parts[5], "n_tokens"), row_start=_wire_int(parts[6], "row_start"),
         span=_wire_int(parts[7], "span"), hidden=_wire_int(parts[8], "hidden"),
         dtype=_wire_text(parts[9], "dtype", 32), has_deepstack=parts[10] == b"1",
-        n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"))
+        n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"),
+        deep_levels=_wire_int(parts[13], "deep_levels"))

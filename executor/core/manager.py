@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
 
+from . import settings
 from .clock import Clock, MonotonicClock
 from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree, check_tiling
 from .ring import Slot
@@ -42,6 +43,9 @@ class Chunk:
     src: int
     deep_src: int = 0
     deep_row_bytes: int = 0
+    # Deepstack levels per row (its width over hidden); -1 when the width is no
+    # multiple of hidden, which no frame can match.
+    deep_levels: int = 0
 
     @property
     def has_deep(self) -> bool:
@@ -109,21 +113,16 @@ class EncodeManager:
         tombstone_ttl: float = 600.0,
         max_announced: int = 4096,
     ):
-        for name, v in (("park_timeout", park_timeout), ("write_timeout", write_timeout),
-                        ("quarantine_s", quarantine_s), ("tombstone_ttl", tombstone_ttl)):
-            if v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-        if max_tombstones < 1 or max_announced < 1:
-            raise ValueError("max_tombstones and max_announced must be >= 1")
         self.transport = transport
         self.clock = clock or getattr(transport, "clock", None) or MonotonicClock()
-        self.park_timeout = park_timeout
-        self.announce_timeout = park_timeout if announce_timeout is None else announce_timeout
-        self.write_timeout = write_timeout
-        self.quarantine_s = quarantine_s
-        self.max_tombstones = max_tombstones
-        self.tombstone_ttl = tombstone_ttl
-        self.max_announced = max_announced
+        self.park_timeout = settings.seconds("park_timeout", park_timeout)
+        self.announce_timeout = settings.seconds(
+            "announce_timeout", park_timeout if announce_timeout is None else announce_timeout)
+        self.write_timeout = settings.seconds("write_timeout", write_timeout)
+        self.quarantine_s = settings.seconds("quarantine_s", quarantine_s)
+        self.max_tombstones = settings.count("max_tombstones", max_tombstones, 1)
+        self.tombstone_ttl = settings.seconds("tombstone_ttl", tombstone_ttl)
+        self.max_announced = settings.count("max_announced", max_announced, 1)
         self.rooms: dict[int, Room] = {}
         self.tombstones: OrderedDict[int, Tombstone] = OrderedDict()
         self.deadlines = Deadlines()
@@ -203,7 +202,7 @@ class EncodeManager:
             return False
         try:
             for f in room.frames.values():
-                check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.has_deep)
+                check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels)
         except FrameError as exc:
             slot.ring.fire(slot, "abandon")
             self._fail(room, str(exc))
@@ -263,7 +262,7 @@ class EncodeManager:
                 raise FrameError(f"room {room.id}: receiver {frame.session} is beyond the N={frame.n_receivers} declared")
             if room.chunk is not None:
                 c = room.chunk
-                check_against_chunk(frame, c.n_tokens, c.hidden, c.dtype, c.has_deep)
+                check_against_chunk(frame, c.n_tokens, c.hidden, c.dtype, c.deep_levels)
         except FrameError as exc:
             self._fail(room, str(exc), extra=frame)
             return False

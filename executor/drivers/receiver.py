@@ -60,6 +60,8 @@ class ReferenceReceiver:
 
     def expect(self, room: int, *, span: int, hidden: int, deep_width: int = 0, n: int = 1, rank: int = 0,
                shard: bool = False) -> ReceiverFrame:
+        if deep_width % hidden:
+            raise ValueError(f"deepstack width {deep_width} is no multiple of hidden {hidden}")
         row_start, rows = shard_rows(span, rank, n) if shard else (0, span)
         es = torch.tensor([], dtype=self.dtype).element_size()
         main = self._carve(rows * hidden * es).view(self.dtype).view(rows, hidden)
@@ -67,7 +69,7 @@ class ReferenceReceiver:
         frame = ReceiverFrame(room, self.session, main.data_ptr() if rows else self.buffer.data_ptr(),
                               (deep.data_ptr() if rows else self.buffer.data_ptr()) if deep_width else 0,
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
-                              self.status_endpoint)
+                              self.status_endpoint, deep_width // hidden)
         self.frames[room] = frame
         self.views[room] = (main, deep)
         return frame

@@ -134,7 +134,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         main, deep, row_start, rows = p.buffers[session]
         return ReceiverFrame(p.room, session, main.data_ptr(), deep.data_ptr() if deep is not None else 0, rows,
                              row_start, p.item.n_tokens, tower.hidden, "torch.float32", bool(n_deep),
-                             len(p.sessions))
+                             len(p.sessions), deep_levels=n_deep)
 
     frames_at: dict[int, list[tuple[RoomPlan, int]]] = {}
     for p in plans:
