@@ -178,7 +178,8 @@ class LoopbackPrefillReceiver:
             if t is not None:
                 self.rcv.register(t)
         self.frames[room] = self._frame(room, self.session, main.data_ptr(), deep.data_ptr() if deep is not None else 0,
-                                        rows, start, span, hidden, str(self.dtype), bool(deep_width), n)
+                                        rows, start, span, hidden, str(self.dtype), bool(deep_width), n,
+                                        deep_levels=deep_width // hidden)
         self.views[room] = (main[:rows], deep[:rows] if deep is not None else None)
         return self.frames[room]
 
