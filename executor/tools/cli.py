@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--sizes", type=int, nargs="+", default=None,
                        help="ring sizes (loopback) or embedding sizes in MiB (mooncake)")
     bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
+    bench.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
+                       help="qwen3-vl-tiny: requests/s of the split model's loop beside the unsplit model")
+    bench.add_argument("--requests", type=int, default=24, help="qwen3-vl-tiny: requests")
+    bench.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="qwen3-vl-tiny only")
     bench.add_argument("--seed", metavar="PATH", default=None,
                        help="also run the seed's executor from this file on the same cycle (loopback only)")
 
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run
         return run(rooms=args.rooms, slots=args.slots, batch=args.batch, fault_rate=args.fault_rate,
                    deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
+    if args.command == "bench" and args.model == "qwen3-vl-tiny":
+        from .bench_qwen import run as qwen_bench
+        qwen_bench(requests=args.requests, dtype=args.dtype, transports=(args.transport,))
+        return 0
     if args.command == "bench":
         if args.transport == "mooncake":
             from .bench_mooncake import run as mc_run
