@@ -157,3 +157,12 @@ def test_split_model_across_processes_over_mooncake():
         assert set(r.verdicts) == set(r.workers), r
         want = "equal" if r.fault == "none" else "failed"
         assert all(v.startswith(want) for v in r.verdicts.values()), (r.rid, r.fault, r.verdicts)
+
+
+def test_bench_runs_the_split_loop_and_accounts_for_the_controller(capsys):
+    from epd_ring.executor.tools import bench_qwen
+
+    (row,) = bench_qwen.run(requests=3, transports=("loopback",), repeat=1)
+    assert row[0] == "loopback" and float(row[1]) > 0 and float(row[2]) > 0
+    assert float(row[3]) > 0 and float(row[4]) > 0 and row[5].endswith("%") and float(row[7]) > 0
+    assert "controller share" in capsys.readouterr().out
