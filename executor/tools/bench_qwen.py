@@ -137,7 +137,7 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
 
     from epd_ring.executor import MonotonicClock, MooncakeTransport, ZmqControlPlane
 
-    from .qwen3vl.prefill import PrefillProcess
+    from .qwen3vl.process import PrefillProcess
 
     spec = hf.spec(model)
     control = ZmqControlPlane()

@@ -313,7 +313,7 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
 
     from epd_ring.executor import MonotonicClock, MooncakeTransport, ZmqControlPlane
 
-    from .qwen3vl.prefill import PrefillProcess
+    from .qwen3vl.process import PrefillProcess
 
     os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", "5")
     os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", "5")

@@ -93,7 +93,7 @@ class PrefillProcess:
         import subprocess
 
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.tools.qwen3vl.prefill",
+        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.tools.qwen3vl.process",
                                       encode_endpoint, dtype, str(seed), out_dir],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
