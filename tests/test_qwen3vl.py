@@ -75,6 +75,27 @@ def test_dropping_deepstack_rows_on_the_encode_side_fails_every_request():
         assert any("deepstack" in reason for reason in r.encode_failures), r.encode_failures
 
 
+class _OneLevelTower(Qwen3VLTower):
+    """An encode worker whose model has one deepstack level where prefill expects two."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.num_deepstack_embeddings = 1
+
+    def get_image_feature(self, items):
+        return super().get_image_feature(items)[:, :2 * self.hidden]
+
+    image_encoder = get_video_feature = get_image_feature
+
+
+def test_a_deepstack_level_mismatch_fails_the_rooms_before_any_write():
+    reqs, fig = demo_qwen.loopback_session(requests=2, kill_wave=9, quiet=True, tower=_OneLevelTower)
+    assert fig["leaked"] == 0
+    for r in reqs:
+        assert r.verdicts and all(v.startswith("failed") for v in r.verdicts.values()), r.verdicts
+        assert any("deepstack levels" in reason for reason in r.encode_failures), r.encode_failures
+
+
 @pytest.fixture(scope="module")
 def split_request():
     """One request (a non-square image and a video) encoded by the tower, and the unsplit model's answer."""

@@ -11,7 +11,7 @@ it lives, and why: `grid_thw` is produced by the processor before encoding
 starts, and engines route it to prefill with the request (the prompt's
 placeholder tokens are laid out from it), so it needs no new wire field. The
 wire binds what the bytes are (the frame's span, hidden, dtype and deepstack
-flag are checked against the chunk on the encode side before any write), and
+levels are checked against the chunk on the encode side before any write), and
 `assemble` checks on arrival that the bytes fit the request: rows equal
 t*h*w/merge^2 and the prompt's placeholder run for that item, width and dtype
 equal the model's, deepstack width equals levels*H. A mismatch fails the
