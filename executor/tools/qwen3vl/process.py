@@ -57,8 +57,9 @@ def serve(encode_endpoint: str, dtype: str, seed: int, out_dir: str) -> None:
                 break
             else:
                 answer = {"error": f"unknown command {kind!r}"}
-        except (ArrivalError, KeyError, ValueError) as exc:
-            answer = {"failed": str(exc)}
+        except (ArrivalError, KeyError, ValueError, MemoryError) as exc:
+            # One bad request (or a full receive buffer) fails that request, not the worker.
+            answer = {"failed": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(answer), flush=True)
 
 
