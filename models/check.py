@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,14 @@ def add_arguments(p) -> None:
     p.add_argument("--save-traces", metavar="DIR", help="write each violation's trace as JSON")
     p.add_argument("--replay", metavar="FILE", help="replay a saved trace instead of exploring")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--engine", choices=["explorer", "spin"], default="explorer",
+                   help="the Python explorer, or SPIN on Promela generated from the same declarations and rules")
+    p.add_argument("--spin-opt", default=None, help="gcc optimisation for pan (default -O0 below 100k states' "
+                   "worth of bound, else -O2: compiling at -O2 takes ~30 s)")
+    p.add_argument("--spin-collapse", action="store_true", help="pan -DCOLLAPSE: lossless state compression")
+    p.add_argument("--spin-hash", type=int, default=None, help="pan -w: log2 of the hash table size")
+    p.add_argument("--spin-memlim", type=int, default=8192, help="pan -DMEMLIM, in MB")
+    p.add_argument("--spin-keep", metavar="DIR", help="keep the Promela model, pan.c and trails in DIR")
 
 
 def run(args, out=print) -> int:
@@ -36,6 +45,8 @@ def run(args, out=print) -> int:
         out("no violation")
         return 0
     cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
+    if args.engine == "spin":
+        return run_spin(cfg, args, out)
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
@@ -68,6 +79,42 @@ def run(args, out=print) -> int:
                 name.write_text(trace_to_json(cfg, v))
                 out(f"  saved {name}")
     return status
+
+
+def run_spin(cfg: Config, args, out=print) -> int:
+    from . import promela
+
+    big = cfg.slots * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
+    opt = args.spin_opt or ("-O2" if big else "-O0")
+    hash_bits = args.spin_hash or (27 if big else 22)
+    out(f"checking {cfg.variant} with SPIN: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per "
+        f"room, {cfg.faults} fault(s); exhaustive, symmetry reduced in the model"
+        + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
+
+    def progress(text):
+        if not args.quiet:
+            for line in text.splitlines():
+                if re.search(r"errors:|states, stored|elapsed time|total actual memory", line):
+                    out("  pan: " + line.strip())
+
+    r = promela.check(cfg, opt=opt, collapse=args.spin_collapse, hash_bits=hash_bits, memlim_mb=args.spin_memlim,
+                      keep=args.spin_keep, progress=progress)
+    out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, pan {r.seconds:.2f} s "
+        f"({r.states_per_s:,.0f} states/s), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc, "
+        f"{r.memory_mb:,.0f} MB; pan {r.options}")
+    if not r.violations:
+        out("  no violation: no assertion fails and no invalid end state in any reachable state")
+        return 0
+    spec = Spec(cfg)
+    for kind, v in sorted(r.violations.items()):
+        out(format_trace(spec, v, heading="SPIN trail, replayed on the spec"))
+        if args.save_traces:
+            d = Path(args.save_traces)
+            d.mkdir(parents=True, exist_ok=True)
+            name = d / f"{cfg.variant}--{v.hazard or kind}.spin.json"
+            name.write_text(trace_to_json(cfg, v))
+            out(f"  saved {name}")
+    return 1
 
 
 if __name__ == "__main__":

@@ -280,10 +280,10 @@ def event_name(event: tuple) -> str:
     return f"{name} {what}{args[0]}"
 
 
-def format_trace(spec: Spec, violation: Violation) -> str:
+def format_trace(spec: Spec, violation: Violation, heading: str = "shortest trace") -> str:
     lines = [f"violation: {violation.kind}" + (f" ({violation.hazard})" if violation.hazard else ""),
              f"  {violation.detail}",
-             f"shortest trace, {len(violation.trace) - 1} events:"]
+             f"{heading}, {len(violation.trace) - 1} events:"]
     for n, (event, state) in enumerate(violation.trace):
         lines.append(f"  {n:2d}. {event_name(event):<22} {spec.describe(state)}")
     return "\n".join(lines)

@@ -1,0 +1,789 @@
+"""The spec as a Promela model, checked by SPIN: an engine independent of explore.py.
+
+`generate(config)` writes Promela for one bounded configuration. The room and
+slot moves are emitted from the compiled `fsm/` tables (`ROOM.table`,
+`SLOT.table`: every source, event, guard and destination, first declared edge
+first), and the states and their order from the declarations; the events of the
+environment (tower, frames, copies, writes, deadlines, aborts, drain, reap,
+release) follow the rules of `spec.Spec.successors`, one Promela inline per rule,
+with the same variant switches. Nothing here executes Python spec code: SPIN
+searches its own compiled state space, so a slip in either engine shows up as a
+disagreement.
+
+The model applies the explorer's symmetry reduction itself: after every event a
+`d_step` relabels rooms and slots into the same canonical order as
+`explore.canonical` (rooms sorted by everything about them, used slots in their
+rooms' order, unused slots by state). Each event is one atomic step and SPIN
+does not store states inside atomic steps, so for a configuration without a
+violation SPIN stores exactly the explorer's canonical states, a second
+agreement check besides the verdict.
+
+`check(config)` runs `spin -a`, gcc and `pan` (exhaustive, no hash compaction or
+bitstate), once per kind of violation: a run asserts every kind not yet found
+and treats the found ones as dead ends (as the explorer does: a bad state is
+reported, not explored), so the set of kinds found is the explorer's set.
+Each SPIN trail is replayed with `spin -t`, whose printfs give the events and
+canonical states, and rebuilt on the Python spec into a concrete, readable trace
+(which also checks that SPIN's steps are steps of the spec).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epd_ring.fsm import ROOM, SLOT
+
+from .explore import Violation, _transition_check, canonical, event_name
+from .spec import CH_NAMES, CONCLUDED, HAZARDS, Config, Spec
+
+# Kinds of violation, in the order the spec checks them; codes are 1-based.
+KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
+         "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
+         "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle")
+CODE = {k: n + 1 for n, k in enumerate(KINDS)}
+
+# States are numbered in sorted name order, so a numeric comparison in the
+# canonical sort orders rooms exactly as explore.canonical's tuple comparison does.
+ROOM_STATES = tuple(sorted(ROOM.states))
+SLOT_STATES = tuple(sorted(SLOT.states))  # coded 1.. (0 sorts first: "no slot", as "" does)
+NONE = 255
+HALTS = {0: None, 1: "crash", 2: "spin"}
+EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
+          "late_landing", "expire", "abort", "drain", "reap", "release")
+
+# Promela for each guard named in the declarations, given the stepped object.
+ROOM_GUARDS = {"all_receivers": "({allr})"}
+SLOT_GUARDS = {"writes_pending": "({pend})", "write_unsure": "slot[{x}].unsure"}
+
+
+def _rs(name: str) -> str:
+    return f"R_{name}"
+
+
+def _ss(name: str) -> str:
+    return f"S_{name}"
+
+
+def _chain(options, guards: dict, assign, fmt: dict, bug: str) -> str:
+    """Nested if/else over one (state, event)'s edges: the first whose guards hold wins."""
+    if not options:
+        return f'printf("MODELBUG {bug}\\n"); assert(false)'
+    (dest, conds), rest = options[0], options[1:]
+    if not conds:
+        return assign(dest)
+    expr = " && ".join(guards[g].format(**fmt) if want else f"!{guards[g].format(**fmt)}" for g, want in conds)
+    return f"if :: {expr} -> {assign(dest)} :: else -> {_chain(rest, guards, assign, fmt, bug)} fi"
+
+
+def _machine_inlines(drop_guard: tuple[str, str, str] | None) -> str:
+    """One inline per (machine, event), emitted from the compiled declaration tables."""
+    out = []
+
+    def table(machine):
+        t = {}
+        for (src, ev), options in machine.table.items():
+            if drop_guard and drop_guard[0] == machine.name and drop_guard[1] == ev:
+                options = tuple((d, tuple(g for g in gs if g[0] != drop_guard[2])) for d, gs in options)
+            t.setdefault(ev, []).append((src, options))
+        return t
+
+    for ev, rows in table(ROOM).items():
+        arms = "\n".join(
+            f"  :: rcur == {_rs(src)} -> "
+            + _chain(opts, ROOM_GUARDS, lambda d: f"rout = {_rs(d)}", {"allr": "rallr"}, f"room {src} {ev}")
+            for src, opts in rows)
+        out.append(f"inline room_{ev}(rcur, rallr, rout) {{\n  if\n{arms}\n"
+                   f'  :: else -> printf("MODELBUG room {ev}\\n"); assert(false)\n  fi\n}}')
+    for ev, rows in table(SLOT).items():
+        def assign(d):
+            return f"slot[sx].ss = {_ss(d)}" + ("; slot[sx].unsure = 0" if d == SLOT.initial else "")
+        arms = "\n".join(
+            f"  :: slot[sx].ss == {_ss(src)} -> "
+            + _chain(opts, SLOT_GUARDS, assign, {"pend": "spend", "x": "sx"}, f"slot {src} {ev}")
+            for src, opts in rows)
+        out.append(f"inline slot_{ev}(sx, spend) {{\n  if\n{arms}\n"
+                   f'  :: else -> printf("MODELBUG slot {ev}\\n"); assert(false)\n  fi\n}}')
+    return "\n\n".join(out)
+
+
+def _bits(n: int) -> int:
+    return max(1, int(n).bit_length())
+
+
+def generate(cfg: Config, asserted: frozenset[str] | None = None,
+             drop_guard: tuple[str, str, str] | None = None) -> str:
+    """Promela for `cfg`. Kinds in `asserted` (default: all) fail an assertion; the others end the path.
+
+    `drop_guard=(machine, event, guard)` removes one guard from the emitted
+    table: a deliberately broken generator, for showing the engines disagree.
+    """
+    R, S, N, F = cfg.rooms, cfg.slots, cfg.receivers, cfg.faults
+    if R > 15 or S > 15 or N > 7 or F > 200:
+        raise ValueError("promela: at most 15 rooms, 15 slots, 7 receivers")
+    asserted = frozenset(KINDS) if asserted is None else asserted
+    mask = sum(1 << CODE[k] for k in asserted)
+    v = cfg.variant
+    # Canonical sort key of a room, most significant field first (explore._keys).
+    fields = [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
+              ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
+              ("room[KI].infl", _bits(N)), ("room[KI].ghost", _bits(N)),
+              ("KSS", _bits(len(SLOT_STATES))), ("KUN", 1), ("KSAME", 1), ("KDPOS", _bits(R))]
+    if sum(b for _, b in fields) > 31:
+        raise ValueError("promela: the canonical key does not fit an int at this bound")
+    key = "0"
+    for expr, b in fields:
+        key = f"(({key}) << {b}) | ({expr})"
+
+    defs = [f"#define R {R}", f"#define S {S}", f"#define N {N}", f"#define F {F}", f"#define NONE {NONE}",
+            f"#define ASSERTED {mask}",
+            f"#define SEED {int(v == 'seed')}", f"#define NO_PARKED_CHECK {int(v == 'no-parked-check')}",
+            f"#define BUSY_WAIT {int(v == 'busy-wait')}", f"#define REAP_CRASH {int(v == 'reaped-deferred-crash')}"]
+    defs += [f"#define {_rs(s)} {n}" for n, s in enumerate(ROOM_STATES)]
+    defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(SLOT_STATES)]
+    defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
+    defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
+    concluded = " || ".join(f"(x) == {_rs(s)}" for s in sorted(CONCLUDED))
+    defs.append(f"#define CONCLUDED(x) ({concluded})")
+    defs.append("#define STAGEABLE(x) ((x) == R_registered || (x) == R_ready)")
+    # spec._leasable: the seed reuses a slot whose tenant is concluded and not parked
+    if v == "seed":
+        defs.append("#define LEASABLE(x) (slot[x].content == NONE || (CONCLUDED(room[slot[x].content].rs)"
+                    " && room[slot[x].content].ch != CH_HELD))")
+    elif v == "no-parked-check":
+        defs.append("#define LEASABLE(x) (slot[x].ss == S_free || slot[x].ss == S_parked)")
+    else:
+        defs.append("#define LEASABLE(x) (slot[x].ss == S_free)")
+    defs.append("#define ANY_LEASABLE (" + " || ".join(f"LEASABLE({s})" for s in range(S)) + ")")
+    # spec._writes_pending
+    defs.append("#define PENDING(x) (" + " || ".join(f"(room[{i}].sl == (x) && room[{i}].infl > 0)"
+                                                     for i in range(R)) + ")")
+    final = " && ".join([f"slot[{s}].ss == S_free" for s in range(S)]
+                        + [f"CONCLUDED(room[{i}].rs) && room[{i}].told == N && room[{i}].reg == N && "
+                           f"room[{i}].snd == 2 && room[{i}].infl == 0 && room[{i}].ghost == 0" for i in range(R)])
+    defs.append(f"#define FINAL (hlt == 0 && dlen == 0 && {final})")
+    defs.append("#define LIVE (!stop && hlt == 0)")
+    defs.append(f"#define KEYOF(KI, KSS, KUN, KSAME, KDPOS) ({key})")
+
+    m = 3 * N + 4
+    rank = " + ".join(
+        [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
+         f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
+        + [f"(slot[{s}].ss != S_quarantined)" for s in range(S)] + ["(hlt != 0)"])
+    defs.append(f"#define RANK ({rank})")
+
+    decl = f"""
+typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
+               byte infl; byte ghost; byte sl = NONE }}
+typedef Slot {{ byte ss = {_ss(SLOT.initial)}; byte content = NONE; bit unsure }}
+Room room[R];
+Slot slot[S];
+byte dq[R];
+byte dlen;
+byte faults = F;
+byte hlt;      /* 0 running, 1 the loop crashed, 2 the loop spins */
+bit stop;      /* a violation already reported: a dead end, as in the explorer */
+
+/* scratch, written and read only inside one d_step: not part of the state */
+hidden byte tmp, k, n, q, best;
+hidden int key[R];
+hidden byte ord[R], rmap[R], smap[S], sord[S];
+hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sl[R];
+hidden byte t_ss[S], t_content[S], t_unsure[S], t_dq[R];
+"""
+
+    fail = _RULES.split("/* END FAIL */")[0]
+    rules = (fail.replace("IS_EXPIRE", "0").replace("EV", "fail")
+             + fail.replace("IS_EXPIRE", "1").replace("EV", "expire")
+             + _RULES.split("/* END FAIL */")[1]).replace("CHOOSE_SLOT", _choose_slot(S))
+    inlines = _machine_inlines(drop_guard) + "\n\n" + rules
+    # One option per rule. Its first statement picks a room (or slot) the rule is enabled for; all of it runs
+    # in one atomic step, so choices add no state, and the checks and relabelling (post) are emitted once.
+    arms, enabled = [], []
+    for n, (name, _, act) in enumerate(_events("x")):
+        guards = [_events(str(i))[n][1] for i in range(R)]
+        enabled += guards
+        pick = " ".join(f":: {g} -> x = {i}" for i, g in enumerate(guards))
+        arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; pre(); {act}")
+    enabled.append("(LIVE && dlen > 0 && ANY_LEASABLE)")
+    arms.append(f"    :: LIVE && dlen > 0 && ANY_LEASABLE -> ev = {EVENTS.index('drain')}; x = 255; pre(); drain()")
+    reapable = " || ".join(f"(room[{i}].snd == 1 && CONCLUDED(room[{i}].rs) && room[{i}].ch != CH_AWAITING_TOWER)"
+                           for i in range(R))
+    enabled.append(f"(LIVE && ({reapable}))")
+    arms.append(f"    :: LIVE && ({reapable}) -> ev = {EVENTS.index('reap')}; x = 255; pre(); reap()")
+    guards = [f"LIVE && slot[{s}].ss == S_quarantined && !PENDING({s})" for s in range(S)]
+    enabled += guards
+    pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
+    arms.append(f"    :: if {pick} fi; ev = {EVENTS.index('release')}; pre(); release(x)")
+    proc = ("active proctype model() {\n"
+            "  /* per-step scratch that must survive backtracking: zero between steps */\n"
+            "  byte ev, x, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n  do\n"
+            "  :: atomic {\n    if\n" + "\n".join(arms) + "\n    fi;\n    post(); ev = 0; x = 0\n  }\n"
+            # No rule enabled: a dead end is fine after a reported violation or when quiescent, else a deadlock.
+            "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step { if :: stop || FINAL -> skip "
+            ":: (ASSERTED >> K_DEADLOCK) & 1 -> kind = K_DEADLOCK; report() :: else -> skip fi } }\n"
+            "  od\n}\n")
+    return "\n".join(defs) + "\n" + decl + "\n" + inlines + "\n\n" + proc
+
+
+def _events(i: str) -> list[tuple[str, str, str]]:
+    """(event name, guard, action) for room i, in spec.successors' order."""
+    r = f"room[{i}]"
+    live = "LIVE && " if i != "x" else ""
+    return [(name, live + guard, act) for name, guard, act in [
+        ("register", f"{r}.snd == 0", f"ev_register({i})"),
+        ("frame", f"{r}.reg < N", f"ev_frame({i})"),
+        ("tower", f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER && !STAGEABLE({r}.rs)", f"{r}.ch = CH_DROPPED"),
+        ("tower", f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER && STAGEABLE({r}.rs)", f"ev_tower({i})"),
+        ("tower_error", f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER && STAGEABLE({r}.rs) && faults > 0",
+         f"ev_tower_error({i})"),
+        ("stage_error", f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER && STAGEABLE({r}.rs) && faults > 0",
+         f"ev_tower_error({i})"),
+        ("copied", f"{r}.ch == CH_COPYING && slot[{r}.sl].ss == S_copying", f"ev_copied({i})"),
+        ("write_done", f"{r}.infl > 0", f"ev_write({i}, 0)"),
+        ("write_unsure", f"{r}.infl > 0 && faults > 0", f"ev_write({i}, 1)"),
+        ("late_landing", f"{r}.ghost > 0", f"ev_late_landing({i})"),
+        ("expire", f"SEED && {r}.rs == R_failed && {r}.ch == CH_HELD", f"ev_seed_reaper({i})"),
+        ("expire", f"{r}.rs == R_parked || (!SEED && {r}.rs == R_announced)", f"ev_expire({i})"),
+        ("abort", f"faults > 0 && {r}.snd == 1 && !CONCLUDED({r}.rs)", f"fail_fail({i}); faults--"),
+    ]]
+
+
+# The environment's rules, after spec.Spec (same names, same order of effects).
+_RULES = r"""
+inline fail_EV(fx) {
+  room_EV(room[fx].rs, (room[fx].reg >= N), t); room[fx].rs = t; t = 0;
+  if
+  :: (room[fx].ch == CH_COPYING || room[fx].ch == CH_HELD) && !(SEED && room[fx].ch == CH_HELD && !IS_EXPIRE) ->
+     if
+     :: room[fx].ch == CH_HELD ->
+        if :: SEED -> slot[room[fx].sl].ss = S_free :: else -> slot_abandon(room[fx].sl, 0) fi;
+        room[fx].ch = CH_DROPPED; room[fx].sl = NONE
+     :: else -> skip   /* a copying chunk is abandoned when its copy completes */
+     fi
+  :: else -> skip
+  fi;
+  if :: !(SEED && IS_EXPIRE) -> room[fx].told = room[fx].reg :: else -> skip fi
+}
+/* END FAIL */
+
+
+inline issue_writes(wx) {
+  if :: CONCLUDED(room[wx].rs) -> kind = K_WRITE_FOR_CONCLUDED_ROOM :: else -> skip fi;
+  if :: SEED -> slot[room[wx].sl].ss = S_sending :: else -> slot_send(room[wx].sl, 0) fi;
+  room[wx].ch = CH_SENT; room[wx].infl = N
+}
+
+/* lease a slot for room gx and start its copy: any leasable slot may be taken */
+inline stage(gx) {
+  if
+  :: !STAGEABLE(room[gx].rs) -> room[gx].ch = CH_DROPPED
+  :: else ->
+     if
+     CHOOSE_SLOT
+     fi;
+     if
+     :: SEED || slot[ls].ss != S_free -> slot[ls].ss = S_copying; slot[ls].unsure = 0
+     :: else -> slot_lease(ls, 0)
+     fi;
+     slot[ls].content = gx; room[gx].ch = CH_COPYING; room[gx].sl = ls; ls = 0
+  fi
+}
+
+/* serve deferred sends oldest first while a slot is leasable */
+inline drain() {
+  do
+  :: dlen == 0 || !ANY_LEASABLE -> break
+  :: else ->
+     h = dq[0];
+     if
+     :: room[h].snd == 2 && REAP_CRASH -> hlt = 1; break
+     :: else ->
+        d_step { k = 0; do :: k + 1 < dlen -> dq[k] = dq[k + 1]; k++ :: else -> break od;
+                 dlen--; dq[dlen] = 0; k = 0 }
+        if
+        :: room[h].snd == 2 -> room[h].ch = CH_DROPPED
+        :: else -> stage(h)
+        fi
+     fi;
+     h = 0
+  od
+}
+
+inline ev_register(x) {
+  if :: !CONCLUDED(room[x].rs) -> room_bind_sender(room[x].rs, (room[x].reg >= N), t); room[x].rs = t; t = 0
+     :: else -> skip fi;
+  room[x].snd = 1
+}
+
+inline ev_frame(x) {
+  room[x].reg++;
+  if
+  :: CONCLUDED(room[x].rs) ->
+     room_add_receiver(room[x].rs, 1, t); room[x].rs = t; t = 0;
+     if
+     :: !SEED -> room[x].told++
+     :: SEED && room[x].rs == R_failed && room[x].ch == CH_HELD && room[x].reg >= N -> issue_writes(x)
+     :: else -> skip
+     fi
+  :: else ->
+     room_add_receiver(room[x].rs, (room[x].reg >= N), t);
+     if
+     :: room[x].rs == R_parked && t == R_transferring -> room[x].rs = t; issue_writes(x)
+     :: room[x].rs == R_parked && t != R_transferring && SEED -> room[x].rs = t; kind = K_DEADLINE_EXTENDED
+     :: else -> room[x].rs = t
+     fi;
+     t = 0
+  fi
+}
+
+inline ev_tower(x) {
+  room[x].ch = CH_DEFERRED;
+  drain();
+  if
+  :: hlt == 1 -> skip
+  :: else ->
+     if
+     :: dlen > 0 || !ANY_LEASABLE ->
+        if :: BUSY_WAIT -> hlt = 2
+           :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi
+     :: else -> stage(x)
+     fi
+  fi
+}
+
+inline ev_tower_error(x) {
+  room[x].ch = CH_DROPPED;
+  if :: !CONCLUDED(room[x].rs) -> fail_fail(x) :: else -> skip fi;
+  faults--
+}
+
+inline ev_copied(x) {
+  if :: SEED -> slot[room[x].sl].ss = S_staged :: else -> slot_copied(room[x].sl, 0) fi;
+  if
+  :: !STAGEABLE(room[x].rs) ->
+     if :: SEED && room[x].rs == R_failed -> slot[room[x].sl].ss = S_free
+        :: else -> slot_abandon(room[x].sl, 0) fi;
+     room[x].ch = CH_DROPPED; room[x].sl = NONE
+  :: else ->
+     room_stage(room[x].rs, (room[x].reg >= N), t); room[x].rs = t; t = 0;
+     if
+     :: room[x].rs == R_parked ->
+        if :: SEED -> slot[room[x].sl].ss = S_parked :: else -> slot_park(room[x].sl, 0) fi;
+        room[x].ch = CH_HELD
+     :: else -> issue_writes(x)
+     fi
+  fi
+}
+
+inline ev_write(x, UNSURE) {
+  room[x].infl--;
+  if :: UNSURE -> room[x].ghost++; slot[room[x].sl].unsure = 1 :: else -> skip fi;
+  if
+  :: SEED -> if :: UNSURE || room[x].infl == 0 -> slot[room[x].sl].ss = S_free :: else -> skip fi
+  :: else -> slot_settle(room[x].sl, PENDING(room[x].sl))
+  fi;
+  if
+  :: room[x].rs == R_transferring ->
+     if
+     :: !UNSURE ->
+        room[x].ok++;
+        if :: room[x].ok == N -> room_written(room[x].rs, 1, t); room[x].rs = t; t = 0;
+                                 room[x].told = room[x].reg
+           :: else -> skip fi
+     :: else -> fail_fail(x)
+     fi
+  :: else -> skip
+  fi;
+  if :: room[x].infl == 0 && room[x].ghost == 0 && room[x].ch == CH_SENT -> room[x].sl = NONE :: else -> skip fi;
+  if :: UNSURE -> faults-- :: else -> skip fi
+}
+
+inline ev_late_landing(x) {
+  if :: slot[room[x].sl].content != x -> kind = K_OVERWRITE_UNDER_LATE_WRITE :: else -> skip fi;
+  room[x].ghost--;
+  if :: room[x].infl == 0 && room[x].ghost == 0 -> room[x].sl = NONE :: else -> skip fi
+}
+
+/* the seed's reaper pops a parked chunk of a room already failed */
+inline ev_seed_reaper(x) {
+  slot[room[x].sl].ss = S_free; room[x].ch = CH_DROPPED; room[x].sl = NONE
+}
+
+inline ev_expire(x) {
+  if
+  :: room[x].rs == R_parked -> fail_expire(x); room[x].ch = CH_DROPPED; room[x].sl = NONE
+  :: else -> fail_expire(x)
+  fi
+}
+
+inline reap() {
+  d_step {
+    k = 0;
+    do
+    :: k < R -> if :: room[k].snd == 1 && CONCLUDED(room[k].rs) && room[k].ch != CH_AWAITING_TOWER -> room[k].snd = 2
+                   :: else -> skip fi; k++
+    :: else -> break
+    od;
+    k = 0
+  }
+}
+
+inline release(x) {
+  slot_release(x, 0);
+  d_step {
+    k = 0;
+    do
+    :: k < R -> if :: room[k].sl == x && room[k].ghost > 0 -> room[k].ghost = 0;
+                      if :: room[k].infl == 0 -> room[k].sl = NONE :: else -> skip fi
+                   :: else -> skip fi; k++
+    :: else -> break
+    od;
+    k = 0
+  }
+}
+
+inline pre() {
+  d_step { k = 0; do :: k < R -> ors[k] = room[k].rs; k++ :: else -> break od; orank = RANK; kind = 0; k = 0 }
+}
+
+inline report() {
+  if
+  :: (ASSERTED >> kind) & 1 -> printf("VIOLATION %d\n", kind); assert(false)
+  :: else -> stop = 1
+  fi
+}
+
+inline post() {
+  d_step {
+    /* a slot no room uses forgets whose bytes it held (spec.successors' emit) */
+    q = 0;
+    do
+    :: q < S ->
+       k = 0; n = 0;
+       do :: k < R -> if :: room[k].sl == q -> n = 1 :: else -> skip fi; k++ :: else -> break od;
+       if :: n == 0 -> slot[q].content = NONE :: else -> skip fi; q++
+    :: else -> break
+    od;
+    /* the checks: the step's own violation, then failure sticky / status forward / rank, then the invariant */
+    if
+    :: kind == 0 ->
+       k = 0;
+       do
+       :: k < R && kind == 0 ->
+          if :: CONCLUDED(ors[k]) && room[k].rs != ors[k] ->
+                if :: ors[k] == R_failed -> kind = K_FAILURE_NOT_STICKY :: else -> kind = K_STATUS_NOT_FORWARD fi
+             :: else -> skip fi;
+          k++
+       :: else -> break
+       od;
+       if :: kind == 0 && RANK <= orank -> kind = K_MODEL_CYCLE :: else -> skip fi
+    :: else -> skip
+    fi;
+    if
+    :: kind == 0 && hlt == 1 -> kind = K_CRASH
+    :: else -> skip
+    fi;
+    k = 0;
+    do
+    :: k < R && kind == 0 ->
+       if
+       :: room[k].sl != NONE && slot[room[k].sl].content != k ->
+          if
+          :: room[k].ghost > 0 -> kind = K_OVERWRITE_UNDER_LATE_WRITE
+          :: room[k].ghost == 0 && room[k].infl > 0 -> kind = K_OVERWRITE_UNDER_WRITE
+          :: room[k].ghost == 0 && room[k].infl == 0 && (room[k].ch == CH_COPYING || room[k].ch == CH_HELD) ->
+             kind = K_OVERWRITE_UNDER_CHUNK
+          :: else -> skip
+          fi
+       :: else -> skip
+       fi;
+       if
+       :: kind == 0 && CONCLUDED(room[k].rs) && room[k].told < room[k].reg -> kind = K_RECEIVER_NOT_TOLD
+       :: kind == 0 && room[k].rs == R_success && room[k].ok < N -> kind = K_SUCCESS_WITHOUT_ALL_WRITES
+       :: else -> skip
+       fi;
+       k++
+    :: else -> break
+    od;
+    canon();
+    printf("EV %d %d\n", ev, x);
+    show_state();
+    if :: kind != 0 -> report() :: else -> skip fi;
+    kind = 0; k = 0; n = 0; q = 0; orank = 0;
+    k = 0; do :: k < R -> ors[k] = 0; k++ :: else -> break od; k = 0
+  }
+}
+
+inline show_state() {
+  printf("ST %d %d %d", hlt, faults, dlen);
+  k = 0; do :: k < dlen -> printf(" %d", dq[k]); k++ :: else -> break od;
+  printf("\n");
+  k = 0;
+  do
+  :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d\n", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
+                     room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sl); k++
+  :: else -> break
+  od;
+  k = 0;
+  do :: k < S -> printf("SL %d %d %d\n", slot[k].ss, slot[k].content, slot[k].unsure); k++ :: else -> break od;
+  k = 0
+}
+
+/* relabel rooms and slots into explore.canonical's order */
+inline canon() {
+  k = 0;
+  do
+  :: k < R ->
+     n = NONE;
+     q = 0; do :: q < dlen -> if :: dq[q] == k -> n = q :: else -> skip fi; q++ :: else -> break od;
+     if
+     :: room[k].sl != NONE ->
+        key[k] = KEYOF(k, slot[room[k].sl].ss, slot[room[k].sl].unsure, slot[room[k].sl].content == k,
+                       (n == NONE -> 0 : n + 1))
+     :: else -> key[k] = KEYOF(k, 0, 0, 0, (n == NONE -> 0 : n + 1))
+     fi;
+     ord[k] = k; k++
+  :: else -> break
+  od;
+  /* stable insertion sort of rooms by key (ties keep their index order) */
+  k = 1;
+  do
+  :: k < R ->
+     tmp = ord[k]; q = k;
+     do :: q > 0 && key[ord[q - 1]] > key[tmp] -> ord[q] = ord[q - 1]; q-- :: else -> break od;
+     ord[q] = tmp; k++
+  :: else -> break
+  od;
+  k = 0; do :: k < R -> rmap[ord[k]] = k; k++ :: else -> break od;
+  /* used slots follow their rooms */
+  k = 0; do :: k < S -> smap[k] = NONE; k++ :: else -> break od;
+  n = 0; k = 0;
+  do
+  :: k < R ->
+     tmp = room[ord[k]].sl;
+     if :: tmp != NONE && smap[tmp] == NONE -> smap[tmp] = n; n++ :: else -> skip fi; k++
+  :: else -> break
+  od;
+  /* unused slots next, by state then unsure (stable) */
+  q = 0; k = 0;
+  do :: k < S -> if :: smap[k] == NONE -> sord[q] = k; q++ :: else -> skip fi; k++ :: else -> break od;
+  k = 1;
+  do
+  :: k < q ->
+     tmp = sord[k]; best = k;
+     do
+     :: best > 0 && (slot[sord[best - 1]].ss * 2 + slot[sord[best - 1]].unsure > slot[tmp].ss * 2 + slot[tmp].unsure) ->
+        sord[best] = sord[best - 1]; best--
+     :: else -> break
+     od;
+     sord[best] = tmp; k++
+  :: else -> break
+  od;
+  k = 0; do :: k < q -> smap[sord[k]] = n; n++; k++ :: else -> break od;
+  /* permute */
+  k = 0;
+  do
+  :: k < R ->
+     t_rs[k] = room[k].rs; t_snd[k] = room[k].snd; t_ch[k] = room[k].ch; t_reg[k] = room[k].reg;
+     t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
+     t_sl[k] = room[k].sl; k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < R ->
+     tmp = rmap[k];
+     room[tmp].rs = t_rs[k]; room[tmp].snd = t_snd[k]; room[tmp].ch = t_ch[k]; room[tmp].reg = t_reg[k];
+     room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
+     if :: t_sl[k] == NONE -> room[tmp].sl = NONE :: else -> room[tmp].sl = smap[t_sl[k]] fi; k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < S -> t_ss[k] = slot[k].ss; t_content[k] = slot[k].content; t_unsure[k] = slot[k].unsure; k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < S ->
+     tmp = smap[k];
+     slot[tmp].ss = t_ss[k]; slot[tmp].unsure = t_unsure[k];
+     if :: t_content[k] == NONE -> slot[tmp].content = NONE :: else -> slot[tmp].content = rmap[t_content[k]] fi;
+     k++
+  :: else -> break
+  od;
+  k = 0; do :: k < dlen -> dq[k] = rmap[dq[k]]; k++ :: else -> break od;
+  k = 0; n = 0; q = 0; tmp = 0; best = 0
+}
+"""
+
+
+def _choose_slot(S: int) -> str:
+    return "\n".join(f"     :: LEASABLE({s}) -> ls = {s}" for s in range(S))
+
+
+# -- running SPIN ----------------------------------------------------------------------------------------------
+
+
+class Disagreement(AssertionError):
+    """SPIN took a step, or reported a violation, that the Python spec does not have."""
+
+
+@dataclass
+class SpinResult:
+    config: Config
+    states: int = 0            # states stored by the run that searched the whole space
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0       # pan's search time, all runs
+    wall: float = 0.0          # generate + spin -a + gcc + pan, all runs
+    memory_mb: float = 0.0
+    runs: int = 0
+    violations: dict = field(default_factory=dict)  # kind -> explore.Violation (trace rebuilt on the spec)
+    raw: dict = field(default_factory=dict)         # kind -> SPIN's own steps [(event, arg, canonical state)]
+    options: str = ""
+
+    @property
+    def states_per_s(self) -> float:
+        return self.states / self.seconds if self.seconds else 0.0
+
+
+def available() -> bool:
+    return shutil.which("spin") is not None and shutil.which("gcc") is not None
+
+
+def _num(pattern: str, text: str, cast=int, default=0):
+    m = re.search(pattern, text)
+    return cast(m.group(1)) if m else default
+
+
+def _parse_state(lines: list[str]) -> tuple:
+    st = lines[0].split()[1:]
+    halt, faults, dlen = int(st[0]), int(st[1]), int(st[2])
+    deferred = tuple(int(d) for d in st[3:3 + dlen])
+    rooms, slots = [], []
+    for line in lines[1:]:
+        tag, *f = line.split()
+        f = [int(v) for v in f]
+        if tag == "RM":
+            rooms.append((ROOM_STATES[f[0]], *f[1:8], -1 if f[8] == NONE else f[8]))
+        else:
+            slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2])))
+    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt])
+
+
+def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:
+    """SPIN's replay printfs -> [(event, arg, canonical state after)], and the kind it reported."""
+    steps, kind, block, head = [], None, [], None
+
+    def flush():
+        if head is not None:
+            steps.append((head[0], head[1], _parse_state(block)))
+
+    for raw in output.splitlines():
+        line = raw.strip()
+        if line.startswith("EV "):
+            flush()
+            _, ev, arg = line.split()
+            head, block = (EVENTS[int(ev)], int(arg)), []
+        elif line.startswith(("ST ", "RM ", "SL ")):
+            block.append(line)
+        elif line.startswith("VIOLATION "):
+            kind = KINDS[int(line.split()[1]) - 1]
+        elif line.startswith("MODELBUG"):
+            raise Disagreement(f"SPIN: the declared machines refuse a move: {line}")
+    flush()
+    return steps, kind
+
+
+def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[tuple[tuple, tuple]]:
+    """Follow SPIN's steps on the Python spec: a concrete trace, and proof SPIN's path is the spec's."""
+    state = spec.initial()
+    trace = [(("init",), state)]
+    for n, (event, _arg, target) in enumerate(steps, 1):
+        for step in spec.successors(state):
+            if step.event[0] == event and canonical(step.state) == target:
+                prev, state = state, step.state
+                trace.append((step.event, state))
+                break
+        else:
+            raise Disagreement(f"SPIN step {n} ({event}) reaches a state the spec cannot reach from "
+                               f"{spec.describe(state)}: {spec.describe(target)}")
+    if kind == "deadlock":
+        got = "deadlock" if not spec.successors(state) and not spec.is_final(state) else None
+    else:
+        got = step.violation or (_transition_check(spec, prev, state) or spec.invariant(state) or (None,))[0]
+    if got != kind:
+        raise Disagreement(f"SPIN reports {kind} after {len(steps)} steps; the spec says {got or 'no violation'}")
+    return trace
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float | None) -> str:
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode not in (0, 1) or "error" in p.stderr.lower():
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr or p.stdout[-2000:]}")
+    return p.stdout
+
+
+def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: int = 24, memlim_mb: int = 8192,
+          depth: int = 200_000, drop_guard: tuple[str, str, str] | None = None, keep: str | None = None,
+          timeout: float | None = None, progress=None, replay_on_spec: bool = True) -> SpinResult:
+    """Verify `cfg` with SPIN, exhaustively; one run per kind of violation found, plus the clean run.
+
+    Each trail is followed on the Python spec (raising Disagreement where SPIN steps off it) unless
+    `replay_on_spec` is False; then the trace is SPIN's own, in canonical states.
+    """
+    if not available():
+        raise RuntimeError("spin and gcc are needed: apt-get install -y spin gcc")
+    spec = Spec(cfg)
+    flags = [opt, "-DSAFETY", "-DNOREDUCE", f"-DMEMLIM={memlim_mb}", "-DVECTORSZ=4096"]
+    if collapse:
+        flags.append("-DCOLLAPSE")
+    result = SpinResult(cfg, options=" ".join(flags[1:]) + f" -w{hash_bits} -m{depth}")
+    t0 = time.perf_counter()
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="epd-spin-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        while True:
+            asserted = frozenset(KINDS) - set(result.violations)
+            (work / "model.pml").write_text(generate(cfg, asserted, drop_guard))
+            _run(["spin", "-a", "model.pml"], work, timeout)
+            _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
+            out = _run(["./pan", f"-m{depth}", f"-w{hash_bits}", "-c1"], work, timeout)
+            result.runs += 1
+            if "max search depth too small" in out:
+                raise RuntimeError(f"pan: raise the depth bound (-m{depth})")
+            if "out of memory" in out or "MEMLIM" in out:
+                raise RuntimeError(f"pan ran out of memory at {memlim_mb} MB: {out[-500:]}")
+            result.seconds += _num(r"elapsed time ([\d.e+]+)", out, float, 0.0)
+            errors = _num(r"errors: (\d+)", out)
+            if progress:
+                progress(out)
+            if not errors:
+                result.states = _num(r"(\d+) states, stored", out)
+                result.transitions = _num(r"(\d+) transitions", out)
+                result.depth = _num(r"depth reached (\d+)", out)
+                result.memory_mb = _num(r"([\d.]+)\s+total actual memory usage", out, float, 0.0)
+                break
+            replay = _run(["spin", "-t", "model.pml"], work, timeout)
+            steps, kind = parse_trail(replay)
+            if kind is None:
+                raise RuntimeError(f"pan reported an error SPIN's replay does not name:\n{out[-1500:]}")
+            result.raw[kind] = steps
+            if replay_on_spec:
+                trace = rebuild(spec, steps, kind)
+            else:
+                trace = [(("init",), spec.initial())] + [((ev, arg), st) for ev, arg, st in steps]
+            result.violations[kind] = Violation(kind, "on " + event_name(trace[-1][0]), trace,
+                                                HAZARDS.get((cfg.variant, kind)))
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    result.wall = time.perf_counter() - t0
+    return result
