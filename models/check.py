@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def run(args, out=print) -> int:
         return 0
     cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
     if args.engine == "spin":
-        return run_spin(cfg, args, out)
+        raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
@@ -79,42 +78,6 @@ def run(args, out=print) -> int:
                 name.write_text(trace_to_json(cfg, v))
                 out(f"  saved {name}")
     return status
-
-
-def run_spin(cfg: Config, args, out=print) -> int:
-    from . import promela
-
-    big = cfg.slots * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
-    opt = args.spin_opt or ("-O2" if big else "-O0")
-    hash_bits = args.spin_hash or (27 if big else 22)
-    out(f"checking {cfg.variant} with SPIN: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per "
-        f"room, {cfg.faults} fault(s); exhaustive, symmetry reduced in the model"
-        + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
-
-    def progress(text):
-        if not args.quiet:
-            for line in text.splitlines():
-                if re.search(r"errors:|states, stored|elapsed time|total actual memory", line):
-                    out("  pan: " + line.strip())
-
-    r = promela.check(cfg, opt=opt, collapse=args.spin_collapse, hash_bits=hash_bits, memlim_mb=args.spin_memlim,
-                      keep=args.spin_keep, progress=progress)
-    out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, pan {r.seconds:.2f} s "
-        f"({r.states_per_s:,.0f} states/s), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc, "
-        f"{r.memory_mb:,.0f} MB; pan {r.options}")
-    if not r.violations:
-        out("  no violation: no assertion fails and no invalid end state in any reachable state")
-        return 0
-    spec = Spec(cfg)
-    for kind, v in sorted(r.violations.items()):
-        out(format_trace(spec, v, heading="SPIN trail, replayed on the spec"))
-        if args.save_traces:
-            d = Path(args.save_traces)
-            d.mkdir(parents=True, exist_ok=True)
-            name = d / f"{cfg.variant}--{v.hazard or kind}.spin.json"
-            name.write_text(trace_to_json(cfg, v))
-            out(f"  saved {name}")
-    return 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ does not store states inside atomic steps, so for a configuration without a
 violation SPIN stores exactly the explorer's canonical states, a second
 agreement check besides the verdict.
 
-`check(config)` runs `spin -a`, gcc and `pan` (exhaustive, no hash compaction or
+`epd_ring.executor.tools.spin.check(config)` (a tool: it runs processes) runs `spin -a`, gcc and `pan` (exhaustive, no hash compaction or
 bitstate), once per kind of violation: a run asserts every kind not yet found
 and treats the found ones as dead ends (as the explorer does: a bad state is
 reported, not explored), so the set of kinds found is the explorer's set.
@@ -30,17 +30,12 @@ canonical states, and rebuilt on the Python spec into a concrete, readable trace
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from epd_ring.fsm import ROOM, SLOT
 
-from .explore import Violation, _transition_check, canonical, event_name
-from .spec import CH_NAMES, CONCLUDED, HAZARDS, Config, Spec
+from .explore import _transition_check, canonical
+from .spec import CH_NAMES, CONCLUDED, Config, Spec
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
@@ -209,17 +204,19 @@ hidden byte t_ss[S], t_content[S], t_unsure[S], t_dq[R];
         guards = [_events(str(i))[n][1] for i in range(R)]
         enabled += guards
         pick = " ".join(f":: {g} -> x = {i}" for i, g in enumerate(guards))
-        arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; pre(); {act}")
+        # a rule without a choice inside runs as one d_step (no per-statement search overhead)
+        body = f"d_step {{ pre() }}; {act}" if "ev_tower(" in act else f"d_step {{ pre(); {act} }}"
+        arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; {body}")
     enabled.append("(LIVE && dlen > 0 && ANY_LEASABLE)")
-    arms.append(f"    :: LIVE && dlen > 0 && ANY_LEASABLE -> ev = {EVENTS.index('drain')}; x = 255; pre(); drain()")
+    arms.append(f"    :: LIVE && dlen > 0 && ANY_LEASABLE -> ev = {EVENTS.index('drain')}; x = 255; d_step {{ pre() }}; drain()")
     reapable = " || ".join(f"(room[{i}].snd == 1 && CONCLUDED(room[{i}].rs) && room[{i}].ch != CH_AWAITING_TOWER)"
                            for i in range(R))
     enabled.append(f"(LIVE && ({reapable}))")
-    arms.append(f"    :: LIVE && ({reapable}) -> ev = {EVENTS.index('reap')}; x = 255; pre(); reap()")
+    arms.append(f"    :: LIVE && ({reapable}) -> ev = {EVENTS.index('reap')}; x = 255; d_step {{ pre(); reap() }}")
     guards = [f"LIVE && slot[{s}].ss == S_quarantined && !PENDING({s})" for s in range(S)]
     enabled += guards
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
-    arms.append(f"    :: if {pick} fi; ev = {EVENTS.index('release')}; pre(); release(x)")
+    arms.append(f"    :: if {pick} fi; ev = {EVENTS.index('release')}; d_step {{ pre(); release(x) }}")
     proc = ("active proctype model() {\n"
             "  /* per-step scratch that must survive backtracking: zero between steps */\n"
             "  byte ev, x, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n  do\n"
@@ -304,8 +301,8 @@ inline drain() {
      if
      :: room[h].snd == 2 && REAP_CRASH -> hlt = 1; break
      :: else ->
-        d_step { k = 0; do :: k + 1 < dlen -> dq[k] = dq[k + 1]; k++ :: else -> break od;
-                 dlen--; dq[dlen] = 0; k = 0 }
+        k = 0; do :: k + 1 < dlen -> dq[k] = dq[k + 1]; k++ :: else -> break od;
+        dlen--; dq[dlen] = 0; k = 0;
         if
         :: room[h].snd == 2 -> room[h].ch = CH_DROPPED
         :: else -> stage(h)
@@ -423,33 +420,29 @@ inline ev_expire(x) {
 }
 
 inline reap() {
-  d_step {
-    k = 0;
-    do
-    :: k < R -> if :: room[k].snd == 1 && CONCLUDED(room[k].rs) && room[k].ch != CH_AWAITING_TOWER -> room[k].snd = 2
-                   :: else -> skip fi; k++
-    :: else -> break
-    od;
-    k = 0
-  }
+  k = 0;
+  do
+  :: k < R -> if :: room[k].snd == 1 && CONCLUDED(room[k].rs) && room[k].ch != CH_AWAITING_TOWER -> room[k].snd = 2
+                 :: else -> skip fi; k++
+  :: else -> break
+  od;
+  k = 0
 }
 
 inline release(x) {
   slot_release(x, 0);
-  d_step {
-    k = 0;
-    do
-    :: k < R -> if :: room[k].sl == x && room[k].ghost > 0 -> room[k].ghost = 0;
-                      if :: room[k].infl == 0 -> room[k].sl = NONE :: else -> skip fi
-                   :: else -> skip fi; k++
-    :: else -> break
-    od;
-    k = 0
-  }
+  k = 0;
+  do
+  :: k < R -> if :: room[k].sl == x && room[k].ghost > 0 -> room[k].ghost = 0;
+                    if :: room[k].infl == 0 -> room[k].sl = NONE :: else -> skip fi
+                 :: else -> skip fi; k++
+  :: else -> break
+  od;
+  k = 0
 }
 
 inline pre() {
-  d_step { k = 0; do :: k < R -> ors[k] = room[k].rs; k++ :: else -> break od; orank = RANK; kind = 0; k = 0 }
+  k = 0; do :: k < R -> ors[k] = room[k].rs; k++ :: else -> break od; orank = RANK; kind = 0; k = 0
 }
 
 inline report() {
@@ -628,7 +621,7 @@ def _choose_slot(S: int) -> str:
     return "\n".join(f"     :: LEASABLE({s}) -> ls = {s}" for s in range(S))
 
 
-# -- running SPIN ----------------------------------------------------------------------------------------------
+# -- reading SPIN's results ----------------------------------------------------------------------------------------------
 
 
 class Disagreement(AssertionError):
@@ -642,6 +635,7 @@ class SpinResult:
     transitions: int = 0
     depth: int = 0
     seconds: float = 0.0       # pan's search time, all runs
+    cpu: float = 0.0           # CPU seconds of spin, gcc and pan, all runs
     wall: float = 0.0          # generate + spin -a + gcc + pan, all runs
     memory_mb: float = 0.0
     runs: int = 0
@@ -654,13 +648,10 @@ class SpinResult:
         return self.states / self.seconds if self.seconds else 0.0
 
 
-def available() -> bool:
-    return shutil.which("spin") is not None and shutil.which("gcc") is not None
-
-
-def _num(pattern: str, text: str, cast=int, default=0):
+def pan_figure(pattern: str, text: str, cast=int, default=0):
+    """A number from pan's report; pan prints large counts as 1.7411507e+08."""
     m = re.search(pattern, text)
-    return cast(m.group(1)) if m else default
+    return cast(float(m.group(1))) if m else default
 
 
 def _parse_state(lines: list[str]) -> tuple:
@@ -724,66 +715,3 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
     return trace
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float | None) -> str:
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode not in (0, 1) or "error" in p.stderr.lower():
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr or p.stdout[-2000:]}")
-    return p.stdout
-
-
-def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: int = 24, memlim_mb: int = 8192,
-          depth: int = 200_000, drop_guard: tuple[str, str, str] | None = None, keep: str | None = None,
-          timeout: float | None = None, progress=None, replay_on_spec: bool = True) -> SpinResult:
-    """Verify `cfg` with SPIN, exhaustively; one run per kind of violation found, plus the clean run.
-
-    Each trail is followed on the Python spec (raising Disagreement where SPIN steps off it) unless
-    `replay_on_spec` is False; then the trace is SPIN's own, in canonical states.
-    """
-    if not available():
-        raise RuntimeError("spin and gcc are needed: apt-get install -y spin gcc")
-    spec = Spec(cfg)
-    flags = [opt, "-DSAFETY", "-DNOREDUCE", f"-DMEMLIM={memlim_mb}", "-DVECTORSZ=4096"]
-    if collapse:
-        flags.append("-DCOLLAPSE")
-    result = SpinResult(cfg, options=" ".join(flags[1:]) + f" -w{hash_bits} -m{depth}")
-    t0 = time.perf_counter()
-    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="epd-spin-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        while True:
-            asserted = frozenset(KINDS) - set(result.violations)
-            (work / "model.pml").write_text(generate(cfg, asserted, drop_guard))
-            _run(["spin", "-a", "model.pml"], work, timeout)
-            _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
-            out = _run(["./pan", f"-m{depth}", f"-w{hash_bits}", "-c1"], work, timeout)
-            result.runs += 1
-            if "max search depth too small" in out:
-                raise RuntimeError(f"pan: raise the depth bound (-m{depth})")
-            if "out of memory" in out or "MEMLIM" in out:
-                raise RuntimeError(f"pan ran out of memory at {memlim_mb} MB: {out[-500:]}")
-            result.seconds += _num(r"elapsed time ([\d.e+]+)", out, float, 0.0)
-            errors = _num(r"errors: (\d+)", out)
-            if progress:
-                progress(out)
-            if not errors:
-                result.states = _num(r"(\d+) states, stored", out)
-                result.transitions = _num(r"(\d+) transitions", out)
-                result.depth = _num(r"depth reached (\d+)", out)
-                result.memory_mb = _num(r"([\d.]+)\s+total actual memory usage", out, float, 0.0)
-                break
-            replay = _run(["spin", "-t", "model.pml"], work, timeout)
-            steps, kind = parse_trail(replay)
-            if kind is None:
-                raise RuntimeError(f"pan reported an error SPIN's replay does not name:\n{out[-1500:]}")
-            result.raw[kind] = steps
-            if replay_on_spec:
-                trace = rebuild(spec, steps, kind)
-            else:
-                trace = [(("init",), spec.initial())] + [((ev, arg), st) for ev, arg, st in steps]
-            result.violations[kind] = Violation(kind, "on " + event_name(trace[-1][0]), trace,
-                                                HAZARDS.get((cfg.variant, kind)))
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
-    result.wall = time.perf_counter() - t0
-    return result

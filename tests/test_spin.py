@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import promela
 from epd_ring.models.explore import explore
 from epd_ring.models.spec import VARIANTS, Config
 
-pytestmark = pytest.mark.skipif(not promela.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
+pytestmark = pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
 
 
 def test_spin_stores_exactly_the_explorers_canonical_states():
     """Same symmetry reduction, one atomic step per event: the two state spaces are the same set."""
     cfg = Config(slots=2, rooms=3, receivers=2, faults=1)
-    spin, ours = promela.check(cfg), explore(cfg)
+    spin, ours = spin_tool.check(cfg), explore(cfg)
     assert spin.violations == ours.violations == {}
     assert spin.states == ours.states
     print(f"{cfg}: {spin.states} states in both engines; SPIN {spin.transitions} transitions "
@@ -25,7 +26,7 @@ def test_spin_stores_exactly_the_explorers_canonical_states():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_spin_and_explorer_find_the_same_violations(variant):
     cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant)
-    spin, ours = promela.check(cfg), explore(cfg)
+    spin, ours = spin_tool.check(cfg), explore(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     assert (variant == "project") == (not spin.violations)
     for kind, v in spin.violations.items():
@@ -38,17 +39,17 @@ def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree():
     """Drop `write_unsure` from the slot's `settle` edges: an unsure write frees its slot at once."""
     cfg = Config(slots=1, rooms=2, receivers=1, faults=1)
     assert explore(cfg).violations == {}
-    assert promela.check(cfg).violations == {}
+    assert spin_tool.check(cfg).violations == {}
     mutant = promela.generate(cfg, drop_guard=("slot", "settle", "write_unsure"))
     assert "write_unsure" not in mutant.split("inline slot_settle", 1)[1].split("inline", 1)[0]
     with pytest.raises(promela.Disagreement, match="overwrite-under-late-write|cannot reach"):
-        promela.check(cfg, drop_guard=("slot", "settle", "write_unsure"))
-    verdict = promela.check(cfg, drop_guard=("slot", "settle", "write_unsure"), replay_on_spec=False)
+        spin_tool.check(cfg, drop_guard=("slot", "settle", "write_unsure"))
+    verdict = spin_tool.check(cfg, drop_guard=("slot", "settle", "write_unsure"), replay_on_spec=False)
     assert sorted(verdict.violations) == ["overwrite-under-late-write"]
 
 
 def test_cli_engine_spin(capsys):
-    from epd_ring.executor.cli import main
+    from epd_ring.executor.tools.cli import main
 
     assert main(["check", "--engine", "spin", "--slots", "1", "--rooms", "2", "--receivers", "1",
                  "--variant", "reaped-deferred-crash", "--quiet"]) == 1

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import run as bench_run
         bench_run(items=args.items, sizes=tuple(args.sizes or [64, 1024, 4096]), seed_path=args.seed)
         return 0
+    if args.command == "check" and args.engine == "spin":
+        from .spin import run as spin_run
+        return spin_run(args)
     if args.command == "check":
         from epd_ring.models.check import run as check_run
         return check_run(args)

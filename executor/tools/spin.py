@@ -1,0 +1,134 @@
+"""Run SPIN on the Promela that `epd_ring.models.promela` generates: spin -a, gcc, pan, spin -t.
+
+Lives with the tools because it starts processes; everything it decides (the model,
+reading trails, replaying them on the spec) is in `models/promela.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+import re
+import resource
+from pathlib import Path
+
+from epd_ring.models.explore import Violation, event_name, format_trace, trace_to_json
+from epd_ring.models.promela import KINDS, SpinResult, generate, pan_figure, parse_trail, rebuild
+from epd_ring.models.spec import HAZARDS, Config, Spec
+
+
+def available() -> bool:
+    return shutil.which("spin") is not None and shutil.which("gcc") is not None
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float | None) -> str:
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode not in (0, 1) or "error" in p.stderr.lower():
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr or p.stdout[-2000:]}")
+    return p.stdout
+
+
+def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: int = 24, memlim_mb: int = 8192,
+          depth: int = 200_000, drop_guard: tuple[str, str, str] | None = None, keep: str | None = None,
+          timeout: float | None = None, progress=None, replay_on_spec: bool = True) -> SpinResult:
+    """Verify `cfg` with SPIN, exhaustively; one run per kind of violation found, plus the clean run.
+
+    Each trail is followed on the Python spec (raising Disagreement where SPIN steps off it) unless
+    `replay_on_spec` is False; then the trace is SPIN's own, in canonical states.
+    """
+    if not available():
+        raise RuntimeError("spin and gcc are needed: apt-get install -y spin gcc")
+    spec = Spec(cfg)
+    # pan: safety only; one process, so no partial-order reduction to do. The search stays exhaustive:
+    # no hash compaction, no bitstate; COLLAPSE (optional) compresses states losslessly.
+    flags = [opt, "-DSAFETY", "-DNOREDUCE", f"-DMEMLIM={memlim_mb}", "-DVECTORSZ=4096"]
+    if collapse:
+        flags.append("-DCOLLAPSE")
+    result = SpinResult(cfg, options=" ".join(flags[1:]) + f" -w{hash_bits} -m{depth}")
+    t0 = time.perf_counter()
+    cpu0 = _children_cpu()
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="epd-spin-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        while True:
+            asserted = frozenset(KINDS) - set(result.violations)
+            (work / "model.pml").write_text(generate(cfg, asserted, drop_guard))
+            _run(["spin", "-a", "model.pml"], work, timeout)
+            _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
+            out = _run(["./pan", f"-m{depth}", f"-w{hash_bits}", "-c1"], work, timeout)
+            result.runs += 1
+            if "max search depth too small" in out:
+                raise RuntimeError(f"pan: raise the depth bound (-m{depth})")
+            if "out of memory" in out or "MEMLIM" in out:
+                raise RuntimeError(f"pan ran out of memory at {memlim_mb} MB: {out[-500:]}")
+            result.seconds += pan_figure(r"elapsed time ([\d.e+]+)", out, float, 0.0)
+            errors = pan_figure(r"errors: (\d+)", out)
+            if progress:
+                progress(out)
+            if not errors:
+                result.states = pan_figure(r"([\d.e+]+) states, stored", out)
+                result.transitions = pan_figure(r"([\d.e+]+) transitions", out)
+                result.depth = pan_figure(r"depth reached (\d+)", out)
+                result.memory_mb = pan_figure(r"([\d.]+)\s+total actual memory usage", out, float, 0.0)
+                break
+            replay = _run(["spin", "-t", "model.pml"], work, timeout)
+            steps, kind = parse_trail(replay)
+            if kind is None:
+                raise RuntimeError(f"pan reported an error SPIN's replay does not name:\n{out[-1500:]}")
+            result.raw[kind] = steps
+            if replay_on_spec:
+                trace = rebuild(spec, steps, kind)
+            else:
+                trace = [(("init",), spec.initial())] + [((ev, arg), st) for ev, arg, st in steps]
+            result.violations[kind] = Violation(kind, "on " + event_name(trace[-1][0]), trace,
+                                                HAZARDS.get((cfg.variant, kind)))
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    result.wall = time.perf_counter() - t0
+    result.cpu = _children_cpu() - cpu0
+    return result
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run(args, out=print) -> int:
+    """`epd-ring check --engine spin`: the same report as the explorer's, from SPIN."""
+    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
+    big = cfg.slots * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
+    opt = args.spin_opt or ("-O2" if big else "-O0")
+    hash_bits = args.spin_hash or (27 if big else 22)
+    out(f"checking {cfg.variant} with SPIN: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per "
+        f"room, {cfg.faults} fault(s); exhaustive, symmetry reduced in the model"
+        + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
+
+    def progress(text):
+        if not args.quiet:
+            for line in text.splitlines():
+                if re.search(r"errors:|states, stored|elapsed time|total actual memory", line):
+                    out("  pan: " + line.strip().removeprefix("pan: "))
+
+    r = check(cfg, opt=opt, collapse=args.spin_collapse, hash_bits=hash_bits, memlim_mb=args.spin_memlim,
+              keep=args.spin_keep, progress=progress)
+    out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, pan {r.seconds:.2f} s "
+        f"({r.states_per_s:,.0f} states/s), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc "
+        f"({r.cpu:.1f} s CPU), "
+        f"{r.memory_mb:,.0f} MB; pan {r.options}")
+    if not r.violations:
+        out("  no violation: no assertion fails and no invalid end state in any reachable state")
+        return 0
+    spec = Spec(cfg)
+    for kind, v in sorted(r.violations.items()):
+        out(format_trace(spec, v, heading="SPIN trail, replayed on the spec"))
+        if args.save_traces:
+            d = Path(args.save_traces)
+            d.mkdir(parents=True, exist_ok=True)
+            name = d / f"{cfg.variant}--{v.hazard or kind}.spin.json"
+            name.write_text(trace_to_json(cfg, v))
+            out(f"  saved {name}")
+    return 1
