@@ -33,6 +33,19 @@ def test_transformers_internals_the_adapter_calls_are_unchanged():
     assert hf.check_surface() == []
 
 
+def test_the_surface_check_names_a_changed_internal(monkeypatch):
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
+    original = m.Qwen3VLModel.get_rope_index
+
+    def renamed(self, input_ids, mm_token_type_ids, image_grid_thw=None, videos_grid_thw=None, **kw):
+        return original(self, input_ids, mm_token_type_ids, image_grid_thw, videos_grid_thw)
+
+    monkeypatch.setattr(m.Qwen3VLModel, "get_rope_index", renamed)
+    problems = hf.check_surface()
+    assert any("get_rope_index lost keyword(s) ['video_grid_thw']" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_split_model_equals_monolithic_and_faults_fail_only_their_requests(dtype):
     # Eight requests: images of four sizes, videos, the four routes (a, b, fanout,

@@ -123,6 +123,18 @@ def new_cache(model: Any) -> Any:
     return DynamicCache(config=model.config.text_config)
 
 
+def decode_step(model: Any, token: torch.Tensor, cache: Any, delta: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """One greedy decode step from `cache`, with positions as `generate` builds them.
+
+    `generate` passes four rows (text positions, then the three M-RoPE rows,
+    which for text tokens are the text position plus the prompt's rope delta).
+    """
+    past = cache.get_seq_length()
+    text = torch.tensor([[past]], dtype=torch.long)
+    position_ids = torch.cat([text[None], (text + delta)[None].expand(3, -1, -1)], dim=0)
+    return language_model(model, embed_tokens(model, token.view(1, 1)), position_ids, cache)
+
+
 # -- the monolithic reference ----------------------------------------------------------------
 def monolithic(model: Any, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, *,
                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
@@ -174,6 +186,14 @@ def check_surface() -> list[str]:
     need(DynamicCache.__init__, ["config"], "DynamicCache")
     if not hasattr(m.Qwen3VLTextModel, "_deepstack_process"):
         problems.append("Qwen3VLTextModel no longer adds deepstack rows in _deepstack_process")
+    try:
+        _check_run(problems)
+    except Exception as exc:  # a changed call raises somewhere in here: name it, do not crash the check
+        problems.append(f"a tiny encode + prefill through this module failed: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _check_run(problems: list[str]) -> None:
     model = build_model()
     s = spec(model)
     if s.levels < 1:
@@ -192,16 +212,4 @@ def check_surface() -> list[str]:
         logits, cache = language_model(model, embed_tokens(model, ids), pos, new_cache(model))
         if tuple(logits.shape) != (1, ids.shape[1], s.vocab) or cache.get_seq_length() != ids.shape[1]:
             problems.append("the text model's output or cache changed")
-    return problems
 
-
-def decode_step(model: Any, token: torch.Tensor, cache: Any, delta: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """One greedy decode step from `cache`, with positions as `generate` builds them.
-
-    `generate` passes four rows (text positions, then the three M-RoPE rows,
-    which for text tokens are the text position plus the prompt's rope delta).
-    """
-    past = cache.get_seq_length()
-    text = torch.tensor([[past]], dtype=torch.long)
-    position_ids = torch.cat([text[None], (text + delta)[None].expand(3, -1, -1)], dim=0)
-    return language_model(model, embed_tokens(model, token.view(1, 1)), position_ids, cache)
