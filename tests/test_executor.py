@@ -619,3 +619,25 @@ def test_senders_and_tombstones_stay_bounded_over_10000_rooms():
     rig.clock.advance(10.0)
     ex.poll()
     assert len(m.tombstones) == 0
+
+
+def test_a_live_senders_room_record_outlives_the_tombstone_cap():
+    """The deep profile's case: a room failed by a bad frame while its sender waits for the tower.
+
+    The cap evicts records only once no sender holds them, so the later cache hit still
+    finds the failure; after the sender is reaped the record ages out like any other.
+    """
+    rig = make_rig(max_tombstones=1)
+    ex, m = rig.executor, rig.manager
+    rid, item = submit(rig, 1, 2)
+    m.register_receiver(rig.frame(1, "p1", 2)._replace(dtype="float32"))  # malformed: fails room 1
+    for r in (2, 3, 4):
+        ex.register(f"req-{r}", "h", 1, r)
+        ex.fail_rooms([f"req-{r}"], RuntimeError("client abort"))
+        ex.reap_concluded_senders({rid})
+    assert len(m.tombstones) == 1 and list(m.pinned) == [1]
+    item.encoded = torch.zeros(2, rig.tower.hidden)
+    ex.send_item(rid, item)
+    assert m.room_status(1) == "failed" and m.failure_reason(1).startswith("malformed")
+    ex.reap_concluded_senders(set())
+    assert not m.pinned and list(m.tombstones) == [1]

@@ -8,10 +8,10 @@ import itertools
 import pytest
 from transitions import MachineError
 
-from epd_ring.fsm import ROOM, SLOT, InvalidTransition, build_machine
+from epd_ring.fsm import REGION, ROOM, SLOT, InvalidTransition, build_machine
 from epd_ring.fsm.core import CompiledMachine
 
-MACHINES = [SLOT, ROOM]
+MACHINES = [SLOT, ROOM, REGION]
 
 
 class Subject:

@@ -148,10 +148,19 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
                     continue
                 told = reports[rcv]["status"].get(str(room))
                 assert told == [status], (room, kind, told)
+                # Failed: released once no write can land; Success releases by itself.
+                notices = reports[rcv]["notices"].get(str(room))
+                assert notices == ([status, "released"] if status == "failed" else [status]), (room, notices)
                 if status == "success":
                     start, rows = shard_rows(item.n_tokens, rank, n) if kind == "shard" else (0, item.n_tokens)
                     assert reports[rcv]["digest"][str(room)] == enc.digest(room, start, rows), (room, kind)
         assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+        for rcv in (a, b):
+            assert reports[rcv]["protocol_errors"] == []
+            # Only Success regions stay open (until consumed), and the ones never registered.
+            unsent = {str(r) for r, p in plans.items() if p[1] == "partial" and rcv is b}
+            left = {k for k, v in reports[rcv]["open_regions"].items() if v != "written"}
+            assert left == unsent, reports[rcv]["open_regions"]
     finally:
         a.close()
         b.close()
@@ -279,14 +288,50 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         for r, item in others:
             assert enc.manager.room_status(r) == "success"
             assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
-        report_b = b.ask(cmd="report", wait_rooms=[r for r, _ in stopped], timeout=10)
+        deadline = time.monotonic() + 20
+        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+            enc.executor.poll()  # the quarantines end: the release notices go out
+            time.sleep(0.01)
+        while True:
+            report_b = b.ask(cmd="report", wait_rooms=[r for r, _ in stopped], timeout=1)
+            if all(len(report_b["notices"].get(str(r), [])) >= 2 for r, _ in stopped) or time.monotonic() > deadline:
+                break
         for r, item in stopped:
             assert report_b["status"][str(r)] == ["failed"]
+            # Released only after the quarantine of the slot its write read: by now.
+            assert report_b["notices"][str(r)] == ["failed", "released"], report_b["notices"][str(r)]
             untouched = hashlib.sha256(bytes(item.n_tokens * enc.hidden * 4)).hexdigest()
             assert report_b["digest"][str(r)] in (untouched, enc.digest(r, 0, item.n_tokens)), r
+        assert report_b["protocol_errors"] == [] and report_b["open_regions"] == {"50000": "written"}
     finally:
         a.close()
         b.close()
+        enc.close()
+
+
+def test_withdrawn_region_is_acknowledged_then_carved_again():
+    enc = EncodeSide(False, slots=2)
+    a = Receiver(enc.control.endpoint)
+    try:
+        room = 60_000
+        first = a.ask(cmd="expect", room=room, span=4, hidden=enc.hidden)["dst_ptr"]
+        a.ask(cmd="register", rooms=[room])
+        again = a.ask(cmd="expect", room=room + 1, span=4, hidden=enc.hidden)["dst_ptr"]
+        assert again != first  # offered, not released: its memory is not handed out
+        a.ask(cmd="withdraw", rooms=[room])
+        enc.settle([room], timeout=10)
+        assert enc.manager.room_status(room) == "failed" and "withdrew" in enc.manager.failure_reason(room)
+        deadline = time.monotonic() + 10
+        while True:
+            report = a.ask(cmd="report", wait_rooms=[room], timeout=1)
+            if len(report["notices"].get(str(room), [])) >= 2 or time.monotonic() > deadline:
+                break
+        assert report["notices"][str(room)] == ["failed", "withdrawn"]
+        assert report["protocol_errors"] == [] and str(room) not in report["open_regions"]
+        assert a.ask(cmd="expect", room=room + 2, span=4, hidden=enc.hidden)["dst_ptr"] == first  # reused
+        assert enc.control.stats["withdraws"] == 1
+    finally:
+        a.close()
         enc.close()
 
 

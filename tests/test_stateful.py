@@ -36,11 +36,13 @@ class RecordingTransport(LoopbackTransport):
         super().__init__(clock)
         self.owner = owner
         self.submits: list[tuple[int, int, str]] = []  # (handle, room, room status at submit)
+        self.region_of: dict[int, tuple[int, str]] = {}  # handle -> (room, session) it writes into
 
     def submit_write(self, session, bufs):
         handle = super().submit_write(session, bufs)
         room = self.owner.room_of_dst.get(bufs[0][1])
         self.submits.append((handle, room, self.owner.manager.room_status(room)))
+        self.region_of[handle] = (room, session)
         return handle
 
 
@@ -50,6 +52,9 @@ class Room:
         self.frames: list[ReceiverFrame] = []
         self.sent = 0  # well-formed frames registered
         self.told_sessions: list[str] = []  # sessions that registered (and so must be told)
+        self.asked: Counter = Counter()  # session -> frames it sent (each may be answered once)
+        self.malformed: set[str] = set()
+        self.withdrawn: Counter = Counter()  # session -> withdraws it sent (each acked once)
         self.tower_ran = False
         self.expected: torch.Tensor | None = None
         self.deep = deep
@@ -121,6 +126,7 @@ class EncodeWorker(RuleBasedStateMachine):
         room.frames.append(f)
         room.sent += 1
         room.told_sessions.append(f.session)
+        room.asked[f.session] += 1
         self.manager.register_receiver(f)
 
     def _run(self, rooms: list[Room]) -> None:
@@ -153,7 +159,7 @@ class EncodeWorker(RuleBasedStateMachine):
                 r.tower_ran = True
             self.executor.execute([(r.rid, r.item) for r in batch])
             for r in batch:
-                assert self.manager.room_status(r.id) in ("failed", None)
+                assert self.manager.room_status(r.id) == "failed"  # a live sender keeps its record
         else:
             self._run(batch)
 
@@ -197,6 +203,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @rule(data=st.data())
     def receiver_registers_twice(self, data):
         room = data.draw(st.sampled_from([r for r in self.rooms.values() if r.frames]))
+        room.asked[room.frames[-1].session] += 1
         assert self.manager.register_receiver(room.frames[-1]) in (True, False)
 
     @precondition(lambda self: hasattr(self, "rooms") and any(len(r.frames) < r.n for r in self.rooms.values()))
@@ -208,6 +215,8 @@ class EncodeWorker(RuleBasedStateMachine):
                "wrong_hidden": dict(hidden=HIDDEN * 2)}[kind]
         room.frames.append(f)
         room.told_sessions.append(f.session)
+        room.asked[f.session] += 1
+        room.malformed.add(f.session)
         accepted = self.manager.register_receiver(f._replace(**bad))
         if kind != "wrong_hidden":  # well-formed on its own: it fails the room against the chunk
             assert not accepted and self.manager.room_status(room.id) in ("failed", None)
@@ -260,6 +269,23 @@ class EncodeWorker(RuleBasedStateMachine):
         self.executor.fail_rooms([room.rid], RuntimeError("client abort"))
         if before not in ("success", "failed", None) and room.rid in self.executor.senders:
             assert self.manager.room_status(room.id) == "failed"
+
+    @precondition(lambda self: hasattr(self, "rooms") and any(r.frames for r in self.rooms.values()))
+    @rule(data=st.data())
+    def receiver_withdraws(self, data):
+        """A receiver's request was aborted: it withdraws its region, whatever the room's state."""
+        room = data.draw(st.sampled_from([r for r in self.rooms.values() if r.frames]))
+        session = data.draw(st.sampled_from(sorted({f.session for f in room.frames} - set(room.withdrawn))
+                                            or [room.frames[0].session]))
+        before = self.manager.room_status(room.id)
+        room.withdrawn[session] += 1
+        self.manager.withdraw(room.id, session)
+        if before not in ("success", "failed", None) and session in self.manager_sessions(room):
+            assert self.manager.room_status(room.id) == "failed"
+
+    def manager_sessions(self, room: Room) -> set:
+        tomb = self.manager.tombstone(room.id)
+        return set(tomb.sessions) if tomb is not None else set()
 
     @precondition(lambda self: hasattr(self, "executor") and self.executor.has_deferred())
     @rule(data=st.data())
@@ -348,8 +374,17 @@ class EncodeWorker(RuleBasedStateMachine):
     def records_stay_bounded(self):
         if hasattr(self, "manager"):
             assert len(self.manager.tombstones) <= MAX_TOMBSTONES
+            # Records pinned past the cap are held by live senders, which reaping bounds.
+            assert len(self.manager.pinned) <= len(self.executor.senders)
             assert len(self.executor.senders) <= MAX_ROOMS
             assert self.manager.deadlines.heap_size <= 8 * (MAX_ROOMS * 4 + 8)
+
+    @invariant()
+    def live_senders_find_their_room(self):
+        """A record is never evicted while its sender is registered (the tombstone cap skips it)."""
+        if hasattr(self, "executor"):
+            for rid, sender in self.executor.senders.items():
+                assert self.manager.room_status(sender.room) is not None, f"{rid}: room {sender.room} forgotten"
 
     @invariant()
     def receivers_of_concluded_rooms_are_told(self):
@@ -362,6 +397,35 @@ class EncodeWorker(RuleBasedStateMachine):
             for session in room.told_sessions:
                 told = self.transport.receivers[session].statuses(room.id)
                 assert told, f"room {room.id} is {status} but {session} was never told"
+
+    @invariant()
+    def receivers_told_one_outcome_and_the_right_one(self):
+        """Each frame gets at most one answer, all answers agree, and they match the room."""
+        if not hasattr(self, "rooms"):
+            return
+        for room in self.rooms.values():
+            status = self.manager.room_status(room.id)
+            accepted = [f.session for f in room.frames[:room.n] if f.session not in room.malformed]
+            for session, asked in room.asked.items():
+                told = self.transport.receivers[session].statuses(room.id)
+                assert len(told) <= asked, f"room {room.id}: {session} told {told} for {asked} frame(s)"
+                assert len(set(told)) <= 1, f"room {room.id}: {session} told different outcomes {told}"
+                if told and told[0] == "success":
+                    assert status in ("success", None) and session in accepted, (
+                        f"room {room.id} ({status}): {session} told success")
+                if told and status == "failed":
+                    assert told[0] == "failed", f"room {room.id} failed but {session} was told {told}"
+
+    @invariant()
+    def released_regions_take_no_more_writes(self):
+        """After `released` or a withdraw ack, no write into that region is in flight or may land."""
+        if not hasattr(self, "transport"):
+            return
+        t = self.transport
+        live = [t.region_of[h] for h in t.held] + [t.region_of[h] for h in self.ghosts]
+        for room, session in live:
+            done = t.receivers[session].releases(room)
+            assert not done, f"room {room}: {session} was told {done} while a write into its region may land"
 
     @invariant()
     def parked_rooms_never_outlive_their_deadline(self):
@@ -398,7 +462,15 @@ class EncodeWorker(RuleBasedStateMachine):
         assert not ex.has_deferred() and not any(m.is_parked(r) for r in self.rooms)
         for room in self.rooms.values():
             for session in room.told_sessions:
-                assert t.receivers[session].statuses(room.id), f"{session} of room {room.id} never told"
+                told = t.receivers[session].statuses(room.id)
+                assert told, f"{session} of room {room.id} never told"
+                releases = t.receivers[session].releases(room.id)
+                if session in room.withdrawn:
+                    assert "withdrawn" in releases, f"room {room.id}: withdraw of {session} never acknowledged"
+                elif "failed" in told:
+                    assert "released" in releases, f"room {room.id}: {session} told failed, never released"
+                assert len(releases) <= room.asked[session] + room.withdrawn[session], (
+                    f"room {room.id}: {session} got {releases}")
         self.delivered_bytes_are_the_rooms_own()
 
 

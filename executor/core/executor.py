@@ -448,6 +448,7 @@ class EncodeExecutor:
             sender = self.senders.pop(rid, None)
             if sender is not None:
                 reaped += 1
+                self.manager.unbind_sender(sender.room)
                 if self._room_sender.get(sender.room) is sender:
                     del self._room_sender[sender.room]
         self._concluded = kept

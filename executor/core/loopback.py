@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from .clock import Clock, FakeClock
 from .transport import Buf, Outcome, Transport, TransportError
 
+_OUTCOMES = frozenset(("success", "failed"))
 FAULT_KINDS = ("fail", "delay", "timeout", "timeout_land_later", "hold")
 
 
@@ -95,7 +96,12 @@ class LoopbackReceiver:
         return ptr
 
     def statuses(self, room: int) -> list[str]:
-        return [n.status for n in self.notices if n.room == room]
+        """The outcomes (success, failed) this receiver was told for `room`, in order."""
+        return [n.status for n in self.notices if n.room == room and n.status in _OUTCOMES]
+
+    def releases(self, room: int) -> list[str]:
+        """The release notices and withdraw acks it got for `room`, in order."""
+        return [n.status for n in self.notices if n.room == room and n.status not in _OUTCOMES]
 
     def kill(self) -> None:
         self.alive = False

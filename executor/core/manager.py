@@ -17,6 +17,7 @@ from epd_ring.fsm import ROOM, ROOM_CONCLUDED
 from . import settings
 from .clock import Clock, MonotonicClock
 from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree, check_tiling
+from .regions import RegionBook, Reply
 from .ring import Slot
 from .timers import Deadlines
 from .transport import Outcome, Transport
@@ -54,7 +55,7 @@ class Chunk:
 
 class Room:
     __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
-                 "sender", "announced")
+                 "sender", "announced", "cause", "withdrawn")
 
     def __init__(self, room_id: int):
         self.id = room_id
@@ -68,6 +69,8 @@ class Room:
         self.writes_left = 0
         self.sender = False
         self.announced = False
+        self.cause: _Write | None = None  # the unsure write that failed it, if one did
+        self.withdrawn: str | None = None  # the receiver whose withdraw failed it, if one did
 
     # guard named in the room declaration
     def all_receivers(self) -> bool:
@@ -78,12 +81,17 @@ class Room:
 
 
 class Tombstone:
-    """What is kept of a concluded room: bounded by count and age."""
+    """What is kept of a concluded room.
 
-    __slots__ = ("room", "state", "reason", "at", "sessions")
+    Bounded by count and age once no sender holds it; while senders do (`pins`),
+    it is kept whatever the cap, so a live sender always finds its room's outcome.
+    """
 
-    def __init__(self, room: int, state: str, reason: str, at: float, sessions: frozenset):
+    __slots__ = ("room", "state", "reason", "at", "sessions", "pins")
+
+    def __init__(self, room: int, state: str, reason: str, at: float, sessions: frozenset, pins: int = 0):
         self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
+        self.pins = pins
 
     def __repr__(self) -> str:
         return f"room {self.room} (concluded)"
@@ -125,6 +133,9 @@ class EncodeManager:
         self.max_announced = settings.count("max_announced", max_announced, 1)
         self.rooms: dict[int, Room] = {}
         self.tombstones: OrderedDict[int, Tombstone] = OrderedDict()
+        # Tombstones a registered sender still holds: out of the cap and the TTL until
+        # `unbind_sender`; bounded by the senders the executor keeps (it reaps them).
+        self.pinned: dict[int, Tombstone] = {}
         self.deadlines = Deadlines()
         self._writes: dict[int, _Write] = {}
         self._synthetic: list[tuple[int, Outcome]] = []
@@ -134,6 +145,8 @@ class EncodeManager:
         self.on_conclude: list[Callable[[int, str], None]] = []
         # Inputs polled at the start of every tick (a control plane's frame socket, say).
         self.sources: list[Callable[[], int]] = []
+        # Receive regions of failed rooms that a write may still land in (release notices).
+        self.regions = RegionBook(self._tell)
         self.stats: Counter = Counter()
 
     # queries --------------------------------------------------------------
@@ -141,11 +154,15 @@ class EncodeManager:
         room = self.rooms.get(room_id)
         if room is not None:
             return room.state
-        tomb = self.tombstones.get(room_id)
+        tomb = self.tombstone(room_id)
         return tomb.state if tomb is not None else None
 
+    def tombstone(self, room_id: int) -> Tombstone | None:
+        tomb = self.pinned.get(room_id)
+        return tomb if tomb is not None else self.tombstones.get(room_id)
+
     def failure_reason(self, room_id: int) -> str | None:
-        tomb = self.tombstones.get(room_id)
+        tomb = self.tombstone(room_id)
         if tomb is not None and tomb.state == "failed":
             return tomb.reason
         return None
@@ -174,11 +191,12 @@ class EncodeManager:
             raise ValueError(f"room must be a non-negative integer, got {room_id!r}")
         room = self.rooms.get(room_id)
         if room is None:
-            tomb = self.tombstones.get(room_id)
+            tomb = self.tombstone(room_id)
             if tomb is not None:
                 if tomb.state == "failed":
                     # Its receivers already failed it (bad frame, expired wait): the
                     # sender binds to the failure and its chunk is never written.
+                    self._pin(tomb)
                     return "failed"
                 raise RoomConflict(f"room {room_id} already concluded {tomb.state}; room ids must not be reused")
             room = self.rooms[room_id] = Room(room_id)
@@ -189,6 +207,29 @@ class EncodeManager:
         ROOM.step(room, "bind_sender")
         room.sender = True
         return room.state
+
+    def unbind_sender(self, room_id: int) -> None:
+        """The sender of a concluded room is gone (reaped): its record may age out now."""
+        tomb = self.pinned.get(room_id)
+        if tomb is None:
+            return
+        tomb.pins -= 1
+        if tomb.pins <= 0:
+            del self.pinned[room_id]
+            tomb.at = self.clock.now()  # its age counts from when no sender needs it
+            self._bury(tomb)
+
+    def _pin(self, tomb: Tombstone) -> None:
+        if tomb.pins == 0:
+            self.tombstones.pop(tomb.room, None)
+            self.pinned[tomb.room] = tomb
+        tomb.pins += 1
+
+    def _bury(self, tomb: Tombstone) -> None:
+        tombs = self.tombstones
+        tombs[tomb.room] = tomb
+        if len(tombs) > self.max_tombstones:
+            tombs.popitem(last=False)
 
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
         """Hand a staged chunk over; the manager owns its slot from here on."""
@@ -221,7 +262,7 @@ class EncodeManager:
         """Conclude a room Failed; True if this call failed it."""
         room = self.rooms.get(room_id)
         if room is None:
-            tomb = self.tombstones.get(room_id)
+            tomb = self.tombstone(room_id)
             if tomb is not None and tomb.state == "failed":
                 ROOM.step(tomb, "fail")  # declared: failure is sticky
             return False
@@ -229,6 +270,26 @@ class EncodeManager:
         return True
 
     # receiver side --------------------------------------------------------
+    def withdraw(self, room_id: int, session: str, status_endpoint: str = "") -> str:
+        """A receiver withdrew its region of `room_id` (its request was aborted).
+
+        A live room fails (every receiver is told). The withdraw is acknowledged
+        (`withdrawn`) once no write into the region can land: at once if none was
+        issued or all reported done, else when it reports or its slot's quarantine
+        ends. Returns what happened: "failed", "deferred" (ack later) or "acked".
+        """
+        self.stats["withdraws"] += 1
+        room = self.rooms.get(room_id)
+        if room is not None and session in room.frames:
+            room.withdrawn = session
+            self._fail(room, f"receiver {session} withdrew")
+            return "failed"
+        if self.regions.withdraw(room_id, session):
+            return "deferred"
+        frame = room.frames.get(session) if room is not None else None
+        self._tell(frame or Reply(room_id, session, status_endpoint), room_id, "withdrawn")
+        return "acked"
+
     def register_receiver(self, frame: ReceiverFrame) -> bool:
         """Apply one receiver registration frame; False if it was refused."""
         try:
@@ -238,13 +299,13 @@ class EncodeManager:
             return False
         room = self.rooms.get(frame.room)
         if room is None:
-            tomb = self.tombstones.get(frame.room)
+            tomb = self.tombstone(frame.room)
             if tomb is not None:
                 self._tell_late(frame, tomb)
                 return True
             if self._announced >= self.max_announced:
                 self.stats["frames_refused"] += 1
-                self._tell(frame, frame.room, "failed", "too many rooms waiting for their sender")
+                self._tell_failed(frame, frame.room, "too many rooms waiting for their sender")
                 log.warning("refused frame for room %s: announce limit %s reached", frame.room, self.max_announced)
                 return False
             room = self.rooms[frame.room] = Room(frame.room)
@@ -299,6 +360,7 @@ class EncodeManager:
                     self._write_overdue(obj)
                 elif kind == "quarantine":
                     obj.ring.fire(obj, "release")
+                    self.regions.slot_released(obj)
                 elif kind == "park":
                     got = f"only {len(obj.frames)} of {obj.n}" if obj.n else "no"
                     self._expire(obj, f"{got} receivers registered within {self.park_timeout} s of parking")
@@ -330,6 +392,7 @@ class EncodeManager:
             return False
         self.deadlines.cancel(slot)
         slot.ring.fire(slot, "release")
+        self.regions.slot_released(slot)
         return True
 
     # internals ------------------------------------------------------------
@@ -405,6 +468,8 @@ class EncodeManager:
         room = self.rooms.get(w.room)
         if room is None or room.state != "transferring":
             self.stats["completions_dropped"] += 1
+            if self.regions:
+                self.regions.write_reported(handle, outcome is Outcome.DONE, slot)
             return
         if outcome is Outcome.DONE:
             room.writes_left -= 1
@@ -412,6 +477,7 @@ class EncodeManager:
                 ROOM.step(room, "written")
                 self._conclude(room)
         else:
+            room.cause = w
             self._fail(room, f"write to receiver {w.frame.session} {outcome.value}")
 
     def _fail(self, room: Room, reason: str, extra: ReceiverFrame | None = None) -> None:
@@ -424,7 +490,7 @@ class EncodeManager:
         log.info("room %s failed: %s", room.id, reason)
         self._conclude(room)
         if extra is not None:
-            self._tell(extra, room.id, "failed", reason)
+            self._tell_failed(extra, room.id, reason)
 
     def _expire(self, room: Room, reason: str) -> None:
         chunk = room.chunk
@@ -449,14 +515,31 @@ class EncodeManager:
         self.stats[state] += 1
         for f in room.frames.values():
             self._tell(f, room.id, state, room.reason)
+        if state == "failed" and room.frames:
+            self._failed_regions(room)
         del self.rooms[room.id]
-        now = self.clock.now()
-        tombs = self.tombstones
-        tombs[room.id] = Tombstone(room.id, state, room.reason, now, frozenset(room.frames))
-        if len(tombs) > self.max_tombstones:
-            tombs.popitem(last=False)
+        tomb = Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), int(room.sender))
+        if room.sender:
+            self.pinned[room.id] = tomb
+        else:
+            self._bury(tomb)
         for cb in self.on_conclude:
             cb(room.id, state)
+
+    def _failed_regions(self, room: Room) -> None:
+        """After Failed: release each region now, or once no write into it can land."""
+        in_flight = {}
+        if room.writes_left:  # writes were issued and not all reported done
+            rid = room.id
+            in_flight = {w.frame.session: h for h, w in self._writes.items() if w.room == rid}
+        cause = room.cause
+        unsure = {cause.frame.session: cause.slot} if cause is not None else {}
+        self.regions.room_failed(room.id, room.frames.values(), in_flight, unsure, room.withdrawn)
+
+    def _tell_failed(self, frame: Any, room_id: int, reason: str) -> None:
+        """Failed, for a receiver no write was ever issued to: its region is free at once."""
+        self._tell(frame, room_id, "failed", reason)
+        self._tell(frame, room_id, "released")
 
     def _trim_tombstones(self, now: float) -> None:
         tombs = self.tombstones
@@ -478,11 +561,14 @@ class EncodeManager:
         ROOM.step(tomb, "add_receiver")  # declared only from concluded states
         self.stats["late_frames"] += 1
         if tomb.state == "failed":
-            self._tell(frame, tomb.room, "failed", tomb.reason)
+            if self.regions.is_open(tomb.room, frame.session):
+                self._tell(frame, tomb.room, "failed", tomb.reason)  # its release is still to come
+            else:
+                self._tell_failed(frame, tomb.room, tomb.reason)
         elif frame.session in tomb.sessions:
             self._tell(frame, tomb.room, "success")
         else:
-            self._tell(frame, tomb.room, "failed", "room already concluded without this receiver")
+            self._tell_failed(frame, tomb.room, "room already concluded without this receiver")
 
     def _refuse(self, frame: Any, reason: str) -> None:
         """A malformed frame: counted and logged; it fails only the room it names."""
@@ -492,12 +578,12 @@ class EncodeManager:
         if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
             return
         room = self.rooms.get(room_id)
-        if room is None and room_id not in self.tombstones:
+        if room is None and self.tombstone(room_id) is None:
             room = self.rooms[room_id] = Room(room_id)
         if room is not None:
             self._fail(room, f"malformed receiver frame: {reason}")
         if isinstance(getattr(frame, "session", None), str):
-            self._tell(frame, room_id, "failed", f"malformed receiver frame: {reason}")
+            self._tell_failed(frame, room_id, f"malformed receiver frame: {reason}")
 
     def snapshot(self) -> dict:
         """Rooms with their state and receivers, for debugging dumps."""

@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from ..core.frames import FrameError, ReceiverFrame, frame_from_parts
+from ..core.regions import WITHDRAW_MAGIC, WithdrawError, withdraw_from_parts
 
 log = logging.getLogger("epd_ring.control")
 
@@ -56,6 +57,9 @@ class ZmqControlPlane:
             except zmq.Again:
                 break
             n += 1
+            if parts and parts[0] == WITHDRAW_MAGIC:
+                self._withdraw(parts)
+                continue
             try:
                 frame = frame_from_parts(parts)
             except FrameError as exc:
@@ -66,6 +70,16 @@ class ZmqControlPlane:
             self.stats["frames"] += 1
             self.manager.register_receiver(frame)
         return n
+
+    def _withdraw(self, parts: list[bytes]) -> None:
+        try:
+            w = withdraw_from_parts(parts)
+        except WithdrawError as exc:
+            self.stats["withdraws_refused"] += 1
+            log.warning("refused a withdraw: %s", exc)
+            return
+        self.stats["withdraws"] += 1
+        self.manager.withdraw(w.room, w.session, w.status_endpoint)
 
     # statuses out ---------------------------------------------------------------------
     def _socket(self, endpoint: str) -> zmq.Socket:

@@ -2,7 +2,10 @@
 
 It registers one receive buffer once, carves a region per room out of it,
 sends registration frames to the encode worker's control endpoint, collects
-the status pushes and hands back the received embeddings.
+the status pushes and hands back the received embeddings. Each region steps
+the declared region machine (fsm/regions.py) on every notice, and its memory
+is carved again only once it is `released`: never while a write into it may
+still land.
 
 Run as a process, it takes JSON commands on stdin, one per line, and answers
 one JSON line each (used by the end-to-end tests):
@@ -10,6 +13,7 @@ one JSON line each (used by the end-to-end tests):
   {"cmd": "register", "rooms": [R, ...]}       send those rooms' frames now
   {"cmd": "raw", "parts_hex": [...]}           send arbitrary multipart (hostile frames)
   {"cmd": "report", "wait_rooms": [...], "timeout": T}   statuses and sha256 of received bytes
+  {"cmd": "withdraw", "rooms": [R, ...]}       withdraw those rooms' regions (requests aborted)
 """
 
 from __future__ import annotations
@@ -23,10 +27,53 @@ from typing import Any
 import torch
 import zmq
 
+from epd_ring.fsm import REGION, InvalidTransition
+from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
+
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
+from ..core.regions import withdraw_to_parts
 from .mooncake import load_engine
 
 _ALIGN = 64
+
+
+class Region:
+    """One room's receive region at this receiver: its extents and its region-machine state."""
+
+    __slots__ = ("room", "state", "extents")
+
+    def __init__(self, room: int, extents: list[tuple[int, int]]):
+        self.room, self.state, self.extents = room, REGION.initial, extents
+
+    def __repr__(self) -> str:
+        return f"region of room {self.room}"
+
+
+class Extents:
+    """Free byte ranges of the receive buffer: first fit, neighbours merged on free."""
+
+    def __init__(self, capacity: int):
+        self.free: list[tuple[int, int]] = [(0, capacity)]  # (start, length), sorted
+
+    def take(self, nbytes: int) -> int:
+        need = ((max(nbytes, 1) + _ALIGN - 1) // _ALIGN) * _ALIGN
+        for i, (start, length) in enumerate(self.free):
+            if length >= need:
+                self.free[i:i + 1] = [(start + need, length - need)] if length > need else []
+                return start
+        raise MemoryError("receive buffer exhausted (regions not yet released)")
+
+    def give(self, start: int, nbytes: int) -> None:
+        need = ((max(nbytes, 1) + _ALIGN - 1) // _ALIGN) * _ALIGN
+        self.free.append((start, need))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, n in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self.free = merged
 
 
 class ReferenceReceiver:
@@ -38,7 +85,7 @@ class ReferenceReceiver:
         rc = self.engine.register_memory(self.buffer.data_ptr(), capacity)
         if rc != 0:
             raise RuntimeError(f"registering the receive buffer failed: rc={rc}")
-        self._next = 0
+        self._extents = Extents(capacity)
         self.ctx = zmq.Context()
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 1000)
@@ -49,23 +96,29 @@ class ReferenceReceiver:
         self.status_endpoint = f"tcp://{hostname}:{port}"
         self.frames: dict[int, ReceiverFrame] = {}
         self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        self.status: dict[int, list[str]] = {}
+        self.status: dict[int, list[str]] = {}  # outcomes told, per room
+        self.notices: dict[int, list[str]] = {}  # every notice, per room (outcomes, releases, acks)
+        self.regions: dict[int, Region] = {}  # rooms whose region is not released yet
+        self.protocol_errors: list[str] = []  # notices the region machine does not allow
 
-    def _carve(self, nbytes: int) -> torch.Tensor:
-        start = self._next
-        self._next = start + ((max(nbytes, 1) + _ALIGN - 1) // _ALIGN) * _ALIGN
-        if self._next > self.buffer.numel():
-            raise MemoryError("receive buffer exhausted")
+    def _carve(self, nbytes: int, extents: list) -> torch.Tensor:
+        start = self._extents.take(nbytes)
+        extents.append((start, nbytes))
         return self.buffer[start:start + nbytes]
 
     def expect(self, room: int, *, span: int, hidden: int, deep_width: int = 0, n: int = 1, rank: int = 0,
                shard: bool = False) -> ReceiverFrame:
         if deep_width % hidden:
             raise ValueError(f"deepstack width {deep_width} is no multiple of hidden {hidden}")
+        if room in self.regions:
+            raise ValueError(f"room {room} already has a region here ({self.regions[room].state})")
         row_start, rows = shard_rows(span, rank, n) if shard else (0, span)
         es = torch.tensor([], dtype=self.dtype).element_size()
-        main = self._carve(rows * hidden * es).view(self.dtype).view(rows, hidden)
-        deep = self._carve(rows * deep_width * es).view(self.dtype).view(rows, deep_width) if deep_width else None
+        extents: list[tuple[int, int]] = []
+        main = self._carve(rows * hidden * es, extents).view(self.dtype).view(rows, hidden)
+        deep = (self._carve(rows * deep_width * es, extents).view(self.dtype).view(rows, deep_width)
+                if deep_width else None)
+        self.regions[room] = Region(room, extents)
         frame = ReceiverFrame(room, self.session, main.data_ptr() if rows else self.buffer.data_ptr(),
                               (deep.data_ptr() if rows else self.buffer.data_ptr()) if deep_width else 0,
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
@@ -84,9 +137,53 @@ class ReferenceReceiver:
         n = 0
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
             room, status, _session, _reason = self.status_sock.recv_multipart()
-            self.status.setdefault(int(room), []).append(status.decode())
+            self.on_notice(int(room), status.decode())
             n += 1
         return n
+
+    def on_notice(self, room: int, status: str) -> None:
+        """Step the room's region; a region that reaches `released` gives its memory back."""
+        self.notices.setdefault(room, []).append(status)
+        if status in OUTCOMES:
+            self.status.setdefault(room, []).append(status)
+        region = self.regions.get(room)
+        event = NOTICE_EVENTS.get(status)
+        if region is None or event is None:
+            if status != "withdrawn":  # an ack may cross the release it duplicates
+                self.protocol_errors.append(f"room {room}: {status!r} for no open region")
+            return
+        try:
+            REGION.step(region, event)
+        except InvalidTransition as exc:
+            self.protocol_errors.append(str(exc))
+            return
+        if region.state == "released":
+            self._free(region)
+
+    def _free(self, region: Region) -> None:
+        del self.regions[region.room]
+        for start, nbytes in region.extents:
+            self._extents.give(start, nbytes)
+
+    def consume(self, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Copies of a Success room's rows; its region is free for reuse from here on."""
+        region = self.regions[room]
+        main, deep = self.views[room]
+        out = (main.clone(), deep.clone() if deep is not None else None)
+        REGION.step(region, "consume")
+        self._free(region)
+        return out
+
+    def withdraw(self, room: int) -> None:
+        """This receiver's request for `room` was aborted: ask the encoder to stop writing there.
+
+        The region stays unusable until the encoder acknowledges (or releases it).
+        """
+        region = self.regions.get(room)
+        if region is None or region.state != "offered":
+            return  # already told its outcome: a release or nothing is still to come
+        REGION.step(region, "withdraw")
+        self.push.send_multipart(withdraw_to_parts(room, self.session, self.status_endpoint))
 
     def result(self, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.views[room]
@@ -106,9 +203,9 @@ def serve(encode_endpoint: str) -> None:
         cmd = json.loads(line)
         kind = cmd["cmd"]
         if kind == "expect":
-            r.expect(cmd["room"], span=cmd["span"], hidden=cmd["hidden"], deep_width=cmd.get("deep", 0),
-                     n=cmd.get("n", 1), rank=cmd.get("rank", 0), shard=cmd.get("shard", False))
-            print(json.dumps({"ok": True}), flush=True)
+            f = r.expect(cmd["room"], span=cmd["span"], hidden=cmd["hidden"], deep_width=cmd.get("deep", 0),
+                         n=cmd.get("n", 1), rank=cmd.get("rank", 0), shard=cmd.get("shard", False))
+            print(json.dumps({"ok": True, "dst_ptr": f.dst_ptr}), flush=True)
         elif kind == "register":
             for room in cmd["rooms"]:
                 r.register(room)
@@ -124,7 +221,14 @@ def serve(encode_endpoint: str) -> None:
                 if all(r.status.get(room) for room in wait) or time.monotonic() > deadline:
                     break
             print(json.dumps({"status": {str(k): v for k, v in r.status.items()},
+                              "notices": {str(k): v for k, v in r.notices.items()},
+                              "open_regions": {str(k): g.state for k, g in r.regions.items()},
+                              "protocol_errors": r.protocol_errors,
                               "digest": {str(k): r.digest(k) for k in r.views}}), flush=True)
+        elif kind == "withdraw":
+            for room in cmd["rooms"]:
+                r.withdraw(room)
+            print(json.dumps({"ok": True}), flush=True)
         elif kind == "exit":
             break
 
