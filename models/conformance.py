@@ -14,8 +14,12 @@ import torch
 from epd_ring.executor.core import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Outcome,
                                ReceiverFrame)
 
+from epd_ring.fsm import REGION, InvalidTransition
+from epd_ring.fsm.regions import NOTICE_EVENTS
+
 from .explore import canonical, event_name
-from .spec import CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NONE, CH_SENT, Config, Spec
+from .spec import (CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NONE, CH_SENT, RCV, SLOTI, W_FLIGHT, W_GHOST,
+                   W_IDLE, W_LANDED, Config, Spec)
 
 HIDDEN = 4
 
@@ -88,6 +92,8 @@ class Harness:
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
+        self.withdrawn: set[str] = set()  # sessions that withdrew (the receiver's own move)
+        self._withdrawn_at: dict[str, int] = {}  # how many notices it had got when it withdrew
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -107,6 +113,35 @@ class Harness:
             if s.room is not None:
                 self.content[s.index] = s.room - self.ROOM_BASE
 
+    def region(self, i: int, session: str) -> str:
+        """The session's region, stepped through the region machine on every notice it got."""
+
+        class R:
+            state = REGION.initial
+
+        r = R()
+        steps = [("withdraw" if n.status == "withdraw" else NOTICE_EVENTS[n.status])
+                 for n in self.transport.receivers[session].notices if n.room == self.room(i)]
+        if session in self.withdrawn:
+            steps.insert(self._withdrawn_at[session], "withdraw")
+        for e in steps:
+            try:
+                REGION.step(r, e)
+            except InvalidTransition as exc:
+                raise AssertionError(f"receiver {session} of room {i}: {exc}") from None
+        return r.state
+
+    def write_state(self, i: int, session: str) -> int:
+        """Where the write into the session's region is, read from the manager and the transport."""
+        rid = self.room(i)
+        if any(w.room == rid and w.frame.session == session for w in self.manager._writes.values()):
+            return W_FLIGHT
+        if any(s == session for s, _ in self.transport._ghosts.values()):
+            return W_GHOST
+        if self.manager.regions.is_open(rid, session):
+            return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
+        return W_IDLE
+
     def abstract(self) -> tuple:
         ex, m = self.executor, self.manager
         deferred = tuple(int(rid[1:]) for rid, _ in ex._deferred)
@@ -114,9 +149,6 @@ class Harness:
         infl = [0] * self.cfg.rooms
         for w in m._writes.values():
             infl[w.room - self.ROOM_BASE] += 1
-        ghost = [0] * self.cfg.rooms
-        for i in self.ghosts.values():
-            ghost[i] += 1
         rooms = []
         for i in range(self.cfg.rooms):
             rid = self.room(i)
@@ -138,10 +170,13 @@ class Harness:
             told = sum(1 for k in range(self.cfg.receivers)
                        if self.transport.receivers[f"p{i}.{k}"].statuses(rid))
             # A quarantined slot still names its last room; the spec lets go once nothing may read it.
-            uses = slot is not None and (ch != CH_SENT or infl[i] or ghost[i])
-            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghost[i],
+            sessions = [f"p{i}.{k}" for k in range(self.frames_sent[i])]
+            rcv = tuple(sorted((self.region(i, s), self.write_state(i, s)) for s in sessions))
+            uses = slot is not None and (ch != CH_SENT or any(w != W_IDLE for _, w in rcv))
+            ghosts = sum(1 for _, w in rcv if w == W_GHOST)
+            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
                           slot.index if uses else -1))
-        used = {r[8] for r in rooms}  # the spec forgets the bytes of slots no room uses
+        used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
         slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
         return (tuple(rooms), slots, deferred, self.faults, None)
 
@@ -183,7 +218,8 @@ class Harness:
                     fence.done = True
             ex.finish_copies()
         elif name in ("write_done", "write_unsure"):
-            h = min(h for h in t.held if self.handle_room.get(h) == i)
+            session = self._session_for(i, args[1])
+            h = min(h for h in t.held if self.handle_room.get(h) == i and t._held[h][0] == session)
             was = m.room_status(self.room(i))
             if name == "write_done":
                 t.complete(h, Outcome.DONE)
@@ -195,11 +231,18 @@ class Harness:
                 self.faults -= 1
             m.poll()
         elif name == "late_landing":
-            h = min(h for h, r in self.ghosts.items() if r == i)
+            session = self._session_for(i, args[1])
+            h = min(h for h, r in self.ghosts.items() if r == i and t._ghosts[h][0] == session)
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
             assert m.expire_room_now(self.room(i))
+        elif name == "withdraw":
+            session = self._session_for(i, args[1])
+            self._withdrawn_at[session] = len([n for n in t.receivers[session].notices if n.room == self.room(i)])
+            self.withdrawn.add(session)
+            m.withdraw(self.room(i), session)
+            self.faults -= 1
         elif name == "abort":
             ex.fail_rooms([self.rid(i)], RuntimeError("client abort"))
             self.faults -= 1
@@ -213,9 +256,19 @@ class Harness:
             assert m.release_slot_now(slot)
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
+                t._ghosts.pop(h, None)
         else:
             raise ValueError(f"unknown event {event}")
         self._observe()
+
+    def _session_for(self, i: int, k: int) -> str:
+        """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
+        want = self.state[0][i][RCV][k]
+        for n in range(self.frames_sent[i]):
+            s = f"p{i}.{n}"
+            if (self.region(i, s), self.write_state(i, s)) == want:
+                return s
+        raise AssertionError(f"no receiver of room {i} is {want}")
 
     def step(self, event: tuple) -> tuple:
         """Apply `event` to both; raise AssertionError if the implementation leaves the spec."""

@@ -2,18 +2,21 @@
 
 A global state is a tuple `(rooms, slots, deferred, faults, halt)`:
 
-- each room is `(rs, snd, ch, reg, told, ok, infl, ghost, slot)`: its room-machine
+- each room is `(rs, snd, ch, reg, told, ok, infl, ghost, rcv, slot)`: its room-machine
   state; its sender (0 none, 1 registered, 2 reaped); where its chunk is (see CH_*);
   receivers registered, told their outcome, written; writes in flight; writes that
-  reported failure or timeout but may still land ("ghosts"); the slot its chunk or
-  writes use (-1 none);
+  reported failure or timeout but may still land ("ghosts"); its receivers, the other
+  end (a sorted tuple of `(region, write)`, one per registered receiver: the state of
+  its receive region in the region machine, and where the write into it is, see W_*);
+  the slot its chunk or writes use (-1 none);
 - each slot is `(ss, content, unsure)`: its slot-machine state, the room whose bytes
   it holds (-1 none), and whether a write from it was unsure;
 - `deferred` is the FIFO of rooms whose chunk waits for a slot; `faults` is the
   fault budget left; `halt` marks a loop that crashed or spins forever.
 
-Room and slot moves are looked up in the fsm/ declarations (`ROOM`, `SLOT`), not
-copied. Variants change the executor's and manager's rules, never the machines:
+Room, slot and region moves are looked up in the fsm/ declarations (`ROOM`, `SLOT`,
+`REGION`), not copied. Notices reach a receiver when the encoder sends them (one
+ordered socket per receiver, so a delay changes when, never what, it learns). Variants change the executor's and manager's rules, never the machines:
 the `seed` variant models the seed, whose slots have no machine at all (a slot is
 reusable when its tenant room is terminal and not parked), so its slot moves are
 set directly and the invariants show what goes wrong.
@@ -24,11 +27,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from epd_ring.fsm import ROOM, SLOT
+from epd_ring.fsm import REGION, ROOM, SLOT
+from epd_ring.fsm.regions import NOTICE_EVENTS
 
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
 CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
-RS, SND, CH, REG, TOLD, OK, INFL, GHOST, SLOTI = range(9)
+RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SLOTI = range(10)
+# The write into one receiver's region: none that can land (never issued, or done), in
+# flight, reported failed or timed out but may still land, or landed late (the encoder
+# cannot tell: it waits out the quarantine either way).
+W_IDLE, W_FLIGHT, W_GHOST, W_LANDED = range(4)
+W_MARK = ("", "~", "?", ".")
+REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X", "released": "R"}
+_REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
 SS, CONTENT, UNSURE = range(3)
 CONCLUDED = frozenset(("success", "failed"))
 
@@ -49,6 +60,7 @@ HAZARDS = {
     ("seed", "overwrite-under-chunk"): "H15-slot-reuse-before-send",
     ("seed", "write-for-concluded-room"): "H15",
     ("seed", "deadline-extended"): "H16",
+    ("seed", "write-into-released-region"): "H6-receiver-region-reuse",
     ("no-parked-check", "overwrite-under-chunk"): "lease-without-parked-check",
     ("busy-wait", "deadlock"): "busy-wait-lease",
     ("reaped-deferred-crash", "crash"): "deferred-send-after-reap",
@@ -91,7 +103,7 @@ class Spec:
 
     # -- states ---------------------------------------------------------------
     def initial(self) -> tuple:
-        room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, -1)
+        room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), -1)
         slot = (SLOT.initial, -1, False)
         return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None)
 
@@ -101,7 +113,9 @@ class Spec:
         return (halt is None and not deferred
                 and all(s[SS] == "free" for s in slots)
                 and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
-                        and r[INFL] == 0 and r[GHOST] == 0 for r in rooms))
+                        and r[INFL] == 0 and r[GHOST] == 0
+                        and all(g in ("written", "released") and w == W_IDLE for g, w in r[RCV])
+                        for r in rooms))
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
         """Safety checked in every state: (violation, detail) or None."""
@@ -125,6 +139,11 @@ class Spec:
                 return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
             if r[RS] == "success" and r[OK] < self.N:
                 return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
+            for g, w in r[RCV]:
+                if g == "written" and w in (W_FLIGHT, W_GHOST):
+                    return "success-under-write", f"room {i}: a receiver was told success while a write into it may land"
+                if (g == "written" and r[RS] != "success") or (g == "failed" and r[RS] == "success"):
+                    return "wrong-outcome", f"room {i} is {r[RS]} but a receiver's region is {g}"
         return None
 
     # -- helpers ----------------------------------------------------------------
@@ -144,6 +163,39 @@ class Spec:
         if dest == "free":
             slot[UNSURE] = False
 
+    # -- the receivers' regions --------------------------------------------------------
+    @staticmethod
+    def _rcv(ro: list) -> list:
+        """The room's receivers as a mutable list (sorted again when the state is emitted)."""
+        if type(ro[RCV]) is tuple:
+            ro[RCV] = list(ro[RCV])
+        return ro[RCV]
+
+    def _notice(self, ro: list, k: int, notice: str) -> None:
+        rc = self._rcv(ro)
+        g, w = rc[k]
+        if self.seed:
+            # The seed has no release protocol: its receiver frees the region on Failed.
+            dest = {"success": "written", "failed": "released"}[notice]
+        else:
+            dest = REGION.destinations(g, NOTICE_EVENTS[notice], {})
+            if dest is None:
+                raise AssertionError(f"model bug: region notice {notice!r} not declared from {g!r}")
+        rc[k] = (dest, w)
+
+    def _release_settled(self, ro: list) -> None:
+        """Encoder rule: a Failed room's region is released (or its withdraw acked) once no write can land."""
+        if self.seed:
+            return
+        rc = self._rcv(ro)
+        for k, (g, w) in enumerate(rc):
+            if w == W_IDLE and g in ("failed", "withdrawing"):
+                self._notice(ro, k, "released" if g == "failed" else "withdrawn")
+
+    @staticmethod
+    def _holds_slot(ro: list) -> bool:
+        return any(w != W_IDLE for _, w in ro[RCV])
+
     def _leasable(self, rooms: list, slots: list) -> list[int]:
         if self.seed:
             out = []
@@ -161,7 +213,14 @@ class Spec:
     # -- room conclusion -----------------------------------------------------------
     def _conclude(self, rooms: list, i: int, tell: bool = True) -> None:
         if tell:
-            rooms[i][TOLD] = rooms[i][REG]
+            ro = rooms[i]
+            ro[TOLD] = ro[REG]
+            outcome = "success" if ro[RS] == "success" else "failed"
+            for k, (g, _) in enumerate(self._rcv(ro)):
+                if g in ("offered", "withdrawing"):
+                    self._notice(ro, k, outcome)
+            if outcome == "failed":
+                self._release_settled(ro)
 
     def _fail(self, rooms: list, slots: list, i: int, event: str = "fail") -> None:
         r = rooms[i]
@@ -189,6 +248,7 @@ class Spec:
         else:
             self._slot_step(sl, "send")
         r[CH], r[INFL] = CH_SENT, self.N
+        r[RCV] = [(g, W_FLIGHT) for g, _ in r[RCV]]
         return violation
 
     # -- the ring ---------------------------------------------------------------------
@@ -245,6 +305,9 @@ class Spec:
                 if sl[CONTENT] >= 0 and s not in used:
                     sl = slots[s] = list(sl)
                     sl[CONTENT] = -1
+            rooms = [list(x) for x in rooms]
+            for x in rooms:
+                x[RCV] = tuple(sorted(x[RCV]))
             st = (tuple(tuple(x) for x in rooms), tuple(tuple(x) for x in slots), deferred, faults, halt)
             out.append(Step(event, st, violation, detail))
 
@@ -265,11 +328,15 @@ class Spec:
                 rooms, slots = copy()
                 ro = rooms[i]
                 ro[REG] += 1
+                self._rcv(ro).append(("offered", W_IDLE))
                 violation = None
                 if rs in CONCLUDED:
                     ro[RS] = self._room_step(rs, "add_receiver", True)
                     if not self.seed:
                         ro[TOLD] += 1
+                        # told Failed at once (no write will go there), and released with it
+                        self._notice(ro, len(ro[RCV]) - 1, "failed")
+                        self._release_settled(ro)
                     elif rs == "failed" and ro[CH] == CH_HELD and ro[REG] >= N:
                         # the seed flushes a parked chunk of a failed room and the worker sends it
                         violation = self._issue_writes(rooms, slots, i)
@@ -337,12 +404,18 @@ class Spec:
                         violation = self._issue_writes(rooms, slots, i)
                 emit(("copied", i), rooms, slots, violation=violation)
             # a write completes, or reports failure / timeout (it may still land)
-            if r[INFL]:
+            flying = sorted({k_ for k_, (g, w) in self._first_of_each(r[RCV]) if w == W_FLIGHT})
+            for k in flying if r[INFL] else ():
                 for ev in ("write_done", "write_unsure") if faults else ("write_done",):
                     rooms, slots = copy()
                     ro = rooms[i]
                     sl = slots[ro[SLOTI]]
                     ro[INFL] -= 1
+                    rc = self._rcv(ro)
+                    violation = None
+                    if ev == "write_done" and rc[k][0] == "released":
+                        violation = "write-into-released-region"
+                    rc[k] = (rc[k][0], W_GHOST if ev == "write_unsure" else W_IDLE)
                     if ev == "write_unsure":
                         ro[GHOST] += 1
                         sl[UNSURE] = True
@@ -359,22 +432,33 @@ class Spec:
                                 self._conclude(rooms, i)
                         else:
                             self._fail(rooms, slots, i)
-                    if not ro[INFL] and not ro[GHOST]:
+                    elif ev == "write_done" and ro[RS] == "failed":
+                        self._release_settled(ro)
+                    if not self._holds_slot(ro):
                         ro[SLOTI] = -1 if ro[CH] == CH_SENT else ro[SLOTI]
-                    emit((ev, i), rooms, slots, faults=faults - (ev == "write_unsure"))
+                    emit((ev, i, k), rooms, slots, faults=faults - (ev == "write_unsure"), violation=violation,
+                         detail=f"room {i}'s write landed in a region its receiver had released (and may reuse)"
+                         if violation else "")
             # an unsure write lands after all
-            if r[GHOST]:
+            ghosts = sorted({k_ for k_, (g, w) in self._first_of_each(r[RCV]) if w == W_GHOST})
+            for k in ghosts if r[GHOST] else ():
                 rooms, slots = copy()
                 ro = rooms[i]
                 s = ro[SLOTI]
-                violation = None
+                violation = detail = None
                 if slots[s][CONTENT] != i:
                     violation = "overwrite-under-late-write"
+                    detail = f"bytes of room {slots[s][CONTENT]} landed for room {i}"
+                elif r[RCV][k][0] == "released":
+                    violation = "write-into-released-region"
+                    detail = f"room {i}'s late write landed in a region its receiver had released (and may reuse)"
                 ro[GHOST] -= 1
-                if not ro[INFL] and not ro[GHOST]:
+                rc = self._rcv(ro)
+                # The seed waits out no quarantine: a landed write is simply gone.
+                rc[k] = (rc[k][0], W_IDLE if self.seed else W_LANDED)
+                if not self._holds_slot(ro):
                     ro[SLOTI] = -1
-                emit(("late_landing", i), rooms, slots, violation=violation,
-                     detail=f"bytes of room {slots[s][CONTENT]} landed for room {i}" if violation else "")
+                emit(("late_landing", i, k), rooms, slots, violation=violation, detail=detail or "")
             # a deadline passes: parked too long, or receivers without a sender
             if self.seed and rs == "failed" and r[CH] == CH_HELD:
                 # the seed's reaper pops a parked chunk of a room already failed
@@ -388,6 +472,19 @@ class Spec:
                 if rs == "parked":
                     rooms[i][CH], rooms[i][SLOTI] = CH_DROPPED, -1
                 emit(("expire", i), rooms, slots)
+            # a receiver's request is aborted: it withdraws its region
+            if faults and rs not in CONCLUDED:
+                for k in sorted({k_ for k_, (g, w) in self._first_of_each(r[RCV]) if g == "offered"}):
+                    rooms, slots = copy()
+                    ro = rooms[i]
+                    rc = self._rcv(ro)
+                    if self.seed:
+                        # no withdraw message: the seed's receiver frees the region, the encoder never hears
+                        rc[k] = ("released", rc[k][1])
+                    else:
+                        rc[k] = (REGION.destinations("offered", "withdraw", {}), rc[k][1])
+                        self._fail(rooms, slots, i)
+                    emit(("withdraw", i, k), rooms, slots, faults=faults - 1)
             # the client aborts: the encode loop fails the room
             if faults and r[SND] == 1 and rs not in CONCLUDED:
                 rooms, slots = copy()
@@ -412,11 +509,27 @@ class Spec:
                 rooms, slots = copy()
                 self._slot_step(slots[s], "release")
                 for ro in rooms:
-                    if ro[SLOTI] == s and ro[GHOST]:
+                    if ro[SLOTI] == s and self._holds_slot(ro):
                         ro[GHOST] = 0
-                        if not ro[INFL]:
+                        rc = self._rcv(ro)
+                        for k, (g, w) in enumerate(rc):
+                            if w in (W_GHOST, W_LANDED):
+                                rc[k] = (g, W_IDLE)
+                        self._release_settled(ro)
+                        if not self._holds_slot(ro):
                             ro[SLOTI] = -1
                 emit(("release", s), rooms, slots)
+        return out
+
+    @staticmethod
+    def _first_of_each(rcv) -> list[tuple[int, tuple]]:
+        """(index, receiver) for the first receiver of each distinct kind: receivers alike are one choice."""
+        seen = set()
+        out = []
+        for k, x in enumerate(rcv):
+            if x not in seen:
+                seen.add(x)
+                out.append((k, x))
         return out
 
     # -- presentation ----------------------------------------------------------------
@@ -428,7 +541,8 @@ class Spec:
             v = cache.get(r)
             if v is None:
                 m = 3 * self.N + 4
-                v = cache[r] = m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
+                v = cache[r] = (m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
+                                + sum(_REGION_RANK[g] for g, _ in r[RCV]))
             total += v
         for sl in state[1]:
             total += sl[SS] != "quarantined"
@@ -442,7 +556,9 @@ class Spec:
             extra = f" slot{r[SLOTI]}" if r[SLOTI] >= 0 else ""
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
-            parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{extra}]")
+            rx = ",".join(REGION_MARK[a] + W_MARK[b] for a, b in r[RCV])
+            rx = f" rx={rx}" if rx else ""
+            parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else ""
             parts.append(f"slot{s}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
