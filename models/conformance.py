@@ -3,8 +3,15 @@
 `Harness` owns a real executor, manager and loopback transport (fake clock,
 every write held until the harness completes it, copies gated by fences the
 harness completes) and maps each spec event onto them. `abstract()` reads the
-implementation's state back as a spec state; after every event it must equal,
-up to relabelling rooms and slots, one of the spec's successors for that event.
+implementation's state back as a spec state: rooms, slots, the deferred queue,
+writes in flight and each receiver's region (stepped through the region
+machine on every notice that receiver got, so a second outcome fails at once);
+after every event it must equal, up to relabelling rooms and slots, one of the
+spec's successors for that event. Beyond the spec, `check_full_state()`
+compares what the spec has no words for: each live room's frames, every
+deadline against the time its event happened (each timeout a distinct value,
+so a deadline armed with the wrong one, or re-armed, shows), and the bytes in
+every receive buffer as room labels.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from .spec import (CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NONE, CH_SEN
                    W_IDLE, W_LANDED, Config, Spec)
 
 HIDDEN = 4
+# Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
+# (one tick per event), so deadlines fire only when the harness fires them.
+TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
+                tombstone_ttl=1e6)
 
 
 class Fence:
@@ -62,9 +73,7 @@ class Harness:
         self.clock = FakeClock()
         self.transport = LoopbackTransport(self.clock)
         self.transport.inject("hold", count=1 << 30)  # the harness decides every write's outcome
-        far = 1e9  # deadlines fire only when the harness fires them
-        self.manager = EncodeManager(self.transport, self.clock, park_timeout=far, write_timeout=far,
-                                     quarantine_s=far)
+        self.manager = EncodeManager(self.transport, self.clock, **TIMEOUTS)
         self.tower = RoomTower()
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
                                        ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
@@ -94,6 +103,7 @@ class Harness:
         self.ghosts: dict[int, int] = {}  # handle -> room
         self.withdrawn: set[str] = set()  # sessions that withdrew (the receiver's own move)
         self._withdrawn_at: dict[str, int] = {}  # how many notices it had got when it withdrew
+        self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -103,6 +113,19 @@ class Harness:
 
     # -- reading the implementation back ---------------------------------------------
     def _observe(self) -> None:
+        now = self.clock.now()
+        m = self.manager
+        for rid, room in m.rooms.items():
+            if room.timer:
+                self.armed.setdefault(("room", rid, room.state), now)
+        for s in self.executor.ring.slots:
+            key = ("slot", s.index, "quarantine")
+            if s.state == "quarantined":
+                self.armed.setdefault(key, now)
+            else:
+                self.armed.pop(key, None)
+        for h in m._writes:
+            self.armed.setdefault(("write", h, ""), now)
         for h, w in self.manager._writes.items():
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
@@ -174,6 +197,9 @@ class Harness:
             rcv = tuple(sorted((self.region(i, s), self.write_state(i, s)) for s in sessions))
             uses = slot is not None and (ch != CH_SENT or any(w != W_IDLE for _, w in rcv))
             ghosts = sum(1 for _, w in rcv if w == W_GHOST)
+            live = m.rooms.get(rid)
+            if live is not None and rs == "transferring":
+                assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
             rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
                           slot.index if uses else -1))
         used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
@@ -261,6 +287,35 @@ class Harness:
             raise ValueError(f"unknown event {event}")
         self._observe()
 
+    def check_full_state(self) -> None:
+        """What the spec abstracts: frames, deadline values, bytes at receivers. Raise AssertionError."""
+        m, N = self.manager, self.cfg.receivers
+        timeout = {"announced": m.announce_timeout, "parked": m.park_timeout}
+        for i in range(self.cfg.rooms):
+            rid = self.room(i)
+            room = m.rooms.get(rid)
+            if room is not None:
+                sent = {f.session: f for f in self.frames[i][:self.frames_sent[i]]}
+                assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
+                if room.timer:
+                    assert room.state in timeout, f"room {i} has a deadline in state {room.state}"
+                    want = self.armed[("room", rid, room.state)] + timeout[room.state]
+                    assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
+                elif room.state in timeout:
+                    raise AssertionError(f"room {i} is {room.state} without a deadline")
+            for k in range(N):
+                vals = set(self.buffers[(i, k)].unique().tolist())
+                assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
+                if k < self.frames_sent[i] and self.region(i, f"p{i}.{k}") == "written":
+                    assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
+        for h, w in m._writes.items():
+            want = self.armed[("write", h, "")] + m.write_timeout
+            assert w.timer and w.due == want, f"write {h} due at {w.due}, not {want}"
+        for s in self.executor.ring.slots:
+            if s.state == "quarantined":
+                want = self.armed[("slot", s.index, "quarantine")] + m.quarantine_s
+                assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
+
     def _session_for(self, i: int, k: int) -> str:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
         want = self.state[0][i][RCV][k]
@@ -275,7 +330,9 @@ class Harness:
         options = [s for s in self.spec.successors(self.state) if s.event == event]
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
+        self.clock.advance(1.0)  # every event at its own time, far below every timeout
         self.apply(event)
+        self.check_full_state()
         got = self.abstract()
         want = {canonical(s.state) for s in options}
         if canonical(got) not in want:
@@ -319,3 +376,48 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
         refused.append((diverged_at, trace["violation"], "checked on the implementation: not present"))
     return {"diverged_at": diverged_at, "refused": refused, "final": h.spec.describe(h.state),
             "hazard_len": len(trace["events"])}
+
+
+# -- coverage: drive the implementation into every place the spec can be -----------------------
+def coverage_targets(cfg: Config) -> dict:
+    """Name -> predicate on spec states: every chunk location, two deferred sends, every region
+    and write state, and states just after each kind of deadline fired."""
+    from .spec import CH, CH_NAMES, RCV as _RCV
+
+    t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}
+    t["two deferred sends"] = lambda st: len(st[2]) >= 2
+    for g in ("offered", "written", "failed", "withdrawing", "released"):
+        t[f"region {g}"] = lambda st, g=g: any(x[0] == g for r in st[0] for x in r[_RCV])
+    for w, name in ((W_FLIGHT, "in flight"), (W_GHOST, "may land"), (W_LANDED, "landed late")):
+        t[f"write {name}"] = lambda st, w=w: any(x[1] == w for r in st[0] for x in r[_RCV])
+    return t
+
+
+def reach(cfg: Config, targets: dict, max_states: int = 200_000) -> dict[str, list[tuple]]:
+    """Shortest event list reaching each target (breadth-first over the spec, no symmetry)."""
+    spec = Spec(cfg)
+    init = spec.initial()
+    parent: dict[tuple, tuple] = {init: (None, None)}
+    frontier = [init]
+    found: dict[str, list[tuple]] = {}
+
+    def path(st):
+        out = []
+        while parent[st][0] is not None:
+            prev, ev = parent[st]
+            out.append(ev)
+            st = prev
+        return out[::-1]
+
+    while frontier and len(found) < len(targets) and len(parent) < max_states:
+        nxt = []
+        for st in frontier:
+            for name, pred in targets.items():
+                if name not in found and pred(st):
+                    found[name] = path(st)
+            for step in spec.successors(st):
+                if step.state not in parent and not step.violation:
+                    parent[step.state] = (st, step.event)
+                    nxt.append(step.state)
+        frontier = nxt
+    return found

@@ -1,4 +1,6 @@
-"""Diagrams of the model: the reachable global state graph of a tiny configuration, and hazard paths."""
+"""Diagrams of the model: the reachable state graph of a tiny configuration, drawn as one room sees
+it (a projection: rooms are interchangeable, so one room's view shows every room's life), the
+receiver's view of a region, and hazard paths."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from epd_ring.fsm.diagrams import KIND_STYLE
 
 from .explore import _transition_check, canonical, event_name, replay
 from .fixtures import hazard_traces
-from .spec import Config, Spec
+from .spec import (CH, CH_NAMES, CONTENT, GHOST, INFL, RCV, REG, REGION_MARK, RS, SLOTI, SS, TOLD, W_MARK, Config,
+                   Spec)
 
-TINY = dict(slots=1, rooms=2, receivers=1, faults=0)
+TINY = dict(slots=1, rooms=2, receivers=1, faults=1)
 BAD = {"style": "filled", "fillcolor": "#f4b6b6", "color": "#b71c1c", "penwidth": "2"}
 
 
@@ -70,6 +73,98 @@ def state_graph_dot(cfg: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
+def room_view(state: tuple, i: int = 0) -> tuple:
+    """What room i sees of a global state: itself, its receivers, the slot it uses, its queue place."""
+    rooms, slots, deferred, _, halt = state
+    r = rooms[i]
+    s = r[SLOTI]
+    slot = (slots[s][SS], slots[s][CONTENT] == i) if s >= 0 else ("", True)
+    return (r[RS], r[CH], r[REG], r[TOLD], r[INFL], r[GHOST], r[RCV], slot, i in deferred, halt)
+
+
+def _view_label(spec: Spec, v: tuple) -> str:
+    rs, ch, reg, told, infl, ghost, rcv, (ss, mine), deferred, halt = v
+    lines = [rs, f"chunk {CH_NAMES[ch]}" + (" (queued)" if deferred and CH_NAMES[ch] != "deferred" else "")]
+    counts = f"reg {reg}/{spec.N} told {told}" + (f" writes {infl}" if infl else "") + (f" ghosts {ghost}" if ghost else "")
+    lines.append(counts)
+    if rcv:
+        lines.append("receivers " + ",".join(REGION_MARK[g] + W_MARK[w] for g, w in rcv))
+    if ss:
+        lines.append(f"slot {ss}" + ("" if mine else " REWRITTEN"))
+    if halt:
+        lines.append(f"HALT {halt}")
+    return "\\n".join(lines)
+
+
+def room_view_dot(cfg: Config) -> str:
+    """The reachable graph projected on room 0: one node per distinct view, one edge per event that
+    changes it (events of other rooms that change nothing here are left out)."""
+    spec = Spec(cfg)
+    init = spec.initial()
+    seen = {init}
+    order = [init]
+    views: dict[tuple, int] = {room_view(init): 0}
+    bad: dict[int, str] = {}
+    final: set[int] = set()
+    edges: set[tuple[int, int, str, bool]] = set()
+    k = 0
+    while k < len(order):
+        state = order[k]
+        k += 1
+        a = views[room_view(state)]
+        steps = spec.successors(state)
+        if not steps and spec.is_final(state):
+            final.add(a)
+        for step in steps:
+            ev = step.event
+            mine = len(ev) > 1 and ev[0] != "release" and ev[1] == 0
+            found = ((step.violation, step.detail) if step.violation else
+                     _transition_check(spec, state, step.state) or spec.invariant(step.state))
+            problem = None
+            if found:
+                # Drawn where it is this room's trouble; another room's is the same picture by symmetry.
+                if not ("room 0" in found[1] or (mine and step.violation)):
+                    continue
+                problem = found[0]
+            vb = room_view(step.state)
+            b = views.setdefault((vb, problem) if problem else vb, len(views))
+            if problem:
+                bad[b] = problem
+            elif step.state not in seen:
+                seen.add(step.state)
+                order.append(step.state)
+            if a != b:
+                name = ev[0] if mine or ev[0] in ("release", "drain", "reap") else f"{ev[0]} (other room)"
+                edges.add((a, b, name, bool(problem)))
+    lines = [f'digraph "model {cfg.variant}" {{',
+             f'  graph [label="{cfg.variant}: the life of one room in {cfg.slots} slot, {cfg.rooms} rooms, '
+             f'{cfg.receivers} receiver, {cfg.faults} fault ({len(views)} views of {len(seen)} global states)\\n'
+             f'receivers: o offered, W written, F failed, X withdrawing, R released; '
+             f'~ write in flight, ? may land, . landed late\\nred: breaks an invariant; green: quiescent" '
+             'labelloc=t fontname="Helvetica" rankdir=TB];',
+             '  node [shape=box style="rounded,filled" fontname="Helvetica" fontsize=9 fillcolor=white];',
+             '  edge [fontname="Helvetica" fontsize=8];']
+    for v, n in sorted(views.items(), key=lambda x: x[1]):
+        label = _view_label(spec, v[0] if n in bad else v)
+        if n in bad:
+            style = dict(BAD, label=f"{label}\\n{bad[n]}")
+        elif n in final:
+            style = dict(KIND_STYLE["free"], label=label)
+        else:
+            style = {"label": label}
+        if n == 0:
+            style["penwidth"] = "2"
+        lines.append(f"  v{n} [{_attrs(style)}];")
+    merged: dict[tuple[int, int, bool], list[str]] = {}
+    for a, b, name, problem in sorted(edges):
+        merged.setdefault((a, b, problem), []).append(name)
+    for (a, b, problem), names in sorted(merged.items()):
+        extra = ' color="#b71c1c" fontcolor="#b71c1c"' if problem else ""
+        lines.append(f'  v{a} -> v{b} [label="{" | ".join(sorted(set(names)))}"{extra}];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def trace_dot(name: str, data: dict) -> str:
     """A hazard trace as a path: one node per state, one edge per event, the bad state in red."""
     spec = Spec(Config(**data["config"]))
@@ -92,11 +187,11 @@ def trace_dot(name: str, data: dict) -> str:
 def model_sources() -> dict[str, str]:
     out = {}
     for variant in ("project", "seed"):
-        out[f"model-{variant}"] = state_graph_dot(Config(variant=variant, **TINY))
+        out[f"model-{variant}"] = room_view_dot(Config(variant=variant, **TINY))
     for fname, text in sorted(hazard_traces().items()):
         stem = fname[:-5]
         out[f"trace-{stem}"] = trace_dot(stem, json.loads(text))
     return out
 
 
-__all__ = ["model_sources", "state_graph_dot", "trace_dot"]
+__all__ = ["model_sources", "room_view_dot", "state_graph_dot", "trace_dot"]
