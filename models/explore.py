@@ -292,7 +292,7 @@ def format_trace(spec: Spec, violation: Violation, heading: str = "shortest trac
 def trace_to_json(config: Config, violation: Violation) -> str:
     head = {
         "config": {"slots": config.slots, "rooms": config.rooms, "receivers": config.receivers,
-                   "faults": config.faults, "variant": config.variant},
+                   "faults": config.faults, "variant": config.variant, **({} if config.regions else {"regions": False})},
         "violation": violation.kind,
         "hazard": violation.hazard,
         "detail": violation.detail,

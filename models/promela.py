@@ -119,6 +119,8 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
     table: a deliberately broken generator, for showing the engines disagree.
     """
     R, S, N, F = cfg.rooms, cfg.slots, cfg.receivers, cfg.faults
+    if cfg.regions:
+        raise ValueError("promela: the receivers' regions are not generated; use Config(regions=False)")
     if R > 15 or S > 15 or N > 7 or F > 200:
         raise ValueError("promela: at most 15 rooms, 15 slots, 7 receivers")
     asserted = frozenset(KINDS) if asserted is None else asserted
@@ -663,7 +665,7 @@ def _parse_state(lines: list[str]) -> tuple:
         tag, *f = line.split()
         f = [int(v) for v in f]
         if tag == "RM":
-            rooms.append((ROOM_STATES[f[0]], *f[1:8], -1 if f[8] == NONE else f[8]))
+            rooms.append((ROOM_STATES[f[0]], *f[1:8], (), -1 if f[8] == NONE else f[8]))  # no regions
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2])))
     return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt])

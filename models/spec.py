@@ -74,6 +74,10 @@ class Config:
     receivers: int = 1
     faults: int = 1
     variant: str = "project"
+    # The receivers' end (regions, withdraws, release notices). Off: the encode side alone,
+    # with the same events and states as before the receivers were modelled (what the SPIN
+    # generator covers).
+    regions: bool = True
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -99,6 +103,7 @@ class Spec:
         self.busy_wait = v == "busy-wait"
         self.reap_crash = v == "reaped-deferred-crash"
         self.N = config.receivers
+        self.regions = config.regions
         self._rank_cache: dict = {}
 
     # -- states ---------------------------------------------------------------
@@ -192,9 +197,18 @@ class Spec:
             if w == W_IDLE and g in ("failed", "withdrawing"):
                 self._notice(ro, k, "released" if g == "failed" else "withdrawn")
 
-    @staticmethod
-    def _holds_slot(ro: list) -> bool:
+    def _holds_slot(self, ro: list) -> bool:
+        if not self.regions:
+            return bool(ro[INFL] or ro[GHOST])
         return any(w != W_IDLE for _, w in ro[RCV])
+
+    def _choices(self, r: tuple, w: int, count: int) -> list:
+        """Receivers whose write is in state w (alike ones are one choice); [None] without regions."""
+        if not count:
+            return []
+        if not self.regions:
+            return [None]
+        return sorted({k for k, (_, x) in self._first_of_each(r[RCV]) if x == w})
 
     def _leasable(self, rooms: list, slots: list) -> list[int]:
         if self.seed:
@@ -328,15 +342,16 @@ class Spec:
                 rooms, slots = copy()
                 ro = rooms[i]
                 ro[REG] += 1
-                self._rcv(ro).append(("offered", W_IDLE))
+                if self.regions:
+                    self._rcv(ro).append(("offered", W_IDLE))
                 violation = None
                 if rs in CONCLUDED:
                     ro[RS] = self._room_step(rs, "add_receiver", True)
                     if not self.seed:
                         ro[TOLD] += 1
-                        # told Failed at once (no write will go there), and released with it
-                        self._notice(ro, len(ro[RCV]) - 1, "failed")
-                        self._release_settled(ro)
+                        if self.regions:  # told Failed at once (no write will go there), and released with it
+                            self._notice(ro, len(ro[RCV]) - 1, "failed")
+                            self._release_settled(ro)
                     elif rs == "failed" and ro[CH] == CH_HELD and ro[REG] >= N:
                         # the seed flushes a parked chunk of a failed room and the worker sends it
                         violation = self._issue_writes(rooms, slots, i)
@@ -404,18 +419,18 @@ class Spec:
                         violation = self._issue_writes(rooms, slots, i)
                 emit(("copied", i), rooms, slots, violation=violation)
             # a write completes, or reports failure / timeout (it may still land)
-            flying = sorted({k_ for k_, (g, w) in self._first_of_each(r[RCV]) if w == W_FLIGHT})
-            for k in flying if r[INFL] else ():
+            for k in self._choices(r, W_FLIGHT, r[INFL]):
                 for ev in ("write_done", "write_unsure") if faults else ("write_done",):
                     rooms, slots = copy()
                     ro = rooms[i]
                     sl = slots[ro[SLOTI]]
                     ro[INFL] -= 1
-                    rc = self._rcv(ro)
                     violation = None
-                    if ev == "write_done" and rc[k][0] == "released":
-                        violation = "write-into-released-region"
-                    rc[k] = (rc[k][0], W_GHOST if ev == "write_unsure" else W_IDLE)
+                    if k is not None:
+                        rc = self._rcv(ro)
+                        if ev == "write_done" and rc[k][0] == "released":
+                            violation = "write-into-released-region"
+                        rc[k] = (rc[k][0], W_GHOST if ev == "write_unsure" else W_IDLE)
                     if ev == "write_unsure":
                         ro[GHOST] += 1
                         sl[UNSURE] = True
@@ -436,12 +451,11 @@ class Spec:
                         self._release_settled(ro)
                     if not self._holds_slot(ro):
                         ro[SLOTI] = -1 if ro[CH] == CH_SENT else ro[SLOTI]
-                    emit((ev, i, k), rooms, slots, faults=faults - (ev == "write_unsure"), violation=violation,
+                    emit((ev, i) if k is None else (ev, i, k), rooms, slots, faults=faults - (ev == "write_unsure"), violation=violation,
                          detail=f"room {i}'s write landed in a region its receiver had released (and may reuse)"
                          if violation else "")
             # an unsure write lands after all
-            ghosts = sorted({k_ for k_, (g, w) in self._first_of_each(r[RCV]) if w == W_GHOST})
-            for k in ghosts if r[GHOST] else ():
+            for k in self._choices(r, W_GHOST, r[GHOST]):
                 rooms, slots = copy()
                 ro = rooms[i]
                 s = ro[SLOTI]
@@ -449,16 +463,17 @@ class Spec:
                 if slots[s][CONTENT] != i:
                     violation = "overwrite-under-late-write"
                     detail = f"bytes of room {slots[s][CONTENT]} landed for room {i}"
-                elif r[RCV][k][0] == "released":
+                elif k is not None and r[RCV][k][0] == "released":
                     violation = "write-into-released-region"
                     detail = f"room {i}'s late write landed in a region its receiver had released (and may reuse)"
                 ro[GHOST] -= 1
-                rc = self._rcv(ro)
-                # The seed waits out no quarantine: a landed write is simply gone.
-                rc[k] = (rc[k][0], W_IDLE if self.seed else W_LANDED)
+                if k is not None:
+                    rc = self._rcv(ro)
+                    # The seed waits out no quarantine: a landed write is simply gone.
+                    rc[k] = (rc[k][0], W_IDLE if self.seed else W_LANDED)
                 if not self._holds_slot(ro):
                     ro[SLOTI] = -1
-                emit(("late_landing", i, k), rooms, slots, violation=violation, detail=detail or "")
+                emit(("late_landing", i) if k is None else ("late_landing", i, k), rooms, slots, violation=violation, detail=detail or "")
             # a deadline passes: parked too long, or receivers without a sender
             if self.seed and rs == "failed" and r[CH] == CH_HELD:
                 # the seed's reaper pops a parked chunk of a room already failed

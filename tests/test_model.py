@@ -162,3 +162,14 @@ def test_conformance_reaches_every_chunk_location_region_and_write_state(cfg):
             h.step(event)
         assert targets[name](h.state), name
         print(f"{cfg}: {name} reached on the implementation in {len(events)} events")
+
+
+def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone():
+    from epd_ring.models import promela
+
+    on, off = explore(Config(2, 3, 2, 1)), explore(Config(2, 3, 2, 1, regions=False))
+    assert on.violations == off.violations == {} and on.states > off.states
+    seed_off = explore(Config(1, 2, 2, 1, variant="seed", regions=False))
+    assert "write-into-released-region" not in seed_off.violations and "overwrite-under-late-write" in seed_off.violations
+    with pytest.raises(ValueError, match="regions"):
+        promela.generate(Config(1, 2, 1, 1))

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not spin_tool.available(), reason="needs spin an
 
 def test_spin_stores_exactly_the_explorers_canonical_states():
     """Same symmetry reduction, one atomic step per event: the two state spaces are the same set."""
-    cfg = Config(slots=2, rooms=3, receivers=2, faults=1)
+    cfg = Config(slots=2, rooms=3, receivers=2, faults=1, regions=False)
     spin, ours = spin_tool.check(cfg), explore(cfg)
     assert spin.violations == ours.violations == {}
     assert spin.states == ours.states
@@ -25,7 +25,7 @@ def test_spin_stores_exactly_the_explorers_canonical_states():
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_spin_and_explorer_find_the_same_violations(variant):
-    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant)
+    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant, regions=False)
     spin, ours = spin_tool.check(cfg), explore(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     assert (variant == "project") == (not spin.violations)
@@ -37,7 +37,7 @@ def test_spin_and_explorer_find_the_same_violations(variant):
 
 def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree():
     """Drop `write_unsure` from the slot's `settle` edges: an unsure write frees its slot at once."""
-    cfg = Config(slots=1, rooms=2, receivers=1, faults=1)
+    cfg = Config(slots=1, rooms=2, receivers=1, faults=1, regions=False)
     assert explore(cfg).violations == {}
     assert spin_tool.check(cfg).violations == {}
     mutant = promela.generate(cfg, drop_guard=("slot", "settle", "write_unsure"))

@@ -99,12 +99,14 @@ def _children_cpu() -> float:
 
 def run(args, out=print) -> int:
     """`epd-ring check --engine spin`: the same report as the explorer's, from SPIN."""
-    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
+    # The generator covers the encode side: the receivers' regions are the explorer's alone.
+    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant, regions=False)
     big = cfg.slots * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
     out(f"checking {cfg.variant} with SPIN: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per "
-        f"room, {cfg.faults} fault(s); exhaustive, symmetry reduced in the model"
+        f"room, {cfg.faults} fault(s); encode side (receivers' regions: the explorer only); exhaustive, "
+        f"symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
 
     def progress(text):
