@@ -9,43 +9,137 @@ from pathlib import Path
 from .explore import event_name, explore, format_trace, replay, trace_to_json
 from .spec import VARIANTS, Config, Spec
 
+# Defaults of the model's size; None in argparse so that `--replay` can tell an
+# explicit flag (refused: the trace file fixes the configuration) from none.
+DEFAULTS = {"slots": 3, "rooms": 4, "receivers": 2, "faults": 1, "variant": "project"}
+
+
+class CheckInputError(ValueError):
+    """Bad input to `check` (a flag or a trace file): a usage error, not a finding."""
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--slots", type=int, default=3)
-    p.add_argument("--rooms", type=int, default=4)
-    p.add_argument("--receivers", type=int, default=2)
-    p.add_argument("--faults", type=int, default=1)
-    p.add_argument("--variant", default="project", choices=sorted(VARIANTS))
+    d = DEFAULTS
+    p.add_argument("--slots", type=_count(1), default=None, help=f"ring slots in the model (default: {d['slots']})")
+    p.add_argument("--rooms", type=_count(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
+    p.add_argument("--receivers", type=_count(1), default=None,
+                   help=f"receivers per room (default: {d['receivers']})")
+    p.add_argument("--faults", type=_count(0), default=None,
+                   help=f"transport faults the model may inject (default: {d['faults']})")
+    p.add_argument("--variant", default=None, choices=sorted(VARIANTS),
+                   help=f"whose rules to explore (default: {d['variant']})")
     p.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true", help="run with and without symmetry reduction")
     p.add_argument("--save-traces", metavar="DIR", help="write each violation's trace as JSON")
-    p.add_argument("--replay", metavar="FILE", help="replay a saved trace instead of exploring")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--replay", metavar="FILE",
+                   help="replay a saved trace instead of exploring (its configuration comes from the file)")
     p.add_argument("--engine", choices=["explorer", "spin"], default="explorer",
                    help="the Python explorer, or SPIN on Promela generated from the same declarations and rules")
-    p.add_argument("--spin-opt", default=None, help="gcc optimisation for pan (default -O0 below 100k states' "
-                   "worth of bound, else -O2: compiling at -O2 takes ~30 s)")
-    p.add_argument("--spin-collapse", action="store_true", help="pan -DCOLLAPSE: lossless state compression")
-    p.add_argument("--spin-hash", type=int, default=None, help="pan -w: log2 of the hash table size")
-    p.add_argument("--spin-memlim", type=int, default=8192, help="pan -DMEMLIM, in MB")
-    p.add_argument("--spin-keep", metavar="DIR", help="keep the Promela model, pan.c and trails in DIR")
+    p.add_argument("--spin-opt", default=None, help="spin only: gcc optimisation for pan (default -O0 below 100k "
+                   "states' worth of bound, else -O2: compiling at -O2 takes ~30 s)")
+    p.add_argument("--spin-collapse", action="store_true", help="spin only: pan -DCOLLAPSE, lossless state "
+                   "compression")
+    p.add_argument("--spin-hash", type=_count(1), default=None, help="spin only: pan -w, log2 of the hash table size")
+    p.add_argument("--spin-memlim", type=_count(1), default=None, help="spin only: pan -DMEMLIM, in MB "
+                   "(default: 8192)")
+    p.add_argument("--spin-keep", metavar="DIR", help="spin only: keep the Promela model, pan.c and trails in DIR")
 
 
-def run(args, out=print) -> int:
-    if args.replay:
-        data = json.loads(Path(args.replay).read_text())
-        spec = Spec(Config(**data["config"]))
+SPIN_FLAGS = ("spin_opt", "spin_collapse", "spin_hash", "spin_memlim", "spin_keep")
+
+
+def apply_defaults(args) -> None:
+    """Fill the model's size flags left unset, and refuse flags the chosen engine would ignore."""
+    engine = getattr(args, "engine", "explorer")
+    if engine == "spin":
+        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry")
+                 if getattr(args, k, None)]
+        if given:
+            raise CheckInputError(f"{', '.join(given)} apply to the explorer, not --engine spin")
+        if getattr(args, "spin_memlim", None) is None:
+            args.spin_memlim = 8192
+    else:
+        given = [f"--{k.replace('_', '-')}" for k in SPIN_FLAGS if getattr(args, k, None)]
+        if given:
+            raise CheckInputError(f"{', '.join(given)} apply only to --engine spin")
+    if getattr(args, "replay", None):
+        return
+    for key, value in DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def _load_trace(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CheckInputError(f"--replay: cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckInputError(f"--replay: {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or not isinstance(
+            data.get("events"), list):
+        raise CheckInputError(f"--replay: {path} is not a saved trace (needs a 'config' object and an "
+                              f"'events' list)")
+    try:
+        Config(**data["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckInputError(f"--replay: {path} has a bad config: {exc}") from None
+    return data
+
+
+def _run_replay(args, out, report: dict) -> int:
+    given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k, None) is not None]
+    given += [f for f, on in (("--no-symmetry", args.no_symmetry), ("--compare-symmetry", args.compare_symmetry),
+                              ("--save-traces", args.save_traces)) if on]
+    if given:
+        raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
+                              f"cannot be combined with it")
+    data = _load_trace(args.replay)
+    spec = Spec(Config(**data["config"]))
+    try:
         steps, problem = replay(data)
-        for n, (event, state) in enumerate(steps):
-            out(f"  {n:2d}. {event_name(event):<22} {spec.describe(state)}")
-        if problem:
-            out(f"violation: {problem[0]}: {problem[1]}")
-            return 1
-        out("no violation")
-        return 0
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CheckInputError(f"--replay: {args.replay}: {exc}") from None
+    report.update(replay=args.replay, config=data["config"], steps=len(steps) - 1,
+                  violation={"kind": problem[0], "detail": problem[1]} if problem else None)
+    for n, (event, state) in enumerate(steps):
+        out(f"  {n:2d}. {event_name(event):<22} {spec.describe(state)}")
+    if problem:
+        out(f"violation: {problem[0]}: {problem[1]}")
+        return 1
+    out("no violation")
+    return 0
+
+
+def run(args, out=print, report: dict | None = None, progress=None) -> int:
+    """Explore (or replay); print through `out`; fill `report` with the figures (for --json).
+
+    `progress(label)` makes a display with `update(states, **fields)` and `close()` (the CLI's).
+    """
+    report = {} if report is None else report
+    if args.replay:
+        apply_defaults(args)
+        return _run_replay(args, out, report)
+    apply_defaults(args)
     cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
-    if args.engine == "spin":
+    if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
+    report.update(config={k: getattr(cfg, k) for k in DEFAULTS}, runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
@@ -53,11 +147,19 @@ def run(args, out=print) -> int:
         out(f"checking {cfg.variant}: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per room, "
             f"{cfg.faults} fault(s), {label} symmetry reduction")
 
-        def progress(states, seconds, depth):
-            if not args.quiet:
-                out(f"  states {states:>9,}  states/s {states / seconds:>9,.0f}  depth {depth}")
+        bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 
-        r = explore(cfg, symmetry=symmetry, progress=progress)
+        def on_states(states, seconds, depth):
+            bar.update(states, states_per_s=f"{states / seconds:,.0f}", depth=depth)
+
+        try:
+            r = explore(cfg, symmetry=symmetry, progress=on_states)
+        finally:
+            bar.close()
+        report["runs"].append({"symmetry": symmetry, "states": r.states, "transitions": r.transitions,
+                               "depth": r.depth, "finals": r.finals, "seconds": r.seconds,
+                               "represented": r.represented if symmetry else r.states,
+                               "violations": sorted(r.violations)})
         out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, {r.finals:,} quiescent "
             f"end states, {r.seconds:.2f} s, {r.states_per_s:,.0f} states/s")
         if symmetry:
@@ -77,7 +179,16 @@ def run(args, out=print) -> int:
                 name = d / f"{cfg.variant}--{v.hazard or kind}.json"
                 name.write_text(trace_to_json(cfg, v))
                 out(f"  saved {name}")
+    report["violation"] = bool(status)
     return status
+
+
+class _NoProgress:
+    def update(self, *args, **fields) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 if __name__ == "__main__":
@@ -85,4 +196,5 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
+    parser.add_argument("--quiet", action="store_true")
     sys.exit(run(parser.parse_args()))

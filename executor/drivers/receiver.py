@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 import torch
-import zmq
 
 from epd_ring.fsm import REGION, InvalidTransition
 from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
@@ -86,6 +85,8 @@ class ReferenceReceiver:
         if rc != 0:
             raise RuntimeError(f"registering the receive buffer failed: rc={rc}")
         self._extents = Extents(capacity)
+        import zmq  # the mooncake extra; imported here so `--help` works without it
+
         self.ctx = zmq.Context()
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 1000)
@@ -200,8 +201,12 @@ def serve(encode_endpoint: str) -> None:
     r = ReferenceReceiver(encode_endpoint)
     print(json.dumps({"session": r.session, "status_endpoint": r.status_endpoint}), flush=True)
     for line in sys.stdin:
-        cmd = json.loads(line)
-        kind = cmd["cmd"]
+        try:
+            cmd = json.loads(line)
+            kind = cmd["cmd"]
+        except (ValueError, TypeError, KeyError) as exc:  # a bad command line is answered, not fatal
+            print(json.dumps({"ok": False, "error": f"bad command: {exc}"}), flush=True)
+            continue
         if kind == "expect":
             f = r.expect(cmd["room"], span=cmd["span"], hidden=cmd["hidden"], deep_width=cmd.get("deep", 0),
                          n=cmd.get("n", 1), rank=cmd.get("rank", 0), shard=cmd.get("shard", False))
@@ -231,10 +236,43 @@ def serve(encode_endpoint: str) -> None:
             print(json.dumps({"ok": True}), flush=True)
         elif kind == "exit":
             break
+        else:
+            print(json.dumps({"ok": False, "error": f"unknown command {kind!r}"}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m epd_ring.executor.drivers.receiver ENDPOINT`: serve JSON-line commands on stdin.
+
+    Exit 0 at `exit` or end of input, 2 on a usage error, 3 when the mooncake
+    extra is missing or the engine will not start.
+    """
+    import argparse
+    import re
+
+    parser = argparse.ArgumentParser(
+        prog="python -m epd_ring.executor.drivers.receiver", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("endpoint", help="the encode worker's control endpoint, tcp://HOST:PORT")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"tcp://[^\s:/]+:\d{1,5}", args.endpoint) or int(args.endpoint.rsplit(":", 1)[1]) > 65535:
+        parser.exit(2, f"{parser.prog}: error: endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}\n")
+    try:
+        import zmq  # noqa: F401
+    except ImportError as exc:
+        parser.exit(3, f"{parser.prog}: error: {exc}; install it with: pip install 'epd-ring[mooncake]'\n")
+    from ..core.transport import TransportError
+
+    try:
+        serve(args.endpoint)
+    except TransportError as exc:
+        parser.exit(3, f"{parser.prog}: error: {exc}\n")
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 130
+    return 0
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    sys.exit(main())
 
 
 class ReceiverProcess:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import seed_bench
+from .progress import Progress
 from ..core.clock import FakeClock
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
@@ -75,7 +76,8 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
     held = transport.add_receiver("prefill:held")
     held_dst = torch.empty(TOKENS, HIDDEN)
     held.register(held_dst)
-    transport.inject("hold", session="prefill:held", count=ring_slots - free_slots)
+    if ring_slots > free_slots:
+        transport.inject("hold", session="prefill:held", count=ring_slots - free_slots)
     room = 0
     for _ in range(ring_slots - free_slots):
         room += 1
@@ -140,25 +142,33 @@ def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int
     return best / items * 1e6
 
 
-def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None = None) -> dict:
-    """Print and return {slots: (our us/item, seed us/item or None)}."""
+def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None = None, quiet: bool = False,
+        echo=print) -> dict:
+    """Print (through `echo`) and return {slots: (our us/item, seed us/item or None)}."""
+    if items < 1 or not sizes or min(sizes) < 1:
+        raise ValueError(f"items and every ring size must be >= 1, got items={items}, sizes={sizes}")
     torch.set_num_threads(1)
     seed = seed_bench.load_seed(seed_path) if seed_path else None
     results: dict[int, tuple[float, float | None]] = {}
-    print(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 slots held, best of 3 x {items} items")
+    echo(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 slots held, best of 3 x {items} items")
     if seed is not None:
-        print(f"seed: {seed_path} (same cycle, same run, stand-ins for its engine modules)")
-    print(f"{'slots':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
-    for n in sizes:
-        us = measure(n, items)
-        seed_us = measure_seed(seed, n, items) if seed is not None else None
-        results[n] = (us, seed_us)
-        base = results[sizes[0]][0]
-        seed_cols = f"{seed_us:>8.1f} {us / seed_us:>7.2f}x" if seed_us else f"{'-':>8} {'-':>8}"
-        print(f"{n:>6} {us:>9.1f} {seed_cols} {us / base:>9.2f}x", flush=True)
-    if seed is not None:
-        # The seed's best case: nothing held, so its lease and reap scans find a free slot at once.
-        n = sizes[0]
-        us, seed_us = measure(n, items, free_slots=n), measure_seed(seed, n, items, free_slots=n)
-        print(f"no slot held, {n} slots: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
+        echo(f"seed: {seed_path} (same cycle, same run, stand-ins for its engine modules)")
+    echo(f"{'slots':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
+    runs = len(sizes) * (1 if seed is None else 2) + (2 if seed is not None else 0)
+    with Progress("bench", runs, unit="measurements", enabled=not quiet) as progress:
+        for n in sizes:
+            us = measure(n, items, free_slots=min(4, n))
+            progress.update(len(results) * (1 if seed is None else 2) + 1, slots=n)
+            seed_us = measure_seed(seed, n, items, free_slots=min(4, n)) if seed is not None else None
+            results[n] = (us, seed_us)
+            progress.update(len(results) * (1 if seed is None else 2), slots=n)
+            base = results[sizes[0]][0]
+            seed_cols = f"{seed_us:>8.1f} {us / seed_us:>7.2f}x" if seed_us else f"{'-':>8} {'-':>8}"
+            echo(f"{n:>6} {us:>9.1f} {seed_cols} {us / base:>9.2f}x")
+        if seed is not None:
+            # The seed's best case: nothing held, so its lease and reap scans find a free slot at once.
+            n = sizes[0]
+            us, seed_us = measure(n, items, free_slots=n), measure_seed(seed, n, items, free_slots=n)
+            progress.update(runs)
+            echo(f"no slot held, {n} slots: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
     return results

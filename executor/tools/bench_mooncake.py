@@ -17,6 +17,7 @@ from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
 from ..core.manager import EncodeManager
 from ..drivers.mooncake import MooncakeTransport, load_engine
+from .progress import Progress
 
 HIDDEN = 1024  # float32 columns: 4 KiB per row
 
@@ -99,22 +100,29 @@ def raw(size: int, items: int, slots: int, rx_session: str, rx_buf: torch.Tensor
     return time.perf_counter() - t0
 
 
-def run(sizes=(1 << 20, 16 << 20), slots: int = 4, seconds: float = 2.0) -> dict:
+def run(sizes=(1 << 20, 16 << 20), slots: int = 4, seconds: float = 2.0, items: int | None = None,
+        quiet: bool = False, echo=print) -> dict:
+    """Print (through `echo`) and return {size: (controller GB/s, raw GB/s)}; `items` per size, or ~`seconds`."""
+    if items is not None and items < 1:
+        raise ValueError(f"items must be >= 1, got {items}")
     torch.set_num_threads(1)
     rx_engine, rx_session = load_engine()
     rx_buf = torch.zeros(slots * max(sizes) // 4)
     assert rx_engine.register_memory(rx_buf.data_ptr(), slots * max(sizes)) == 0
-    print(f"Mooncake over TCP on 127.0.0.1, {slots} writes in flight, one receiver engine")
-    print(f"{'size':>7} {'items':>6} {'ctrl GB/s':>10} {'ctrl img/s':>11} {'raw GB/s':>9} {'raw img/s':>10} {'ratio':>6}")
+    echo(f"Mooncake over TCP on 127.0.0.1, {slots} writes in flight, one receiver engine")
+    echo(f"{'size':>7} {'items':>6} {'ctrl GB/s':>10} {'ctrl img/s':>11} {'raw GB/s':>9} {'raw img/s':>10} {'ratio':>6}")
     out = {}
+    progress = Progress("bench", len(sizes), unit="sizes", enabled=not quiet)
     for size in sizes:
-        items = max(8, int(seconds * 2e9 / size))
-        t_ctrl = controller(size, items, slots, rx_engine, rx_session, rx_buf)
-        t_raw = raw(size, items, slots, rx_session, rx_buf)
-        gb_c, gb_r = items * size / t_ctrl / 1e9, items * size / t_raw / 1e9
+        n = items or max(8, int(seconds * 2e9 / size))
+        t_ctrl = controller(size, n, slots, rx_engine, rx_session, rx_buf)
+        t_raw = raw(size, n, slots, rx_session, rx_buf)
+        gb_c, gb_r = n * size / t_ctrl / 1e9, n * size / t_raw / 1e9
         out[size] = (gb_c, gb_r)
-        print(f"{size >> 20:>5}Mi {items:>6} {gb_c:>10.2f} {items / t_ctrl:>11.0f} {gb_r:>9.2f} {items / t_raw:>10.0f} "
-              f"{gb_c / gb_r:>5.2f}x", flush=True)
+        progress.update(len(out), size=f"{size >> 20} MiB")
+        echo(f"{size >> 20:>5}Mi {n:>6} {gb_c:>10.2f} {n / t_ctrl:>11.0f} {gb_r:>9.2f} {n / t_raw:>10.0f} "
+             f"{gb_c / gb_r:>5.2f}x")
+    progress.close()
     return out
 
 

@@ -1,89 +1,364 @@
-"""The `epd-ring` command line."""
+"""The `epd-ring` command line (also `python -m epd_ring`).
+
+Exit codes:
+  0   ok
+  1   a finding: the model has a violation, a demo's checks failed, diagrams are stale
+  2   usage or input error (a bad flag value, an unreadable or malformed trace file)
+  3   environment: a missing program or optional extra (the message names the install command)
+  70  internal error (a bug in epd-ring: rerun with -v for the traceback and report it)
+  130 interrupted (Ctrl-C)
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+from typing import Any, NoReturn
+
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 70, 130
+PROG = "epd-ring"
+
+MOONCAKE_EXTRA = "pip install 'epd-ring[mooncake]' (and apt-get install libibverbs1)"
+METRICS_EXTRA = "pip install 'epd-ring[metrics]'"
+# Optional module -> how to get it; a missing one is an environment problem, not a crash.
+EXTRAS = {"zmq": MOONCAKE_EXTRA, "mooncake": MOONCAKE_EXTRA, "prometheus_client": METRICS_EXTRA,
+          "transformers": "pip install 'epd-ring[qwen]'", "PIL": "pip install 'epd-ring[qwen]'"}
+
+
+class UsageError(Exception):
+    """Bad input from the user: exit 2."""
+
+
+class EnvironmentProblem(Exception):
+    """Something missing from the machine: exit 3."""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("epd-ring")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+# argument types: each refuses a bad value with a one-line reason -------------
+def _int_at_least(low: int, what: str = ""):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{what}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+def probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (0-65535), got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line (and exit 2, as argparse does)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help with each flag's default, unless it has none worth naming (off, unset, or already said)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # Accepted before or after the sub-command; SUPPRESS keeps a sub-command's
+    # unset flag from overwriting one given before it.
+    d = {} if top else {"default": argparse.SUPPRESS}
+    g = parser.add_argument_group("output")
+    g.add_argument("-v", "--verbose", action="count", help="more log output (-vv: debug); tracebacks on errors",
+                   **({"default": 0} if top else d))
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress, only the result and errors",
+                   **({"default": False} if top else d))
+    g.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"], type=str.lower,
+                   help="log level of the epd_ring loggers (default: warning; critical for demo, whose "
+                        "injected faults log errors by design)", **({"default": None} if top else d))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description or help, formatter_class=_Help)
+        _common(p, top=False)
+        return p
+
+    demo = command("demo", "run the controller with a real tower under ring pressure and injected faults",
+                   "Run the controller on the loopback transport (or Mooncake across processes) with a real "
+                   "tiny torch tower, inject faults, and check every delivered byte and every room's outcome. "
+                   "Exit 1 if any check fails.")
+    demo.add_argument("--rooms", type=positive_int, default=None,
+                      help="rooms to run (default: 2000 on loopback, 300 on mooncake)")
+    demo.add_argument("--slots", type=positive_int, default=6, help="ring slots")
+    demo.add_argument("--batch", type=positive_int, default=None, help="images per tower batch (default: 8)")
+    demo.add_argument("--fault-rate", type=probability, default=None,
+                      help="share of rooms that get an injected fault, 0 to 1 (default: 0.25)")
+    demo.add_argument("--no-deepstack", action="store_true", help="a tower without deepstack layers")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the room plan and the tower weights")
+    demo.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback",
+                      help="loopback (in-process, simulated clock) or mooncake (TCP on 127.0.0.1, 3 receiver "
+                           "processes)")
+    demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    demo.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
+                      help="qwen3-vl-tiny: a real Qwen3-VL split at the tower (needs the `qwen` extra)")
+    demo.add_argument("--requests", type=positive_int, default=None,
+                      help="qwen3-vl-tiny only: prefill requests (default: 16)")
+    demo.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                      help="qwen3-vl-tiny only (default: float32)")
+
+    bench = command("bench", "per-item cost of the controller cycle (loopback) or throughput (mooncake)")
+    bench.add_argument("--items", type=positive_int, default=None,
+                       help="items per measurement (default: 10000 on loopback; on mooncake about 2 s of "
+                            "writes per size)")
+    bench.add_argument("--sizes", type=positive_int, nargs="+", default=None,
+                       help="ring sizes in slots (loopback; default 64 1024 4096) or embedding sizes in MiB "
+                            "(mooncake; default 1 16)")
+    bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback", help="what to measure")
+    bench.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
+                       help="qwen3-vl-tiny: requests/s of the split model's loop beside the unsplit model")
+    bench.add_argument("--requests", type=positive_int, default=None, help="qwen3-vl-tiny only: requests (default: 24)")
+    bench.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                       help="qwen3-vl-tiny only (default: float32)")
+    bench.add_argument("--seed", metavar="PATH", default=None,
+                       help="also run the seed's executor from this file on the same cycle (loopback only)")
+    bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+    diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
+    diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
+    diagrams.add_argument("--dir", default="diagrams", help="the folder")
+
+    check = command("check", "explore the formal model exhaustively (exit 1 on a violation), or replay a trace")
+    from epd_ring.models.check import add_arguments
+    add_arguments(check)
+    check.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    return parser
+
+
+def _log_level(args: argparse.Namespace) -> int:
+    if args.log_level:
+        return getattr(logging, args.log_level.upper())
+    if args.verbose >= 2:
+        return logging.DEBUG
+    if args.verbose == 1:
+        return logging.INFO
+    if args.quiet or args.command == "demo":
+        # Injected faults log errors by design; the demo reports them in its summary.
+        return logging.CRITICAL if args.command == "demo" else logging.ERROR
+    return logging.WARNING
+
+
+def _missing_extra(exc: ImportError) -> str | None:
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return EXTRAS.get(name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="epd-ring", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="run the controller on the loopback transport with a real tower")
-    demo.add_argument("--rooms", type=int, default=2000)
-    demo.add_argument("--slots", type=int, default=6)
-    demo.add_argument("--batch", type=int, default=8)
-    demo.add_argument("--fault-rate", type=float, default=0.25)
-    demo.add_argument("--no-deepstack", action="store_true")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--quiet", action="store_true")
-    demo.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
-    demo.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
-                      help="qwen3-vl-tiny: a real Qwen3-VL split at the tower (needs the `qwen` extra)")
-    demo.add_argument("--requests", type=int, default=16, help="qwen3-vl-tiny: prefill requests")
-    demo.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="qwen3-vl-tiny only")
-
-    bench = sub.add_parser("bench", help="per-item cost of the controller cycle at several ring sizes")
-    bench.add_argument("--items", type=int, default=10000)
-    bench.add_argument("--sizes", type=int, nargs="+", default=None,
-                       help="ring sizes (loopback) or embedding sizes in MiB (mooncake)")
-    bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback")
-    bench.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
-                       help="qwen3-vl-tiny: requests/s of the split model's loop beside the unsplit model")
-    bench.add_argument("--requests", type=int, default=24, help="qwen3-vl-tiny: requests")
-    bench.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="qwen3-vl-tiny only")
-    bench.add_argument("--seed", metavar="PATH", default=None,
-                       help="also run the seed's executor from this file on the same cycle (loopback only)")
-
-    diagrams = sub.add_parser("diagrams", help="render the state diagrams into diagrams/")
-    diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
-    diagrams.add_argument("--dir", default="diagrams")
-
-    check = sub.add_parser("check", help="explore the formal model exhaustively (exit 1 on a violation)")
-    from epd_ring.models.check import add_arguments
-    add_arguments(check)
-
+    parser = build_parser()
     args = parser.parse_args(argv)
-    # Injected faults log errors by design; the demo reports them in its summary.
-    level = logging.CRITICAL if args.command == "demo" else logging.ERROR
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "demo" and args.model == "qwen3-vl-tiny":
-        from . import demo_qwen
-        run_qwen = demo_qwen.run_mooncake if args.transport == "mooncake" else demo_qwen.run_loopback
-        return run_qwen(requests=args.requests, dtype=args.dtype, seed=args.seed, slots=args.slots,
-                        quiet=args.quiet)
-    if args.command == "demo" and args.transport == "mooncake":
-        from .demo_mooncake import run as mc_demo
-        return mc_demo(rooms=min(args.rooms, 300) if args.rooms == 2000 else args.rooms, slots=args.slots,
-                       batch=args.batch, deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
+    args.verbose = getattr(args, "verbose", 0) or 0
+    logging.basicConfig(level=_log_level(args), format="%(levelname)s %(name)s: %(message)s", force=True)
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EnvironmentProblem as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ENV
+    except ImportError as exc:
+        hint = _missing_extra(exc)
+        if hint is None:
+            return _internal(exc, args)
+        print(f"{PROG}: error: {exc}; install it with: {hint}", file=sys.stderr)
+        return EXIT_ENV
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `epd-ring ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:
+        if type(exc).__name__ == "ExecutableNotFound":  # graphviz without `dot`
+            print(f"{PROG}: error: graphviz's `dot` is not on PATH; install it with: apt-get install graphviz",
+                  file=sys.stderr)
+            return EXIT_ENV
+        from epd_ring.executor.core.transport import TransportError
+
+        if isinstance(exc, TransportError):
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EXIT_ENV
+        return _internal(exc, args)
+
+
+def _internal(exc: BaseException, args: argparse.Namespace) -> int:
+    if args.verbose:
+        import traceback
+
+        traceback.print_exception(exc)
+    print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
+          file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _emit_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=None, sort_keys=True, default=str))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    quiet = args.quiet
     if args.command == "demo":
-        from .demo import run
-        return run(rooms=args.rooms, slots=args.slots, batch=args.batch, fault_rate=args.fault_rate,
-                   deepstack=not args.no_deepstack, seed=args.seed, quiet=args.quiet)
-    if args.command == "bench" and args.model == "qwen3-vl-tiny":
-        from .bench_qwen import run as qwen_bench
-        qwen_bench(requests=args.requests, dtype=args.dtype, transports=(args.transport,))
-        return 0
-    if args.command == "bench":
+        tiny_only = {"--rooms": args.rooms, "--batch": args.batch, "--fault-rate": args.fault_rate,
+                     "--no-deepstack": args.no_deepstack or None, "--json": args.json or None,
+                     "--metrics-port": args.metrics_port, "--timeline": args.timeline}
+        qwen_only = {"--requests": args.requests, "--dtype": args.dtype}
+        if args.model == "qwen3-vl-tiny":
+            given = [flag for flag, v in tiny_only.items() if v is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} apply to the tiny-tower demo, not --model qwen3-vl-tiny")
+            from . import demo_qwen
+
+            run_qwen = demo_qwen.run_mooncake if args.transport == "mooncake" else demo_qwen.run_loopback
+            return run_qwen(requests=args.requests or 16, dtype=args.dtype or "float32", seed=args.seed,
+                            slots=args.slots, quiet=quiet)
+        given = [flag for flag, v in qwen_only.items() if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply only to --model qwen3-vl-tiny")
+        common = dict(slots=args.slots, batch=args.batch or 8,
+                      fault_rate=0.25 if args.fault_rate is None else args.fault_rate,
+                      deepstack=not args.no_deepstack,
+                      seed=args.seed, quiet=quiet, json_out=args.json)
         if args.transport == "mooncake":
+            for module in ("zmq", "mooncake"):
+                import importlib.util
+
+                if importlib.util.find_spec(module) is None:
+                    raise EnvironmentProblem(f"--transport mooncake needs {module}; install it with: {MOONCAKE_EXTRA}")
+            from .demo_mooncake import run as mc_demo
+            from .enginelog import engine_log_filtered
+
+            with engine_log_filtered(quiet):
+                return mc_demo(rooms=args.rooms or 300, **common)
+        from .demo import run
+        return run(rooms=args.rooms or 2000, **common)
+    if args.command == "bench" and args.model == "qwen3-vl-tiny":
+        given = [f for f, v in (("--items", args.items), ("--sizes", args.sizes), ("--seed", args.seed),
+                                ("--json", args.json or None)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to the controller bench, not --model qwen3-vl-tiny")
+        from .bench_qwen import run as qwen_bench
+        qwen_bench(requests=args.requests or 24, dtype=args.dtype or "float32", transports=(args.transport,))
+        return EXIT_OK
+    if args.command == "bench":
+        given = [f for f, v in (("--requests", args.requests), ("--dtype", args.dtype)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply only to --model qwen3-vl-tiny")
+        if args.transport == "mooncake":
+            if args.seed is not None:
+                raise UsageError("--seed runs the seed's executor on the loopback cycle; it cannot be "
+                                 "combined with --transport mooncake")
             from .bench_mooncake import run as mc_run
-            mc_run(sizes=tuple(s << 20 for s in (args.sizes or [1, 16])))
-            return 0
+            from .enginelog import engine_log_filtered
+
+            if any(s > 1024 for s in args.sizes or ()):
+                raise UsageError("--sizes on mooncake are MiB per embedding, at most 1024")
+            with engine_log_filtered(quiet):
+                out = mc_run(sizes=tuple(s << 20 for s in (args.sizes or [1, 16])), items=args.items,
+                             quiet=quiet or args.json, echo=_silent if args.json else print)
+            if args.json:
+                _emit_json({"transport": "mooncake", "sizes_mib": {str(k >> 20): {"ctrl_gb_s": c, "raw_gb_s": r}
+                                                                   for k, (c, r) in out.items()}})
+            return EXIT_OK
+        if args.seed is not None and not os.path.isfile(args.seed):
+            raise UsageError(f"--seed: no such file: {args.seed}")
         from .bench import run as bench_run
-        bench_run(items=args.items, sizes=tuple(args.sizes or [64, 1024, 4096]), seed_path=args.seed)
-        return 0
+        results = bench_run(items=args.items or 10000, sizes=tuple(args.sizes or [64, 1024, 4096]),
+                            seed_path=args.seed, quiet=quiet or args.json, echo=_silent if args.json else print)
+        if args.json:
+            _emit_json({"transport": "loopback", "items": args.items or 10000,
+                        "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()}})
+        return EXIT_OK
     if args.command == "check" and args.engine == "spin":
+        from epd_ring.models.check import CheckInputError, apply_defaults
         from .spin import run as spin_run
+
+        try:
+            apply_defaults(args)
+        except CheckInputError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            raise UsageError("--json applies to the explorer, not --engine spin")
         return spin_run(args)
     if args.command == "check":
-        from epd_ring.models.check import run as check_run
-        return check_run(args)
+        from epd_ring.models.check import CheckInputError, run as check_run
+
+        report: dict = {}
+        try:
+            from .progress import Progress
+
+            status = check_run(args, out=_silent if args.json else print, report=report,
+                               progress=lambda label: Progress(label, None, unit="states",
+                                                               enabled=not (quiet or args.json)))
+        except CheckInputError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            _emit_json(report)
+        return status
     if args.command == "diagrams":
         from epd_ring.executor.tools.diagrams import main as render_main
         return render_main(args.dir, check=args.check)
-    return 2
+    raise AssertionError(f"unknown command {args.command!r}")  # argparse allows only the ones above
+
+
+def _silent(*_: Any, **__: Any) -> None:
+    pass
+
+
+def _writable(path: str, flag: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag}: no such folder: {folder}")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag}: {path} is a folder")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ room's outcome with what was injected into it.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -22,6 +23,7 @@ from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame, shard_rows
 from ..core.loopback import Fault, LoopbackTransport
 from ..core.manager import EncodeManager
+from .progress import Progress
 from .tower import TinyVisionModel, TinyVisionTower
 
 FAULTS = ("none", "late", "partial", "never", "write_fail", "timeout_land_later", "oversized",
@@ -93,7 +95,13 @@ def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_r
 
 
 def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
-        seed: int = 0, tick_s: float = 0.01, quiet: bool = False) -> int:
+        seed: int = 0, tick_s: float = 0.01, quiet: bool = False, json_out: bool = False) -> int:
+    """Run the demo; print its report (JSON with `json_out`); 0 if every check held, 1 if not."""
+    for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not 0.0 <= fault_rate <= 1.0:
+        raise ValueError(f"fault_rate must be between 0 and 1, got {fault_rate}")
     torch.set_num_threads(1)
     rng = random.Random(seed)
     tower = TinyVisionTower(deepstack_layers=(0, 1) if deepstack else (), seed=seed)
@@ -150,7 +158,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     manager.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
 
     t0 = time.perf_counter()
-    next_report = max(1, rooms // 10)
+    progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
     tick = 0
     while True:
         for p, k in frames_at.pop(tick, ()):
@@ -176,16 +184,16 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         executor.reap_concluded_senders({p.rid for p in queue})
         clock.advance(tick_s)
         tick += 1
-        if not quiet and len(outcome) >= next_report:
-            next_report += max(1, rooms // 10)
-            print(f"  tick {tick:5d}  concluded {len(outcome):4d}/{rooms}  queued {len(queue):3d}  "
-                  f"deferred {len(executor._deferred):3d}  free slots {executor.ring.free_count}/{slots}",
-                  flush=True)
+        progress.update(len(outcome), tick=tick, queued=len(queue), deferred=len(executor._deferred),
+                        free_slots=f"{executor.ring.free_count}/{slots}")
         if len(outcome) == rooms and not queue and tick > last_frame_tick:
             break
         if tick > 100_000:
-            print("demo did not converge", file=sys.stderr)
-            return 2
+            progress.close()
+            print(f"demo did not converge: {len(outcome)} of {rooms} rooms concluded after {tick} ticks",
+                  file=sys.stderr)
+            return 1
+    progress.close()
     wall = time.perf_counter() - t0
     # Quiesce: let every quarantine and late landing pass.
     for _ in range(int(3.0 / tick_s)):
@@ -222,13 +230,22 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     return summary(
         f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
         f"seed {seed}", table, outcome, mismatched, told_wrong, checked_bytes, bad_bytes, leaked,
-        [f"late landings: {transport.late_landings}, deferred sends: {manager.stats['deferred']}"],
-        f"{rooms / wall:.0f} items/s ({wall:.2f} s wall, {tick} ticks)")
+        {"late_landings": transport.late_landings, "deferred_sends": manager.stats["deferred"]},
+        rooms / wall, f"{wall:.2f} s wall, {tick} ticks", json_out=json_out)
 
 
 def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong: int, checked: int, bad: int,
-            leaked: int, extra: list[str], throughput: str) -> int:
-    """Print the demo's closing report; 0 if every check held."""
+            leaked: int, extra: dict, items_per_s: float, timing: str, json_out: bool = False) -> int:
+    """Print the demo's closing report (or one JSON object); 0 if every check held, 1 if not."""
+    ok = not mismatched and not bad and not leaked and not told_wrong
+    if json_out:
+        print(json.dumps({
+            "title": title, "ok": ok, "outcomes": dict(Counter(outcome.values())),
+            "by_injection": {f: dict(c) for f, c in sorted(table.items())},
+            "mismatched": [{"room": r, "injected": f, "got": g, "reason": why} for r, f, g, why in mismatched],
+            "told_wrong": told_wrong, "bytes_checked": checked, "bytes_differing": bad, "slots_leaked": leaked,
+            "items_per_s": items_per_s, **extra}, sort_keys=True))
+        return 0 if ok else 1
     print(f"\n{title}")
     print(f"{'injected':<20} {'rooms':>6} {'success':>8} {'failed':>7}   expected")
     for fault in sorted(table, key=lambda f: (f != "none", f)):
@@ -242,10 +259,8 @@ def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong
         print(f"  room {room} ({fault}): {got}: {reason}")
     print(f"receivers told a wrong or no outcome:  {told_wrong}")
     print(f"delivered bytes checked: {checked}, differing from the tower output: {bad}")
-    for line in extra:
-        print(line)
+    print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in extra.items()))
     print(f"slots leaked: {leaked}")
-    print(f"throughput: {throughput}")
-    ok = not mismatched and not bad and not leaked and not told_wrong
+    print(f"throughput: {items_per_s:.0f} items/s ({timing})")
     print("RESULT:", "ok" if ok else "FAILED")
     return 0 if ok else 1

@@ -25,13 +25,21 @@ from ..core.frames import shard_rows
 from ..core.manager import EncodeManager
 from ..drivers.mooncake import MooncakeTransport
 from ..drivers.receiver import ReceiverProcess
+from .progress import Progress
 from .tower import TinyVisionTower
 
-FAULTS = ["none"] * 40 + ["late"] * 6 + ["partial"] * 3 + ["never"] * 3 + ["oversized"] * 3 + ["receiver_killed"] * 3 + ["tower_error"]
+# Relative weights of the faults a real engine lets us inject (no scripted transport faults).
+FAULTS = {"late": 6, "partial": 3, "never": 3, "oversized": 3, "receiver_killed": 3, "tower_error": 1}
 
 
-def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True, seed: int = 0,
-        quiet: bool = False) -> int:
+def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
+        seed: int = 0, quiet: bool = False, json_out: bool = False) -> int:
+    """Run the demo across processes; print its report (JSON with `json_out`); 0 if every check held."""
+    for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not 0.0 <= fault_rate <= 1.0:
+        raise ValueError(f"fault_rate must be between 0 and 1, got {fault_rate}")
     os.environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", "5")
     os.environ.setdefault("MC_TCP_STATUS_TIMEOUT_SEC", "5")
     torch.set_num_threads(1)
@@ -49,7 +57,9 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
         plans = []
         step = tower.patch * tower.merge
         for k in range(rooms):
-            fault = rng.choice(FAULTS)
+            fault = "none"
+            if rng.random() < fault_rate:
+                fault = rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
             n = 2 if fault == "partial" else rng.choice((1, 1, 2))
             shard = n == 2 and rng.random() < 0.5
             side = step * (16 if fault == "oversized" else rng.randint(1, 8))
@@ -68,7 +78,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
         manager.on_conclude.append(lambda r, st: outcome.__setitem__(r, st))
         batch_mates: set[int] = set()
         t0 = time.perf_counter()
-        report_every = max(1, rooms // 10)
+        progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
         for i in range(0, rooms, batch):
             chunk = plans[i:i + batch]
             for name, proc in procs.items():
@@ -95,14 +105,15 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
                     proc.ask(cmd="register", rooms=late)
             executor.poll()
             executor.reap_concluded_senders(set())
-            if not quiet and len(outcome) >= report_every * (len(outcome) // report_every) and i % (batch * 8) == 0:
-                print(f"  batch {i // batch:4d}  concluded {len(outcome):4d}/{rooms}  deferred "
-                      f"{len(executor._deferred):3d}  free slots {executor.ring.free_count}/{slots}", flush=True)
+            progress.update(len(outcome), batch=i // batch, deferred=len(executor._deferred),
+                            free_slots=f"{executor.ring.free_count}/{slots}")
         deadline = time.monotonic() + 60
         while len(outcome) < rooms and time.monotonic() < deadline:
             executor.poll()
             executor.reap_concluded_senders(set())
+            progress.update(len(outcome))
             time.sleep(0.001)
+        progress.close()
         wall = time.perf_counter() - t0
         quiesce = time.monotonic() + 5
         while executor.ring.free_count < slots and time.monotonic() < quiesce:
@@ -137,9 +148,8 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, deepstack: bool = True
             f"epd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
             f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}",
             table, outcome, mismatched, told_wrong, checked, bad, leaked,
-            [f"frames refused: {control.stats['frames_refused']}, "
-             f"statuses dropped: {control.stats['status_dropped']}"],
-            f"{rooms / wall:.0f} items/s ({wall:.2f} s wall)")
+            {"frames_refused": control.stats["frames_refused"], "statuses_dropped": control.stats["status_dropped"]},
+            rooms / wall, f"{wall:.2f} s wall", json_out=json_out)
     finally:
         for proc in procs.values():
             proc.close()
