@@ -21,6 +21,7 @@ import torch
 from epd_ring.fsm import ROOM_CONCLUDED
 
 from . import settings
+from .drain import DRAINING, Drain, DrainReport
 from .manager import Chunk, EncodeManager
 from .ring import Ring, Slot
 
@@ -171,6 +172,7 @@ class EncodeExecutor:
         self._concluded: list[Any] = []
         self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
         self.stats = manager.stats
+        self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
 
     # registration ----------------------------------------------------------
@@ -183,6 +185,8 @@ class EncodeExecutor:
         self._room_sender[bootstrap_room] = sender
         if state in ROOM_CONCLUDED:
             self._concluded.append(request_id)
+        elif self._drain is not None:
+            self._drain.fail(bootstrap_room, DRAINING)  # intake has stopped
 
     def _room_concluded(self, room: int, state: str) -> None:
         sender = self._room_sender.pop(room, None)
@@ -230,6 +234,9 @@ class EncodeExecutor:
                     output = self._feature_fn(modality)(items)
                     assign_encoded_embeddings(items, output, self.model)
         except Exception as exc:
+            if self.manager.observer is not None:
+                self.manager.observer.tower_failed(
+                    [self.senders[rid].room for rid, _ in request_items if rid in self.senders])
             n = self.fail_rooms([rid for rid, _ in request_items], exc)
             self.stats["tower_errors"] += 1
             log.error("encode batch of %d items failed (%d rooms failed): %s", len(request_items), n, exc)
@@ -304,6 +311,8 @@ class EncodeExecutor:
                     item.encoded_deepstack = item.encoded_deepstack.clone()
             self._deferred.append((rid, item))
             self.stats["deferred"] += 1
+            if manager.observer is not None:
+                manager.observer.deferred(room)
             return
         self._stage(sender, item, checked)
 
@@ -357,6 +366,8 @@ class EncodeExecutor:
         room = sender.room
         manager = self.manager
         if checked is None:  # from the deferred queue: the room may have concluded meanwhile
+            if manager.observer is not None:
+                manager.observer.undeferred(room)
             if not manager.accepts_chunk(room):
                 self.stats["items_for_concluded_rooms"] += 1
                 return
@@ -370,6 +381,9 @@ class EncodeExecutor:
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
         slot = ring.lease()
+        obs = manager.observer
+        if obs is not None:
+            obs.copy_started(room)
         try:
             src = ring.main_ptr(slot)
             self._copy(src, ring.main_view, slot, enc, nbytes)
@@ -394,6 +408,8 @@ class EncodeExecutor:
             self._copies.append((self._copy_fence(), sender, chunk))
             return
         ring.fire(slot, "copied")
+        if obs is not None:
+            obs.copy_finished(room)
         manager.submit_chunk(room, chunk)
 
     def finish_copies(self) -> int:
@@ -407,8 +423,11 @@ class EncodeExecutor:
         if not done:
             return 0
         self._copies = deque(c for c in self._copies if not any(c is d for d in done))
+        obs = self.manager.observer
         for _, sender, chunk in done:
             self.ring.fire(chunk.slot, "copied")
+            if obs is not None:
+                obs.copy_finished(sender.room)
             self.manager.submit_chunk(sender.room, chunk)
         return len(done)
 
@@ -419,7 +438,43 @@ class EncodeExecutor:
         n += self.manager.poll()
         if self._deferred:
             self.drain_deferred()
+        if self._drain is not None:
+            self._drain.step()
         return n
+
+    # shutdown ----------------------------------------------------------------
+    def begin_close(self, timeout: float, *, close_transport: bool = True) -> None:
+        """Start a graceful drain (see `drain`); `poll()` carries it on. Idempotent."""
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if self._drain is None:
+            self._drain = Drain(self, self.manager.clock.now() + timeout, close_transport)
+            self._drain.step()
+
+    @property
+    def closed(self) -> bool:
+        """True once a drain has retired the ring, unregistered it and closed the transport."""
+        return self._drain is not None and self._drain.done
+
+    def close(self, timeout: float, idle: Callable[[], Any], *, close_transport: bool = True) -> DrainReport:
+        """Drain and let go of the ring, polling until done or `timeout` seconds (by the clock) pass.
+
+        Stops intake, fails every room not yet transferring (its receivers are
+        told), lets in-flight writes finish (failing their rooms at the
+        deadline), waits out every quarantine, then retires the slots,
+        unregisters the ring and closes the transport. `idle()` runs between
+        polls: `lambda: time.sleep(0.001)` in a worker, a fake clock's advance
+        in a test (the core never sleeps). Returns a report; if it is not
+        `clean`, the ring stays registered and later `poll()` calls carry on.
+        """
+        self.begin_close(timeout, close_transport=close_transport)
+        drain = self._drain
+        while not drain.done:
+            self.poll()
+            if drain.done or self.manager.clock.now() >= drain.deadline:
+                break
+            idle()
+        return drain.report()
 
     # failure and reaping -----------------------------------------------------
     def fail_rooms(self, request_ids: Iterable[Any], exc: BaseException | str) -> int:

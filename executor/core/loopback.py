@@ -60,6 +60,14 @@ class Regions:
         self._ends.insert(i, ptr + length)
         self._owners.insert(i, owner)
 
+    def remove_owner(self, owner: Any) -> int:
+        keep = [i for i, o in enumerate(self._owners) if o is not owner]
+        removed = len(self._owners) - len(keep)
+        self._starts = [self._starts[i] for i in keep]
+        self._ends = [self._ends[i] for i in keep]
+        self._owners = [self._owners[i] for i in keep]
+        return removed
+
     def covers(self, ptr: int, length: int) -> bool:
         i = bisect.bisect_right(self._starts, ptr) - 1
         return i >= 0 and ptr + length <= self._ends[i]
@@ -122,6 +130,7 @@ class LoopbackTransport(Transport):
         self._ghosts: dict[int, tuple[str, Sequence[Buf]]] = {}
         self._order = itertools.count()
         self.submitted = 0
+        self.closed = False
         self.bytes_landed = 0
         self.late_landings = 0
 
@@ -129,6 +138,12 @@ class LoopbackTransport(Transport):
     def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
         for ptr, length in regions:
             self.local.add(ptr, length, owner)
+
+    def unregister_memory(self, owner: Any) -> None:
+        self.local.remove_owner(owner)
+
+    def close(self) -> None:
+        self.closed = True
 
     def add_receiver(self, session: str) -> LoopbackReceiver:
         if session in self.receivers:
@@ -175,6 +190,8 @@ class LoopbackTransport(Transport):
         heapq.heappush(self._timed, (when, next(self._order), handle, outcome, land))
 
     def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
+        if self.closed:
+            raise TransportError("transport is closed")
         handle = next(self._ids)
         self.submitted += 1
         fault = self._fault_for(session, bufs) if (self._rules or self.policy) else None

@@ -148,6 +148,8 @@ class EncodeManager:
         # Receive regions of failed rooms that a write may still land in (release notices).
         self.regions = RegionBook(self._tell)
         self.stats: Counter = Counter()
+        # An `observe.Observer` (metrics); None costs one test per hook point.
+        self.observer: Any = None
 
     # queries --------------------------------------------------------------
     def room_status(self, room_id: int) -> str | None:
@@ -200,6 +202,8 @@ class EncodeManager:
                     return "failed"
                 raise RoomConflict(f"room {room_id} already concluded {tomb.state}; room ids must not be reused")
             room = self.rooms[room_id] = Room(room_id)
+            if self.observer is not None:
+                self.observer.room_opened(room_id)
         elif room.sender:
             raise RoomConflict(f"room {room_id} already has a sender")
         if room.announced:
@@ -252,6 +256,8 @@ class EncodeManager:
         slot.room = room_id
         if ROOM.step(room, "stage") == "parked":
             slot.ring.fire(slot, "park")
+            if self.observer is not None:
+                self.observer.parked(room_id)
             # Armed once at park time; partial registrations never extend it.
             self.deadlines.arm(self.clock.now() + self.park_timeout, "park", room)
         else:
@@ -309,6 +315,8 @@ class EncodeManager:
                 log.warning("refused frame for room %s: announce limit %s reached", frame.room, self.max_announced)
                 return False
             room = self.rooms[frame.room] = Room(frame.room)
+            if self.observer is not None:
+                self.observer.room_opened(frame.room)
         known = room.frames.get(frame.session)
         if known is not None:
             if known == frame:
@@ -427,6 +435,9 @@ class EncodeManager:
         slot.ring.fire(slot, "send")
         room.writes_left = len(writes)
         deadline = self.clock.now() + self.write_timeout
+        obs = self.observer
+        if obs is not None:
+            obs.writes_started(room.id)
         for f, bufs in writes:
             slot.writes_in_flight += 1
             try:
@@ -438,6 +449,8 @@ class EncodeManager:
                 self._synthetic.append((handle, Outcome.FAILED))
             w = self._writes[handle] = _Write(handle, room.id, slot, f)
             self.deadlines.arm(deadline, "write", w)
+            if obs is not None:
+                obs.write_submitted(handle, room.id)
 
     def _write_overdue(self, w: _Write) -> None:
         """Our write deadline passed with no report from the transport.
@@ -459,6 +472,8 @@ class EncodeManager:
             self.stats["completions_unknown"] += 1  # not a write of ours
             return
         self.deadlines.cancel(w)
+        if self.observer is not None:
+            self.observer.write_reported(handle, outcome)
         slot = w.slot
         slot.writes_in_flight -= 1
         if outcome is not Outcome.DONE:

@@ -44,3 +44,9 @@ class Transport(ABC):
     @abstractmethod
     def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:
         """Tell the receiver that sent `frame` its room's final status."""
+
+    def unregister_memory(self, owner: Any) -> None:
+        """Unregister every region registered for `owner` (at shutdown, once no write can read them)."""
+
+    def close(self) -> None:
+        """Release the engine; nothing may be submitted afterwards."""

@@ -86,7 +86,8 @@ class MooncakeTransport(Transport):
         self.notifier = notifier
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._owners: list[Any] = []
+        self.closed = False
+        self._owners: dict[int, list[int]] = {}  # id(owner) -> its registered pointers
         self.stats: Counter = Counter()
 
     def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
@@ -96,7 +97,19 @@ class MooncakeTransport(Transport):
         if rc != 0:
             raise TransportError(f"registering {len(regions)} ring regions failed: rc={rc} "
                                  f"({_RC_MEANING.get(rc, 'unknown')})")
-        self._owners.append(owner)
+        self._owners.setdefault(id(owner), []).extend(ptrs)
+
+    def unregister_memory(self, owner: Any) -> None:
+        ptrs = self._owners.pop(id(owner), [])
+        if ptrs:
+            rc = self.engine.batch_unregister_memory(ptrs)
+            if rc != 0:
+                log.warning("unregistering %d ring regions returned rc=%s", len(ptrs), rc)
+
+    def close(self) -> None:
+        # The engine has no close call of its own; it is released with this
+        # object. Refusing new writes is what closing means here.
+        self.closed = True
 
     def _submit(self, p: _Pending, i: int) -> None:
         src, dst, n = p.bufs[i]
@@ -105,6 +118,8 @@ class MooncakeTransport(Transport):
         p.status[i] = _PENDING if bid else _FAILED
 
     def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
+        if self.closed:
+            raise TransportError("transport is closed")
         handle = next(self._ids)
         p = _Pending(session, bufs)
         p.ids = [0] * len(p.bufs)

@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="qwen3-vl-tiny only: prefill requests (default: 16)")
     demo.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                       help="qwen3-vl-tiny only (default: float32)")
+    demo.add_argument("--metrics-port", type=port, default=None,
+                      help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics during the run (0: any free "
+                           "port, printed on stderr; needs the metrics extra)")
+    demo.add_argument("--timeline", metavar="FILE", default=None,
+                      help="draw slot occupancy over time, coloured by slot state, with failures and quarantines "
+                           "marked, into this SVG file")
 
     bench = command("bench", "per-item cost of the controller cycle (loopback) or throughput (mooncake)")
     bench.add_argument("--items", type=positive_int, default=None,
@@ -247,6 +253,16 @@ def _emit_json(obj: Any) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     quiet = args.quiet
     if args.command == "demo":
+        from .shutdown import DrainOnSignal
+
+        if args.timeline is not None:
+            _writable(args.timeline, "--timeline")
+        if args.metrics_port is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("prometheus_client") is None:
+                raise EnvironmentProblem(f"--metrics-port needs prometheus_client; install it with: {METRICS_EXTRA}")
+
         tiny_only = {"--rooms": args.rooms, "--batch": args.batch, "--fault-rate": args.fault_rate,
                      "--no-deepstack": args.no_deepstack or None, "--json": args.json or None,
                      "--metrics-port": args.metrics_port, "--timeline": args.timeline}
@@ -266,7 +282,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         common = dict(slots=args.slots, batch=args.batch or 8,
                       fault_rate=0.25 if args.fault_rate is None else args.fault_rate,
                       deepstack=not args.no_deepstack,
-                      seed=args.seed, quiet=quiet, json_out=args.json)
+                      seed=args.seed, quiet=quiet, json_out=args.json, metrics_port=args.metrics_port,
+                      timeline=args.timeline)
         if args.transport == "mooncake":
             for module in ("zmq", "mooncake"):
                 import importlib.util
@@ -276,10 +293,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             from .demo_mooncake import run as mc_demo
             from .enginelog import engine_log_filtered
 
-            with engine_log_filtered(quiet):
-                return mc_demo(rooms=args.rooms or 300, **common)
+            with engine_log_filtered(quiet), DrainOnSignal() as stop:
+                return mc_demo(rooms=args.rooms or 300, stop=stop, **common)
         from .demo import run
-        return run(rooms=args.rooms or 2000, **common)
+        with DrainOnSignal() as stop:
+            return run(rooms=args.rooms or 2000, stop=stop, **common)
     if args.command == "bench" and args.model == "qwen3-vl-tiny":
         given = [f for f, v in (("--items", args.items), ("--sizes", args.sizes), ("--seed", args.seed),
                                 ("--json", args.json or None)) if v is not None]

@@ -14,7 +14,8 @@ import random
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ from ..core.frames import ReceiverFrame, shard_rows
 from ..core.loopback import Fault, LoopbackTransport
 from ..core.manager import EncodeManager
 from .progress import Progress
+from .timeline import TimelineRecorder
 from .tower import TinyVisionModel, TinyVisionTower
 
 FAULTS = ("none", "late", "partial", "never", "write_fail", "timeout_land_later", "oversized",
@@ -95,8 +97,14 @@ def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_r
 
 
 def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
-        seed: int = 0, tick_s: float = 0.01, quiet: bool = False, json_out: bool = False) -> int:
-    """Run the demo; print its report (JSON with `json_out`); 0 if every check held, 1 if not."""
+        seed: int = 0, tick_s: float = 0.01, quiet: bool = False, json_out: bool = False, stop: Any = None,
+        metrics_port: int | None = None, metrics_hook: Any = None, timeline: str | None = None) -> int:
+    """Run the demo; print its report (JSON with `json_out`); 0 if every check held, 1 if not.
+
+    `stop.requested` (see `shutdown.DrainOnSignal`) set mid-run drains the executor and reports that.
+    With `metrics_port`, Prometheus metrics are served from the start (see `serve_metrics`); with
+    `timeline`, slot occupancy over time is drawn into that SVG file at the end.
+    """
     for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -114,6 +122,8 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     slot_bytes = max_tokens * tower.hidden * 4
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
+    serve_metrics(executor, metrics_port, metrics_hook)
+    recorder = TimelineRecorder(executor, clock) if timeline else None
 
     # Receivers and their buffers; a fault policy keyed by destination pointer.
     write_faults: dict[int, Fault] = {}
@@ -161,6 +171,9 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
     tick = 0
     while True:
+        if stop is not None and stop.requested is not None:
+            progress.close()
+            return drained(executor, stop, lambda: clock.advance(tick_s), len(outcome), rooms, json_out)
         for p, k in frames_at.pop(tick, ()):
             manager.register_receiver(frame_for(p, k))
         while arrivals and arrivals[0].arrive_at <= tick:
@@ -176,12 +189,16 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
             if any(p.item.meta["poison"] for p in run_now):
                 batch_mates.update(p.room for p in run_now if not p.item.meta["poison"])
             executor.execute([(p.rid, p.item) for p in run_now])
+            if recorder is not None:
+                recorder.sample()  # after the writes went out, before their outcomes
             for p in run_now:
                 if p.item.encoded is not None:
                     enc, deep = p.item.encoded, p.item.encoded_deepstack
                     p.expected = torch.cat([enc, deep], dim=1) if deep is not None else enc.clone()
         executor.poll()
         executor.reap_concluded_senders({p.rid for p in queue})
+        if recorder is not None:
+            recorder.sample()
         clock.advance(tick_s)
         tick += 1
         progress.update(len(outcome), tick=tick, queued=len(queue), deferred=len(executor._deferred),
@@ -199,6 +216,11 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     for _ in range(int(3.0 / tick_s)):
         clock.advance(tick_s)
         executor.poll()
+        if recorder is not None:
+            recorder.sample()
+    if recorder is not None:
+        recorder.write(timeline, f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, "
+                                 f"fault rate {fault_rate}, seed {seed} (simulated time)")
 
     # Check every byte and every outcome.
     table: dict[str, Counter] = {}
@@ -232,6 +254,41 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         f"seed {seed}", table, outcome, mismatched, told_wrong, checked_bytes, bad_bytes, leaked,
         {"late_landings": transport.late_landings, "deferred_sends": manager.stats["deferred"]},
         rooms / wall, f"{wall:.2f} s wall, {tick} ticks", json_out=json_out)
+
+
+def serve_metrics(executor: EncodeExecutor, port: int | None, hook: Any = None) -> Any:
+    """Serve the executor's Prometheus metrics on `port` (0: any free port) for the rest of the process.
+
+    The URL goes to stderr; `hook(instrumented)` gets the handle (tests scrape and close it).
+    """
+    if port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from ..drivers.metrics import instrument
+
+    inst = instrument(executor, registry=CollectorRegistry())
+    bound = inst.serve(port)
+    print(f"metrics: http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
+    if hook is not None:
+        hook(inst)
+    return inst
+
+
+def drained(executor: EncodeExecutor, stop: Any, idle: Any, concluded: int, rooms: int, json_out: bool,
+            timeout: float = 10.0) -> int:
+    """Drain after SIGTERM or Ctrl-C, report what the drain did, and exit as the signal asks."""
+    report = executor.close(timeout, idle)
+    name = {130: "Ctrl-C", 143: "SIGTERM"}.get(stop.exit_code, "signal")
+    if json_out:
+        print(json.dumps({"interrupted": name, "rooms_concluded_before": concluded, "rooms": rooms,
+                          "drain": asdict(report)}, sort_keys=True))
+    else:
+        print(f"\n{name}: drained after {concluded} of {rooms} rooms concluded: "
+              f"{report.rooms_failed} rooms failed and told, {report.rooms_finished} finished their writes; "
+              + ("ring retired and unregistered, transport closed" if report.clean
+                 else f"NOT clean: slots still busy {report.busy_slots}, {report.writes_in_flight} writes in flight"))
+    return stop.exit_code if report.clean else 1
 
 
 def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong: int, checked: int, bad: int,

@@ -14,12 +14,14 @@ import os
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import torch
 
 from ..core.clock import MonotonicClock
 from ..drivers.control import ZmqControlPlane
-from .demo import EXPECT, PoisonableModel, summary
+from .demo import EXPECT, PoisonableModel, drained, serve_metrics, summary
+from .timeline import TimelineRecorder
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import shard_rows
 from ..core.manager import EncodeManager
@@ -33,7 +35,8 @@ FAULTS = {"late": 6, "partial": 3, "never": 3, "oversized": 3, "receiver_killed"
 
 
 def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
-        seed: int = 0, quiet: bool = False, json_out: bool = False) -> int:
+        seed: int = 0, quiet: bool = False, json_out: bool = False, stop: Any = None, metrics_port: int | None = None,
+        metrics_hook: Any = None, timeline: str | None = None) -> int:
     """Run the demo across processes; print its report (JSON with `json_out`); 0 if every check held."""
     for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
         if value < 1:
@@ -52,6 +55,8 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
     control.attach(manager)
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * hidden * 4)
+    serve_metrics(executor, metrics_port, metrics_hook)
+    recorder = TimelineRecorder(executor, manager.clock) if timeline else None
     procs = {name: ReceiverProcess(control.endpoint) for name in ("a", "b", "doomed")}
     try:
         plans = []
@@ -80,6 +85,9 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
         t0 = time.perf_counter()
         progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
         for i in range(0, rooms, batch):
+            if stop is not None and stop.requested is not None:
+                progress.close()
+                return drained(executor, stop, lambda: time.sleep(0.002), len(outcome), rooms, json_out)
             chunk = plans[i:i + batch]
             for name, proc in procs.items():
                 early = [p[0] for p in chunk if p[2] != "late" and name in p[5]]
@@ -105,6 +113,8 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                     proc.ask(cmd="register", rooms=late)
             executor.poll()
             executor.reap_concluded_senders(set())
+            if recorder is not None:
+                recorder.sample()
             progress.update(len(outcome), batch=i // batch, deferred=len(executor._deferred),
                             free_slots=f"{executor.ring.free_count}/{slots}")
         deadline = time.monotonic() + 60
@@ -112,13 +122,20 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             executor.poll()
             executor.reap_concluded_senders(set())
             progress.update(len(outcome))
+            if recorder is not None:
+                recorder.sample()
             time.sleep(0.001)
         progress.close()
         wall = time.perf_counter() - t0
         quiesce = time.monotonic() + 5
         while executor.ring.free_count < slots and time.monotonic() < quiesce:
             executor.poll()
+            if recorder is not None:
+                recorder.sample()
             time.sleep(0.005)
+        if recorder is not None:
+            recorder.write(timeline, f"epd-ring demo over Mooncake: {rooms} rooms, {slots} slots, batch {batch}, "
+                                     f"fault rate {fault_rate}, seed {seed} (wall time)")
         reports = {name: proc.ask(cmd="report", timeout=3) for name, proc in procs.items() if proc.proc.poll() is None}
         table: dict[str, Counter] = {}
         mismatched, told_wrong, checked, bad = [], 0, 0, 0

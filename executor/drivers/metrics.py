@@ -1,0 +1,265 @@
+"""Prometheus metrics for an encode worker (the `metrics` extra: prometheus_client).
+
+    from epd_ring.executor.drivers.metrics import instrument
+    metrics = instrument(executor)          # registers on prometheus_client's default REGISTRY
+    metrics.serve(9400)                     # or expose REGISTRY from the engine's own /metrics
+
+The core only calls an `Observer` (see `core/observe.py`); this module is that
+observer plus a collector. On the encode loop's thread the observer does plain
+Python bookkeeping (a dict entry, a bucket increment); prometheus_client reads
+it, together with slot and room counts by state, only when scraped, from its
+own thread (the reads are of whole lists and counters, which the GIL keeps
+consistent enough for monitoring).
+
+Failure reasons are free text in the core; here they are mapped to a small,
+fixed set of `reason` label values (`REASON_KINDS`), so the label set stays
+bounded whatever the text says.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import time
+from collections import Counter
+from typing import Any, Iterable
+
+from ..core.drain import DEADLINE, DRAINING
+from ..core.observe import Observer
+from ..core.transport import Outcome
+
+# (kind, pattern on the failure reason); first match wins, "other" if none.
+_REASON_RULES: list[tuple[str, re.Pattern]] = [(k, re.compile(p)) for k, p in [
+    ("draining", "^" + re.escape(DRAINING) + "|^" + re.escape(DEADLINE)),
+    ("park_timeout", r"receivers registered within .* of parking"),
+    ("announce_timeout", r"^sender never registered within"),
+    ("deadline", r"^deadline fired early"),
+    ("write_deadline", r"^write to receiver .* got no report within"),
+    ("write_timed_out", r"^write to receiver .* timed_out$"),
+    ("write_failed", r"^write to receiver .* failed$"),
+    ("staging", r"^staging failed"),
+    ("deferred_full", r"^deferred queue full"),
+    ("protocol", r"sent a second item|got a second chunk"),
+    ("frame", r"^malformed receiver frame|^receiver .* registered twice|^room \d+: |too many rooms waiting"),
+]]
+REASON_KINDS = ("tower",) + tuple(k for k, _ in _REASON_RULES) + ("other",)
+
+# Seconds; one set for every histogram, from a copy (tens of microseconds) to a park (minutes).
+BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
+           120.0, 300.0)
+
+
+def reason_kind(reason: str | None) -> str:
+    for kind, pattern in _REASON_RULES:
+        if reason and pattern.search(reason):
+            return kind
+    return "other"
+
+
+class _Histogram:
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, int]]:
+        out, acc = [], 0
+        for bound, n in zip(BUCKETS + (float("inf"),), list(self.counts)):
+            acc += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        return out
+
+
+HISTOGRAMS = {
+    "defer_wait": "time an item waited in the deferred queue for a free slot",
+    "copy": "time to copy an embedding into its ring slot (wall clock)",
+    "park_wait": "time a staged chunk waited parked for its receivers (until sent or failed)",
+    "write_latency": "time from submitting a write to its reported outcome",
+    "room_lifetime": "time from a room's first event to its conclusion",
+}
+
+
+class RingMetrics(Observer):
+    """The observer the core calls, and the figures the collector exports."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+        self.manager = executor.manager
+        self.clock = self.manager.clock
+        self.outcomes: Counter = Counter()  # success / failed
+        self.reasons: Counter = Counter()  # reason kind -> failed rooms
+        self.write_outcomes: Counter = Counter()
+        self.hist = {name: _Histogram() for name in HISTOGRAMS}
+        self._opened: dict[int, float] = {}
+        self._deferred: dict[int, float] = {}
+        self._copying: dict[int, float] = {}
+        self._parked: dict[int, float] = {}
+        self._writes: dict[int, float] = {}
+        self._tower_failed: set[int] = set()
+
+    def attach(self) -> "RingMetrics":
+        if self.manager.observer is not None and self.manager.observer is not self:
+            raise RuntimeError("the manager already has an observer")
+        self.manager.observer = self
+        self.manager.on_conclude.append(self._concluded)
+        return self
+
+    def detach(self) -> None:
+        if self.manager.observer is self:
+            self.manager.observer = None
+        if self._concluded in self.manager.on_conclude:
+            self.manager.on_conclude.remove(self._concluded)
+
+    # the observer (loop thread) ---------------------------------------------
+    def room_opened(self, room: int) -> None:
+        self._opened[room] = self.clock.now()
+
+    def deferred(self, room: int) -> None:
+        self._deferred[room] = self.clock.now()
+
+    def undeferred(self, room: int) -> None:
+        t = self._deferred.pop(room, None)
+        if t is not None:
+            self.hist["defer_wait"].observe(self.clock.now() - t)
+
+    def copy_started(self, room: int) -> None:
+        self._copying[room] = time.perf_counter()
+
+    def copy_finished(self, room: int) -> None:
+        t = self._copying.pop(room, None)
+        if t is not None:
+            self.hist["copy"].observe(time.perf_counter() - t)
+
+    def parked(self, room: int) -> None:
+        self._parked[room] = self.clock.now()
+
+    def writes_started(self, room: int) -> None:
+        t = self._parked.pop(room, None)
+        if t is not None:
+            self.hist["park_wait"].observe(self.clock.now() - t)
+
+    def write_submitted(self, handle: int, room: int) -> None:
+        self._writes[handle] = self.clock.now()
+
+    def write_reported(self, handle: int, outcome: Any) -> None:
+        self.write_outcomes[getattr(outcome, "value", str(outcome))] += 1
+        t = self._writes.pop(handle, None)
+        if t is not None:
+            self.hist["write_latency"].observe(self.clock.now() - t)
+
+    def tower_failed(self, rooms: list[int]) -> None:
+        self._tower_failed.update(rooms)
+
+    def _concluded(self, room: int, state: str) -> None:
+        now = self.clock.now()
+        self.outcomes[state] += 1
+        if state == "failed":
+            if room in self._tower_failed:
+                self._tower_failed.discard(room)
+                kind = "tower"
+            else:
+                kind = reason_kind(self.manager.failure_reason(room))
+            self.reasons[kind] += 1
+        t = self._opened.pop(room, None)
+        if t is not None:
+            self.hist["room_lifetime"].observe(now - t)
+        t = self._parked.pop(room, None)
+        if t is not None:  # failed while parked: that wait ended too
+            self.hist["park_wait"].observe(now - t)
+        self._deferred.pop(room, None)
+        self._copying.pop(room, None)
+
+    # the collector (scrape thread) --------------------------------------------
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        rooms = CounterMetricFamily("epd_ring_rooms_concluded", "rooms concluded, by outcome", labels=["outcome"])
+        for outcome in ("success", "failed"):
+            rooms.add_metric([outcome], self.outcomes.get(outcome, 0))
+        yield rooms
+        failures = CounterMetricFamily("epd_ring_room_failures", "failed rooms, by kind of reason",
+                                       labels=["reason"])
+        for kind in REASON_KINDS:
+            failures.add_metric([kind], self.reasons.get(kind, 0))
+        yield failures
+        writes = CounterMetricFamily("epd_ring_writes_reported", "writes reported by the transport, by outcome",
+                                     labels=["outcome"])
+        for outcome in Outcome:
+            writes.add_metric([outcome.value], self.write_outcomes.get(outcome.value, 0))
+        yield writes
+        ex = self.executor
+        slots = GaugeMetricFamily("epd_ring_slots", "ring slots, by state", labels=["state"])
+        counts = Counter(s.state for s in list(ex.ring.slots))
+        from epd_ring.fsm import SLOT
+
+        for state in SLOT.states:
+            slots.add_metric([state], counts.get(state, 0))
+        yield slots
+        room_states = Counter(r.state for r in list(self.manager.rooms.values()))
+        live = GaugeMetricFamily("epd_ring_rooms", "live rooms, by state", labels=["state"])
+        from epd_ring.fsm import ROOM
+
+        for state in ROOM.states:
+            if state not in ("success", "failed"):
+                live.add_metric([state], room_states.get(state, 0))
+        yield live
+        yield GaugeMetricFamily("epd_ring_deferred", "items waiting for a free slot", value=len(ex._deferred))
+        yield GaugeMetricFamily("epd_ring_parked", "rooms whose chunk is parked waiting for receivers",
+                                value=room_states.get("parked", 0))
+        yield GaugeMetricFamily("epd_ring_writes_in_flight", "writes submitted and not yet reported",
+                                value=len(self._writes))
+        for name, doc in HISTOGRAMS.items():
+            h = self.hist[name]
+            buckets = h.buckets()
+            yield HistogramMetricFamily(f"epd_ring_{name}_seconds", doc, buckets=buckets, sum_value=h.total)
+
+
+class _Collector:
+    def __init__(self, metrics: RingMetrics):
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Any]:
+        return self.metrics.collect()
+
+
+class Instrumented:
+    """What `instrument` returns: the observer, its registry, and `serve(port)`."""
+
+    def __init__(self, metrics: RingMetrics, registry: Any):
+        self.metrics = metrics
+        self.registry = registry
+        self.server: Any = None
+        self.port: int | None = None
+
+    def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
+        """Serve /metrics over HTTP from a thread; return the port (0 picks a free one)."""
+        from prometheus_client import start_http_server
+
+        self.server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.port = self.server.server_port
+        return self.port
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        self.registry.unregister(self._collector)
+        self.metrics.detach()
+
+
+def instrument(executor: Any, registry: Any = None) -> Instrumented:
+    """Attach Prometheus metrics to an executor; register them on `registry` (default: the global one)."""
+    from prometheus_client import REGISTRY
+
+    registry = REGISTRY if registry is None else registry
+    metrics = RingMetrics(executor).attach()
+    out = Instrumented(metrics, registry)
+    out._collector = _Collector(metrics)
+    registry.register(out._collector)
+    return out

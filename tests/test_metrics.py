@@ -1,0 +1,110 @@
+"""Prometheus metrics: scraped from the endpoint during a demo run, checked against the run's own counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from epd_ring.executor.drivers.metrics import REASON_KINDS, reason_kind  # noqa: E402
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(figures: dict, name: str, **labels) -> float:
+    return figures[(name, tuple(sorted(labels.items())))]
+
+
+def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
+    from epd_ring.executor.tools import demo
+
+    rooms, slots = 1500, 4
+    handle: list = []
+    done = threading.Event()
+    result: list = []
+
+    def run():
+        try:
+            result.append(demo.run(rooms=rooms, slots=slots, seed=5, json_out=True, metrics_port=0,
+                                   metrics_hook=handle.append))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    mid = []
+    try:
+        while not done.is_set():
+            if handle:
+                figures = scrape(handle[0].port)
+                concluded = sum(value(figures, "epd_ring_rooms_concluded_total", outcome=o)
+                                for o in ("success", "failed"))
+                mid.append((concluded, figures))
+            time.sleep(0.05)
+        thread.join()
+        final = scrape(handle[0].port)
+    finally:
+        thread.join()
+        if handle:
+            handle[0].close()
+    assert result == [0]
+    report = json.loads(capsys.readouterr().out)
+    # Scraped while the run went on: some rooms concluded, not all; and the gauges said something.
+    assert any(0 < c < rooms for c, _ in mid), [c for c, _ in mid]
+    assert any(sum(v for (n, _), v in f.items() if n == "epd_ring_slots" and ("state", "free") not in _) > 0
+               for _, f in mid)
+    # At the end the figures are the run's own counts.
+    outcomes = report["outcomes"]
+    for outcome in ("success", "failed"):
+        assert value(final, "epd_ring_rooms_concluded_total", outcome=outcome) == outcomes.get(outcome, 0)
+    by_reason = {k: value(final, "epd_ring_room_failures_total", reason=k) for k in REASON_KINDS}
+    assert sum(by_reason.values()) == outcomes["failed"]
+    assert by_reason["other"] == 0, by_reason  # every reason the demo provokes maps to a kind
+    assert by_reason["tower"] == report["by_injection"].get("tower_error", {}).get("failed", 0) + \
+        report["by_injection"].get("batch_mate", {}).get("failed", 0)
+    assert by_reason["park_timeout"] > 0 and by_reason["write_failed"] > 0
+    assert value(final, "epd_ring_room_lifetime_seconds_count") == rooms
+    assert value(final, "epd_ring_slots", state="free") == slots
+    assert value(final, "epd_ring_deferred") == 0 and value(final, "epd_ring_parked") == 0
+    assert value(final, "epd_ring_writes_in_flight") == 0
+    writes = sum(value(final, "epd_ring_writes_reported_total", outcome=o) for o in ("done", "failed", "timed_out"))
+    assert value(final, "epd_ring_write_latency_seconds_count") == writes > 0
+    assert 0 < value(final, "epd_ring_defer_wait_seconds_count") <= report["deferred_sends"]
+    assert value(final, "epd_ring_copy_seconds_count") > 0 and value(final, "epd_ring_park_wait_seconds_count") > 0
+
+
+def test_reason_kinds_are_a_bounded_set():
+    assert reason_kind("write to receiver prefill-1:0 failed") == "write_failed"
+    assert reason_kind("only 1 of 2 receivers registered within 1.0 s of parking") == "park_timeout"
+    assert reason_kind("room 5: receiver x expects 4 rows, chunk has 6") == "frame"
+    assert reason_kind("anything a tower might say") == "other"
+    assert reason_kind(None) == "other"
+
+
+def test_demo_metrics_port_flag_serves():
+    p = subprocess.run([sys.executable, "-m", "epd_ring", "demo", "--rooms", "40", "--metrics-port", "0", "-q"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.startswith("metrics: http://127.0.0.1:") and p.stderr.strip().endswith("/metrics")
+
+
+def test_core_does_not_import_prometheus():
+    code = ("import sys, epd_ring.executor, epd_ring.executor.core; "
+            "assert 'prometheus_client' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
