@@ -51,6 +51,9 @@ def one_line_error(p: subprocess.CompletedProcess, code: int, *needles: str) -> 
     (["--log-level", "loud", "check"], "--log-level"),
     (["bench", "--transport", "mooncake", "--seed", "x.py"], "--seed"),
     (["bench", "--seed", "/no/such/seed.py"], "no such file"),
+    (["demo", "--requests", "4"], "apply only to --model qwen3-vl-tiny"),
+    (["demo", "--model", "qwen3-vl-tiny", "--fault-rate", "0.1"], "--fault-rate apply to the tiny-tower demo"),
+    (["demo", "--timeline", "/no/such/folder/t.svg"], "no such folder"),
 ])
 def test_bad_values_are_refused_on_one_line_with_exit_2(args, needle):
     one_line_error(cli(*args), 2, "epd-ring", needle)

@@ -10,12 +10,9 @@ import threading
 import time
 import urllib.request
 
-import pytest
+from prometheus_client.parser import text_string_to_metric_families  # the test extra has it: never skipped
 
-prometheus_client = pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from epd_ring.executor.drivers.metrics import REASON_KINDS, reason_kind  # noqa: E402
+from epd_ring.executor.drivers.metrics import REASON_KINDS, reason_kind
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
