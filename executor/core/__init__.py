@@ -18,10 +18,14 @@ from .loopback import Fault, LoopbackReceiver, LoopbackTransport
 from .manager import Chunk, EncodeManager, RoomConflict
 from .ring import Ring, Slot
 from .transport import Outcome, Transport, TransportError
+from .tower import TowerModel
+from .drain import DrainReport
+from .observe import Observer
 
 __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Outcome", "ReceiverFrame",
-    "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError",
+    "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError", "TowerModel", "DrainReport",
+    "Observer",
     "assign_encoded_embeddings", "item_token_count", "shard_rows",
 ]

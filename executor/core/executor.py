@@ -24,6 +24,7 @@ from . import settings
 from .drain import DRAINING, Drain, DrainReport
 from .manager import Chunk, EncodeManager
 from .ring import Ring, Slot
+from .tower import TowerModel
 
 log = logging.getLogger("epd_ring.executor")
 
@@ -35,7 +36,20 @@ class Modality(str, enum.Enum):
 
 @dataclass(eq=False)
 class EncodeItem:
-    """One image or video to encode: the tower input and, after encoding, its embedding."""
+    """One image or video to encode: the tower input and, after encoding, its embedding.
+
+    - `modality`: "image" or "video" (a `Modality` or its string); picks `image_encoder` or
+      `get_video_feature` of the `TowerModel`.
+    - `n_tokens`: post-merge tokens, i.e. the rows this item owns in the tower's packed output
+      and the rows its receivers expect (`ReceiverFrame.span`).
+    - `pixel_values`: whatever the tower reads (a tensor, frames); the executor never looks at it.
+    - `hash`, `meta`: the caller's, carried along untouched.
+    - `encoded`, `encoded_deepstack`: set by `execute` (contiguous `[n_tokens, hidden]` and
+      `[n_tokens, hidden * levels]` or None); set them yourself before `send_item` for a cache hit.
+
+    An engine's own item type works too if it has `modality`, `encoded`, `encoded_deepstack` and
+    either `n_tokens` or `offsets` (inclusive (start, end) token ranges).
+    """
 
     modality: Modality | str
     n_tokens: int  # post-merge token count: the rows this item owns in the tower output
@@ -139,7 +153,7 @@ class EncodeExecutor:
     def __init__(
         self,
         manager: EncodeManager,
-        multimodal_model: Any,
+        multimodal_model: TowerModel,
         device: Any,
         *,
         ring_slots: int = 64,

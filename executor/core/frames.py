@@ -30,7 +30,26 @@ class FrameError(ValueError):
 
 
 class ReceiverFrame(NamedTuple):
-    """One receiver's registration for a room (immutable; built once per frame)."""
+    """One receiver's registration for a room (immutable; built once per frame).
+
+    A prefill receiver sends one per room it takes part in: where the room's rows
+    go in its registered memory and what it expects them to be. The room starts
+    writing once its sender registered, its chunk is staged and all
+    `n_receivers` frames arrived. Over the wire (`frame_to_parts` /
+    `parts_to_frame`) every field is checked; a bad frame fails only its room.
+
+    - `room`: the bootstrap room id the encode request was registered with.
+    - `session`: the receiver's transfer-engine session ("host:port"); statuses go to it.
+    - `dst_ptr`, `dst_deep_ptr`: destination of its main rows and (deepstack) rows, in
+      memory it registered with its engine (`dst_deep_ptr` 0 without deepstack).
+    - `n_tokens`, `row_start`: the rows it takes, `[row_start, row_start + n_tokens)` of
+      the chunk (the whole chunk unless the room is sharded over receivers: see `shard_rows`).
+    - `span`, `hidden`, `dtype`: the chunk's rows, main width and torch dtype name
+      ("torch.float32"); a chunk that differs fails the room instead of being written.
+    - `has_deepstack`, `deep_levels`: whether it takes deepstack rows, and how many levels wide.
+    - `n_receivers`: N, the receivers the room waits for (the same in every frame of a room).
+    - `status_endpoint`: where the control plane pushes the room's final status, if any.
+    """
 
     room: int
     session: str  # the receiver's transfer-engine session ("host:port")
