@@ -223,3 +223,12 @@ def test_mooncake_demo_honours_rooms_and_fault_rate_and_is_quiet():
     report = json.loads(p.stdout)
     assert report["outcomes"] == {"success": 24} and set(report["by_injection"]) == {"none"}
     assert not re.search(r"^[IWEF]\d{4} ", p.stderr, re.M), p.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["check", "--spin-collapse"], "--spin-collapse apply only to --engine spin"),
+    (["check", "--engine", "spin", "--compare-symmetry"], "apply to the explorer, not --engine spin"),
+    (["check", "--engine", "spin", "--spin-hash", "0"], "--spin-hash: must be >= 1"),
+])
+def test_check_engine_flags_are_honoured_or_refused(args, needle):
+    one_line_error(cli(*args), 2, needle)
