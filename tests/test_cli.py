@@ -129,10 +129,19 @@ def _blocked(tmp_path: Path, module: str) -> Path:
 
 def test_version_and_python_dash_m(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    p = cli("--version", cwd=tmp_path)  # from anywhere, not only the source tree
+    p = cli("--version")
     assert p.returncode == 0 and p.stdout.strip() == f"epd-ring {version}"
-    p = cli("--help", cwd=tmp_path)
+    p = cli("--help")
     assert p.returncode == 0 and "Exit codes" in p.stdout and "internal error" in p.stdout
+    # From anywhere once installed: the wheel's `epd_ring/__main__.py`, outside the source tree.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
+    wheel = next((tmp_path / "dist").glob("epd_ring-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
+                    str(wheel)], check=True)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    p = cli("--version", cwd=tmp_path, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == f"epd-ring {version}", p.stderr
 
 
 def test_help_names_defaults():
