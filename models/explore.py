@@ -50,9 +50,15 @@ def canonical(state: tuple) -> tuple:
     """
     rooms, slots, deferred, faults, halt = state
     keys = _keys(state)
-    rmap = [0] * len(rooms)
+    R = len(rooms)
+    rmap = [0] * R
     for new, k in enumerate(keys):
         rmap[k[-1]] = new
+    if rmap == _IDENTITY[R] and not any(r[SLOTI] >= 0 for r in rooms):
+        # the common cheap case: rooms already in order, no slot in use
+        free = [(sl[SS], sl[UNSURE]) for sl in slots]
+        if free == sorted(free) and all(sl[CONTENT] < 0 for sl in slots):
+            return state if deferred.__class__ is tuple else (rooms, slots, tuple(deferred), faults, halt)
     smap = [-1] * len(slots)
     nxt = 0
     for k in keys:
@@ -66,17 +72,18 @@ def canonical(state: tuple) -> tuple:
         for k in rest:
             smap[k[-1]] = nxt
             nxt += 1
-    new_rooms = [None] * len(rooms)
+    new_rooms = [None] * R
     for i, r in enumerate(rooms):
         s = r[SLOTI]
-        new_rooms[rmap[i]] = r if s < 0 and rmap[i] == i else r[:SLOTI] + (smap[s] if s >= 0 else -1,)
+        new_rooms[rmap[i]] = r if s < 0 or smap[s] == s else r[:SLOTI] + (smap[s],)
     new_slots = [None] * len(slots)
     for s, sl in enumerate(slots):
         c = sl[CONTENT]
-        new_slots[smap[s]] = sl if c < 0 else (sl[SS], rmap[c], sl[UNSURE])
-    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred), faults, halt)
+        new_slots[smap[s]] = sl if c < 0 or rmap[c] == c else (sl[SS], rmap[c], sl[UNSURE])
+    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred) if deferred else (), faults, halt)
 
 
+_IDENTITY = [list(range(n)) for n in range(16)]
 _FACT = [1, 1, 2, 6, 24, 120, 720, 5040, 40320, 362880, 3628800]
 
 
@@ -143,12 +150,13 @@ class Result:
         return self.represented / self.seconds if self.seconds else 0.0
 
 
-def _transition_check(spec: Spec, state: tuple, nxt: tuple, rank: int | None = None) -> tuple[str, str] | None:
+def _transition_check(spec: Spec, state: tuple, nxt: tuple, rank: int | None = None,
+                      nrank: int | None = None) -> tuple[str, str] | None:
     for i, (a, b) in enumerate(zip(state[0], nxt[0])):
-        if a[RS] in CONCLUDED and b[RS] != a[RS]:
+        if a is not b and a[RS] in CONCLUDED and b[RS] != a[RS]:
             kind = "failure-not-sticky" if a[RS] == "failed" else "status-not-forward"
             return kind, f"room {i} moved from {a[RS]} to {b[RS]}"
-    if spec.rank(nxt) <= (spec.rank(state) if rank is None else rank):
+    if (spec.rank(nxt) if nrank is None else nrank) <= (spec.rank(state) if rank is None else rank):
         return "model-cycle", "a transition did not increase the rank"
     return None
 
@@ -161,6 +169,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
     start = canon(init)
     seen: dict[tuple, int] = {start: 0}
     parent: list[int] = [-1]
+    ranks: list[int] = [spec.rank(start)]  # per state id: the rank is the same for every relabelling
     frontier = [start]
     result = Result(config, symmetry=symmetry)
     bad: dict[str, tuple[int, str]] = {}  # kind -> (state id, detail)
@@ -175,7 +184,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
         for state in frontier:
             sid = seen[state]
             steps = spec.successors(state)
-            rank = spec.rank(state)
+            rank = ranks[sid]
             if not steps:
                 if spec.is_final(state):
                     finals += 1
@@ -185,10 +194,11 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
             for step in steps:
                 transitions += 1
                 c = canon(step.state)
+                known = seen.get(c)
+                nrank = ranks[known] if known is not None else spec.rank(c)
                 # Checks on the transition itself apply even when its target is known.
                 problem = ((step.violation, step.detail or f"on {step.event}") if step.violation
-                           else _transition_check(spec, state, step.state, rank))
-                known = seen.get(c)
+                           else _transition_check(spec, state, step.state, rank, nrank))
                 if known is not None and problem is None:
                     continue
                 if problem is not None and problem[0] in bad:
@@ -200,6 +210,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
                     # A bad transition into a known state: keep the state, record a separate node for the trace.
                     seen[("bad-edge", cid)] = cid
                 parent.append(sid)
+                ranks.append(nrank)
                 tail[cid] = step.event if known is not None else None
                 if problem is None:
                     problem = spec.invariant(step.state)

@@ -638,6 +638,7 @@ class SpinResult:
     depth: int = 0
     seconds: float = 0.0       # pan's search time, all runs
     cpu: float = 0.0           # CPU seconds of spin, gcc and pan, all runs
+    search_cpu: float = 0.0    # CPU seconds of pan alone
     wall: float = 0.0          # generate + spin -a + gcc + pan, all runs
     memory_mb: float = 0.0
     runs: int = 0

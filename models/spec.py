@@ -152,16 +152,28 @@ class Spec:
         return None
 
     # -- helpers ----------------------------------------------------------------
+    # Moves are looked up in the declarations once per (state, event, guard values), then remembered:
+    # the explorer asks the same few questions millions of times.
+    _room_moves: dict = {}
+    _slot_moves: dict = {}
+
     @staticmethod
     def _room_step(rs: str, event: str, all_receivers: bool) -> str:
-        dest = ROOM.destinations(rs, event, {"all_receivers": all_receivers})
+        key = (rs, event, all_receivers)
+        dest = Spec._room_moves.get(key)
+        if dest is None:
+            dest = Spec._room_moves[key] = ROOM.destinations(rs, event, {"all_receivers": all_receivers})
         if dest is None:
             raise AssertionError(f"model bug: room event {event!r} not declared from {rs!r}")
         return dest
 
     @staticmethod
     def _slot_step(slot: list, event: str, pending: bool = False) -> None:
-        dest = SLOT.destinations(slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
+        key = (slot[SS], event, pending, slot[UNSURE])
+        dest = Spec._slot_moves.get(key)
+        if dest is None:
+            dest = Spec._slot_moves[key] = SLOT.destinations(
+                slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
         if dest is None:
             raise AssertionError(f"model bug: slot event {event!r} not declared from {slot[SS]!r}")
         slot[SS] = dest
@@ -314,15 +326,18 @@ class Spec:
         def emit(event, rooms, slots, deferred=deferred, faults=faults, violation=None, detail="", halt=None):
             # A slot no room uses holds nothing that matters any more: forget whose bytes it had,
             # so states that differ only in stale bytes are one state.
-            used = {r[SLOTI] for r in rooms}
+            used = None
             for s, sl in enumerate(slots):
-                if sl[CONTENT] >= 0 and s not in used:
-                    sl = slots[s] = list(sl)
-                    sl[CONTENT] = -1
+                if sl[CONTENT] >= 0:
+                    if used is None:
+                        used = {r[SLOTI] for r in rooms}
+                    if s not in used:
+                        sl = slots[s] = list(sl)
+                        sl[CONTENT] = -1
             rooms = [list(x) for x in rooms]
             for x in rooms:
                 x[RCV] = tuple(sorted(x[RCV]))
-            st = (tuple(tuple(x) for x in rooms), tuple(tuple(x) for x in slots), deferred, faults, halt)
+            st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), deferred, faults, halt)
             out.append(Step(event, st, violation, detail))
 
         def copy():

@@ -57,7 +57,9 @@ def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: i
             (work / "model.pml").write_text(generate(cfg, asserted, drop_guard))
             _run(["spin", "-a", "model.pml"], work, timeout)
             _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
+            before = _children_cpu()
             out = _run(["./pan", f"-m{depth}", f"-w{hash_bits}", "-c1"], work, timeout)
+            result.search_cpu += _children_cpu() - before
             result.runs += 1
             if "max search depth too small" in out:
                 raise RuntimeError(f"pan: raise the depth bound (-m{depth})")
@@ -118,7 +120,7 @@ def run(args, out=print) -> int:
     r = check(cfg, opt=opt, collapse=args.spin_collapse, hash_bits=hash_bits, memlim_mb=args.spin_memlim,
               keep=args.spin_keep, progress=progress)
     out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, pan {r.seconds:.2f} s "
-        f"({r.states_per_s:,.0f} states/s), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc "
+        f"({r.states_per_s:,.0f} states/s; {r.search_cpu:.2f} s CPU), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc "
         f"({r.cpu:.1f} s CPU), "
         f"{r.memory_mb:,.0f} MB; pan {r.options}")
     if not r.violations:
