@@ -334,9 +334,15 @@ class Spec:
                     if s not in used:
                         sl = slots[s] = list(sl)
                         sl[CONTENT] = -1
-            rooms = [list(x) for x in rooms]
-            for x in rooms:
-                x[RCV] = tuple(sorted(x[RCV]))
+            if self.regions:
+                rooms = [list(x) for x in rooms]
+                for x in rooms:
+                    x[RCV] = tuple(sorted(x[RCV]))
+            else:  # no receivers modelled: only an emptied list to turn back into a tuple
+                for k, x in enumerate(rooms):
+                    if x[RCV].__class__ is not tuple:
+                        x = rooms[k] = list(x)
+                        x[RCV] = tuple(sorted(x[RCV]))
             st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), deferred, faults, halt)
             out.append(Step(event, st, violation, detail))
 
