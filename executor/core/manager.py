@@ -449,8 +449,6 @@ class EncodeManager:
                 self._synthetic.append((handle, Outcome.FAILED))
             w = self._writes[handle] = _Write(handle, room.id, slot, f)
             self.deadlines.arm(deadline, "write", w)
-            if obs is not None:
-                obs.write_submitted(handle, room.id)
 
     def _write_overdue(self, w: _Write) -> None:
         """Our write deadline passed with no report from the transport.
@@ -472,8 +470,8 @@ class EncodeManager:
             self.stats["completions_unknown"] += 1  # not a write of ours
             return
         self.deadlines.cancel(w)
-        if self.observer is not None:
-            self.observer.write_reported(handle, outcome)
+        if self.observer is not None:  # its deadline was armed at submit + write_timeout
+            self.observer.write_reported(w.room, outcome, w.due - self.write_timeout)
         slot = w.slot
         slot.writes_in_flight -= 1
         if outcome is not Outcome.DONE:

@@ -41,11 +41,8 @@ class Observer:
     def writes_started(self, room: int) -> None:
         """Writes to all receivers of the room are being submitted (ends any park wait)."""
 
-    def write_submitted(self, handle: int, room: int) -> None:
-        """One write went to the transport."""
-
-    def write_reported(self, handle: int, outcome: Any) -> None:
-        """The transport reported a write's outcome (an `Outcome`)."""
+    def write_reported(self, room: int, outcome: Any, submitted_at: float) -> None:
+        """The transport reported the outcome (an `Outcome`) of a write submitted at `submitted_at`."""
 
     def tower_failed(self, rooms: list[int]) -> None:
         """The tower raised on a batch; these rooms are about to fail because of it."""

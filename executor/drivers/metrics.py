@@ -18,15 +18,18 @@ bounded whatever the text says.
 
 from __future__ import annotations
 
-import bisect
 import re
 import time
+from bisect import bisect_left
 from collections import Counter
 from typing import Any, Iterable
 
 from ..core.drain import DEADLINE, DRAINING
 from ..core.observe import Observer
 from ..core.transport import Outcome
+
+_perf_counter = time.perf_counter
+_DONE = Outcome.DONE
 
 # (kind, pattern on the failure reason); first match wins, "other" if none.
 _REASON_RULES: list[tuple[str, re.Pattern]] = [(k, re.compile(p)) for k, p in [
@@ -64,7 +67,7 @@ class _Histogram:
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.counts[bisect_left(BUCKETS, seconds)] += 1
         self.total += seconds
 
     def buckets(self) -> list[tuple[str, int]]:
@@ -95,12 +98,19 @@ class RingMetrics(Observer):
         self.reasons: Counter = Counter()  # reason kind -> failed rooms
         self.write_outcomes: Counter = Counter()
         self.hist = {name: _Histogram() for name in HISTOGRAMS}
+        # Bound once: these run inside the per-item cycle.
+        self._now = self.clock.now
+        self._defer_wait = self.hist["defer_wait"].observe
+        self._copy = self.hist["copy"].observe
+        self._park_wait = self.hist["park_wait"].observe
+        self._write_latency = self.hist["write_latency"].observe
+        self._lifetime = self.hist["room_lifetime"].observe
         self._opened: dict[int, float] = {}
         self._deferred: dict[int, float] = {}
         self._copying: dict[int, float] = {}
         self._parked: dict[int, float] = {}
-        self._writes: dict[int, float] = {}
         self._tower_failed: set[int] = set()
+        self._writes_done = 0
 
     def attach(self) -> "RingMetrics":
         if self.manager.observer is not None and self.manager.observer is not self:
@@ -117,46 +127,45 @@ class RingMetrics(Observer):
 
     # the observer (loop thread) ---------------------------------------------
     def room_opened(self, room: int) -> None:
-        self._opened[room] = self.clock.now()
+        self._opened[room] = self._now()
 
     def deferred(self, room: int) -> None:
-        self._deferred[room] = self.clock.now()
+        self._deferred[room] = self._now()
 
     def undeferred(self, room: int) -> None:
         t = self._deferred.pop(room, None)
         if t is not None:
-            self.hist["defer_wait"].observe(self.clock.now() - t)
+            self._defer_wait(self._now() - t)
 
     def copy_started(self, room: int) -> None:
-        self._copying[room] = time.perf_counter()
+        self._copying[room] = _perf_counter()
 
     def copy_finished(self, room: int) -> None:
         t = self._copying.pop(room, None)
         if t is not None:
-            self.hist["copy"].observe(time.perf_counter() - t)
+            self._copy(_perf_counter() - t)
 
     def parked(self, room: int) -> None:
-        self._parked[room] = self.clock.now()
+        self._parked[room] = self._now()
 
     def writes_started(self, room: int) -> None:
-        t = self._parked.pop(room, None)
-        if t is not None:
-            self.hist["park_wait"].observe(self.clock.now() - t)
+        if self._parked:
+            t = self._parked.pop(room, None)
+            if t is not None:
+                self._park_wait(self._now() - t)
 
-    def write_submitted(self, handle: int, room: int) -> None:
-        self._writes[handle] = self.clock.now()
-
-    def write_reported(self, handle: int, outcome: Any) -> None:
-        self.write_outcomes[getattr(outcome, "value", str(outcome))] += 1
-        t = self._writes.pop(handle, None)
-        if t is not None:
-            self.hist["write_latency"].observe(self.clock.now() - t)
+    def write_reported(self, room: int, outcome: Any, submitted_at: float) -> None:
+        if outcome is _DONE:  # an Enum key hashes in Python: count the common case apart
+            self._writes_done += 1
+        else:
+            self.write_outcomes[outcome] += 1
+        self._write_latency(self._now() - submitted_at)
 
     def tower_failed(self, rooms: list[int]) -> None:
         self._tower_failed.update(rooms)
 
     def _concluded(self, room: int, state: str) -> None:
-        now = self.clock.now()
+        now = self._now()
         self.outcomes[state] += 1
         if state == "failed":
             if room in self._tower_failed:
@@ -167,12 +176,15 @@ class RingMetrics(Observer):
             self.reasons[kind] += 1
         t = self._opened.pop(room, None)
         if t is not None:
-            self.hist["room_lifetime"].observe(now - t)
-        t = self._parked.pop(room, None)
-        if t is not None:  # failed while parked: that wait ended too
-            self.hist["park_wait"].observe(now - t)
-        self._deferred.pop(room, None)
-        self._copying.pop(room, None)
+            self._lifetime(now - t)
+        if self._parked:
+            t = self._parked.pop(room, None)
+            if t is not None:  # failed while parked: that wait ended too
+                self._park_wait(now - t)
+        if self._deferred:
+            self._deferred.pop(room, None)
+        if self._copying:
+            self._copying.pop(room, None)
 
     # the collector (scrape thread) --------------------------------------------
     def collect(self) -> Iterable[Any]:
@@ -190,7 +202,8 @@ class RingMetrics(Observer):
         writes = CounterMetricFamily("epd_ring_writes_reported", "writes reported by the transport, by outcome",
                                      labels=["outcome"])
         for outcome in Outcome:
-            writes.add_metric([outcome.value], self.write_outcomes.get(outcome.value, 0))
+            n = self._writes_done if outcome is _DONE else self.write_outcomes.get(outcome, 0)
+            writes.add_metric([outcome.value], n)
         yield writes
         ex = self.executor
         slots = GaugeMetricFamily("epd_ring_slots", "ring slots, by state", labels=["state"])
@@ -212,7 +225,7 @@ class RingMetrics(Observer):
         yield GaugeMetricFamily("epd_ring_parked", "rooms whose chunk is parked waiting for receivers",
                                 value=room_states.get("parked", 0))
         yield GaugeMetricFamily("epd_ring_writes_in_flight", "writes submitted and not yet reported",
-                                value=len(self._writes))
+                                value=self.manager.writes_in_flight)
         for name, doc in HISTOGRAMS.items():
             h = self.hist[name]
             buckets = h.buckets()
