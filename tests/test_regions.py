@@ -168,3 +168,22 @@ def test_withdraw_of_an_open_region_replaces_its_release_by_the_ack():
     rig.clock.advance(5.0)
     rig.executor.poll()
     assert rig.receiver("p").releases(1) == ["withdrawn"]
+
+
+def test_a_room_with_a_region_a_write_may_land_in_keeps_its_record():
+    """Past the cap and its sender, the record stays until the last release: a re-sent frame finds it."""
+    rig = make_rig(quarantine_s=5.0, max_tombstones=1)
+    _one(rig, 1, fault="fail")
+    rig.executor.poll()
+    rig.executor.reap_concluded_senders(set())
+    for r in (2, 3):
+        rig.executor.register(f"req-{r}", "h", 1, r)
+        rig.executor.fail_rooms([f"req-{r}"], "client abort")
+        rig.executor.reap_concluded_senders(set())
+    assert rig.manager.room_status(1) == "failed" and 1 in rig.manager.pinned
+    rig.manager.register_receiver(rig.frame(1, "p", 2))  # re-sent while a write may still land
+    p = rig.receiver("p")
+    assert p.statuses(1) == ["failed", "failed"] and p.releases(1) == []
+    rig.clock.advance(5.0)
+    rig.executor.poll()
+    assert p.releases(1) == ["released"] and 1 not in rig.manager.pinned

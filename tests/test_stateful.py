@@ -37,12 +37,14 @@ class RecordingTransport(LoopbackTransport):
         self.owner = owner
         self.submits: list[tuple[int, int, str]] = []  # (handle, room, room status at submit)
         self.region_of: dict[int, tuple[int, str]] = {}  # handle -> (room, session) it writes into
+        self.submitted_at: dict[int, float] = {}  # handle -> when it was submitted
 
     def submit_write(self, session, bufs):
         handle = super().submit_write(session, bufs)
         room = self.owner.room_of_dst.get(bufs[0][1])
         self.submits.append((handle, room, self.owner.manager.room_status(room)))
         self.region_of[handle] = (room, session)
+        self.submitted_at[handle] = self.clock.now()
         return handle
 
 
@@ -203,6 +205,11 @@ class EncodeWorker(RuleBasedStateMachine):
     @rule(data=st.data())
     def receiver_registers_twice(self, data):
         room = data.draw(st.sampled_from([r for r in self.rooms.values() if r.frames]))
+        if self.manager.room_status(room.id) is None:
+            # Its record aged out (no sender, no region a write may land in): the id is free
+            # again, and a frame re-sent now would open a new room. A receiver retries only
+            # while it waits, so it sends nothing here.
+            return
         room.asked[room.frames[-1].session] += 1
         assert self.manager.register_receiver(room.frames[-1]) in (True, False)
 
@@ -374,8 +381,9 @@ class EncodeWorker(RuleBasedStateMachine):
     def records_stay_bounded(self):
         if hasattr(self, "manager"):
             assert len(self.manager.tombstones) <= MAX_TOMBSTONES
-            # Records pinned past the cap are held by live senders, which reaping bounds.
-            assert len(self.manager.pinned) <= len(self.executor.senders)
+            # Records pinned past the cap are held by live senders, which reaping bounds, or by
+            # regions a write may still land in, which writes in flight and quarantines bound.
+            assert len(self.manager.pinned) <= len(self.executor.senders) + len(self.manager.regions._per_room)
             assert len(self.executor.senders) <= MAX_ROOMS
             assert self.manager.deadlines.heap_size <= 8 * (MAX_ROOMS * 4 + 8)
 
@@ -426,6 +434,15 @@ class EncodeWorker(RuleBasedStateMachine):
         for room, session in live:
             done = t.receivers[session].releases(room)
             assert not done, f"room {room}: {session} was told {done} while a write into its region may land"
+
+    @invariant()
+    def write_deadlines_are_their_value(self):
+        """Each write in flight is due exactly `write_timeout` after it was submitted, not before."""
+        if hasattr(self, "manager"):
+            for h, w in self.manager._writes.items():
+                at = self.transport.submitted_at.get(h)  # None: a synthetic failure, never submitted
+                if w.timer and at is not None:
+                    assert w.due == at + WRITE_T, f"write {h} due at {w.due}, submitted at {at}"
 
     @invariant()
     def parked_rooms_never_outlive_their_deadline(self):

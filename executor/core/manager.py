@@ -146,7 +146,7 @@ class EncodeManager:
         # Inputs polled at the start of every tick (a control plane's frame socket, say).
         self.sources: list[Callable[[], int]] = []
         # Receive regions of failed rooms that a write may still land in (release notices).
-        self.regions = RegionBook(self._tell)
+        self.regions = RegionBook(self._tell, self.unbind_sender)
         self.stats: Counter = Counter()
         # An `observe.Observer` (metrics); None costs one test per hook point.
         self.observer: Any = None
@@ -213,7 +213,8 @@ class EncodeManager:
         return room.state
 
     def unbind_sender(self, room_id: int) -> None:
-        """The sender of a concluded room is gone (reaped): its record may age out now."""
+        """What held a concluded room's record let go (its sender was reaped, or its last region
+        that a write may still land in was released): the record may age out once nothing holds it."""
         tomb = self.pinned.get(room_id)
         if tomb is None:
             return
@@ -531,8 +532,11 @@ class EncodeManager:
         if state == "failed" and room.frames:
             self._failed_regions(room)
         del self.rooms[room.id]
-        tomb = Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), int(room.sender))
-        if room.sender:
+        # Held while its sender lives and while a write may land in one of its regions: a frame
+        # re-sent for it meanwhile must find the room, not open a new one under the same id.
+        pins = int(room.sender) + self.regions.room_open(room.id)
+        tomb = Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins)
+        if pins:
             self.pinned[room.id] = tomb
         else:
             self._bury(tomb)

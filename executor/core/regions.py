@@ -25,10 +25,12 @@ class Reply(NamedTuple):
 
 
 class RegionBook:
-    __slots__ = ("_tell", "_open", "_by_handle", "_by_slot")
+    __slots__ = ("_tell", "_open", "_by_handle", "_by_slot", "_per_room", "_room_closed")
 
-    def __init__(self, tell: Callable[[Any, int, str], None]):
+    def __init__(self, tell: Callable[[Any, int, str], None], room_closed: Callable[[int], None] = lambda room: None):
         self._tell = tell  # tell(frame, room, status)
+        self._room_closed = room_closed  # called when a room's last open region closes
+        self._per_room: dict[int, int] = {}  # room -> its regions still open
         self._open: dict[tuple[int, str], list] = {}  # (room, session) -> [frame, withdrawn]
         self._by_handle: dict[int, tuple[int, str]] = {}  # write still in flight -> its region
         self._by_slot: dict[Any, list[tuple[int, str]]] = {}  # slot in quarantine -> regions waiting on it
@@ -38,6 +40,10 @@ class RegionBook:
 
     def is_open(self, room: int, session: str) -> bool:
         return (room, session) in self._open
+
+    def room_open(self, room: int) -> bool:
+        """Some region of the room may still take a write: its record must be kept."""
+        return room in self._per_room
 
     def room_failed(self, room: int, frames: Iterable[Any], in_flight: dict[str, int],
                     unsure: dict[str, Any], withdrawn: str | None = None) -> None:
@@ -54,6 +60,7 @@ class RegionBook:
                 self._tell(f, room, WITHDRAWN if f.session == withdrawn else RELEASED)
                 continue
             self._open[key] = [f, f.session == withdrawn]
+            self._per_room[room] = self._per_room.get(room, 0) + 1
             if handle is not None:
                 self._by_handle[handle] = key
             else:
@@ -84,7 +91,14 @@ class RegionBook:
         entry = self._open.pop(key, None)
         if entry is not None:
             frame, withdrawn = entry
-            self._tell(frame, key[0], WITHDRAWN if withdrawn else RELEASED)
+            room = key[0]
+            self._tell(frame, room, WITHDRAWN if withdrawn else RELEASED)
+            left = self._per_room[room] - 1
+            if left:
+                self._per_room[room] = left
+            else:
+                del self._per_room[room]
+                self._room_closed(room)
 
 
 # -- wire (control plane): a withdraw, receiver to encoder ------------------------------------
