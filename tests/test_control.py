@@ -69,6 +69,50 @@ def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
         control.close()
 
 
+@pytest.mark.parametrize("parts, needle", [
+    ([b"epd-ring/withdraw/1", b"x7", b"s", b""], "room"),
+    ([b"epd-ring/withdraw/1", b"7", b"", b""], "session"),
+    ([b"epd-ring/withdraw/1", b"7", b"s" * 300, b""], "session"),
+    ([b"epd-ring/withdraw/1", b"7", b"s"], "not a withdraw"),
+])
+def test_each_malformed_withdraw_is_named(parts, needle):
+    from epd_ring.executor.core.regions import WithdrawError, withdraw_from_parts, withdraw_to_parts
+
+    assert withdraw_from_parts(withdraw_to_parts(7, "s", "tcp://x:1")) == (7, "s", "tcp://x:1")
+    with pytest.raises(WithdrawError, match=needle):
+        withdraw_from_parts(parts)
+
+
+def test_a_withdraw_on_the_frame_socket_fails_its_room_and_a_bad_one_is_refused_alone():
+    from epd_ring.executor.core.regions import WITHDRAW_MAGIC, withdraw_to_parts
+
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock)
+    control = ZmqControlPlane(manager)
+    try:
+        f = FRAME._replace(room=8, n_receivers=1, n_tokens=9, row_start=0)
+        transport.add_receiver(f.session)
+        push = control.ctx.socket(zmq.PUSH)
+        push.connect(control.endpoint)
+        push.send_multipart(frame_to_parts(f))
+        push.send_multipart([WITHDRAW_MAGIC, b"-8", b"s", b""])
+        push.send_multipart(withdraw_to_parts(8, f.session, f.status_endpoint))
+        n = 0
+        for _ in range(200):
+            n += manager.poll()
+            if n >= 3:
+                break
+            zmq.select([control.pull], [], [], 0.05)
+        assert control.stats["withdraws_refused"] == 1 and control.stats["withdraws"] == 1
+        assert manager.room_status(8) == "failed" and "withdrew" in manager.failure_reason(8)
+        rcv = transport.receivers[f.session]
+        assert rcv.statuses(8) == ["failed"] and rcv.releases(8) == ["withdrawn"]
+        push.close(linger=0)
+    finally:
+        control.close()
+
+
 def test_status_pushes_to_a_dead_receiver_drop_instead_of_blocking():
     control = ZmqControlPlane(push_hwm=4)
     try:
