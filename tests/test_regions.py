@@ -187,3 +187,34 @@ def test_a_room_with_a_region_a_write_may_land_in_keeps_its_record():
     rig.clock.advance(5.0)
     rig.executor.poll()
     assert p.releases(1) == ["released"] and 1 not in rig.manager.pinned
+
+
+def test_reference_receiver_reuses_memory_only_once_released():
+    """The receiver's bookkeeping without its engine: notices step regions; memory returns on release."""
+    pytest.importorskip("zmq")
+    from epd_ring.executor.drivers.receiver import Extents, ReferenceReceiver, Region
+
+    ext = Extents(256)
+    a, b = ext.take(64), ext.take(100)
+    assert (a, b) == (0, 64) and ext.take(64) == 192
+    with pytest.raises(MemoryError):
+        ext.take(1)
+    ext.give(b, 100)
+    ext.give(a, 64)
+    assert ext.free == [(0, 192)] and ext.take(192) == 0
+
+    r = object.__new__(ReferenceReceiver)
+    r._extents, r.regions, r.status, r.notices, r.protocol_errors = Extents(1024), {}, {}, {}, []
+    for room in (1, 2, 3):
+        r.regions[room] = Region(room, [(r._extents.take(64), 64)])
+    r.on_notice(1, "failed")
+    assert r.regions[1].state == "failed" and r._extents.take(64) == 192  # not 0: region 1 still held
+    r.on_notice(1, "released")
+    assert 1 not in r.regions and r._extents.take(64) == 0
+    r.on_notice(2, "success")
+    r.on_notice(2, "success")  # told twice: recorded, not obeyed
+    assert r.regions[2].state == "written" and "success" in r.protocol_errors[0]
+    r.regions[3].state = "withdrawing"
+    r.on_notice(3, "failed")
+    r.on_notice(3, "withdrawn")
+    assert 3 not in r.regions and r.status == {1: ["failed"], 2: ["success", "success"], 3: ["failed"]}
