@@ -109,15 +109,17 @@ def test_close_of_an_idle_executor_is_immediate():
     assert report.clean and not calls and rig.transport.closed
 
 
-def test_demo_drains_on_sigterm_and_ctrl_c():
+def test_demo_drains_on_sigterm_and_ctrl_c(tmp_path):
     import json
     import signal
     import subprocess
     import sys
 
     for sig, code, name in ((signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")):
+        picture = tmp_path / f"{name}.svg"
         proc = subprocess.Popen([sys.executable, "-m", "epd_ring", "demo", "--rooms", "6000", "--json",
-                                 "--log-level", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--log-level", "info", "--timeline", str(picture)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert "INFO" in proc.stderr.readline()  # the run is under way (a room failed by injection)
             proc.send_signal(sig)
@@ -129,3 +131,5 @@ def test_demo_drains_on_sigterm_and_ctrl_c():
         assert report["interrupted"] == name and report["drain"]["clean"] is True
         assert report["drain"]["live_rooms"] == 0 and report["drain"]["writes_in_flight"] == 0
         assert report["rooms_concluded_before"] < report["rooms"]
+        svg = picture.read_text()  # the picture of the interrupted run ends with every slot retired
+        assert "drained after" in svg and "slot 0: retired" in svg

@@ -173,7 +173,8 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     while True:
         if stop is not None and stop.requested is not None:
             progress.close()
-            return drained(executor, stop, lambda: clock.advance(tick_s), len(outcome), rooms, json_out)
+            return drained(executor, stop, lambda: clock.advance(tick_s), len(outcome), rooms, json_out,
+                           recorder=recorder, timeline=timeline)
         for p, k in frames_at.pop(tick, ()):
             manager.register_receiver(frame_for(p, k))
         while arrivals and arrivals[0].arrive_at <= tick:
@@ -276,9 +277,17 @@ def serve_metrics(executor: EncodeExecutor, port: int | None, hook: Any = None) 
 
 
 def drained(executor: EncodeExecutor, stop: Any, idle: Any, concluded: int, rooms: int, json_out: bool,
-            timeout: float = 10.0) -> int:
+            timeout: float = 10.0, recorder: Any = None, timeline: str | None = None) -> int:
     """Drain after SIGTERM or Ctrl-C, report what the drain did, and exit as the signal asks."""
+    if recorder is not None:
+        def idle_and_sample(idle=idle) -> None:
+            idle()
+            recorder.sample()
+        idle = idle_and_sample
     report = executor.close(timeout, idle)
+    if recorder is not None:
+        recorder.sample()  # every slot retired
+        recorder.write(timeline, f"epd-ring demo, drained after {concluded} of {rooms} rooms concluded")
     name = {130: "Ctrl-C", 143: "SIGTERM"}.get(stop.exit_code, "signal")
     if json_out:
         print(json.dumps({"interrupted": name, "rooms_concluded_before": concluded, "rooms": rooms,

@@ -87,7 +87,8 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
         for i in range(0, rooms, batch):
             if stop is not None and stop.requested is not None:
                 progress.close()
-                return drained(executor, stop, lambda: time.sleep(0.002), len(outcome), rooms, json_out)
+                return drained(executor, stop, lambda: time.sleep(0.002), len(outcome), rooms, json_out,
+                               recorder=recorder, timeline=timeline)
             chunk = plans[i:i + batch]
             for name, proc in procs.items():
                 early = [p[0] for p in chunk if p[2] != "late" and name in p[5]]
