@@ -1,0 +1,67 @@
+"""Edges of the small core pieces that the controller suites pass through without pinning down:
+live-deadline counts, a clock that may stand still, and where deepstack slots live in the ring.
+(Found by the mutation run: tests/mutation/equivalent.md.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from epd_ring.executor import FakeClock, LoopbackTransport
+from epd_ring.executor.core.ring import Ring
+from epd_ring.executor.core.timers import Deadlines
+
+
+class Timed:
+    def __init__(self) -> None:
+        self.timer = 0
+        self.due = 0.0
+
+
+def test_deadlines_count_only_live_ones_through_arm_cancel_and_due():
+    d = Deadlines()
+    a, b, c = Timed(), Timed(), Timed()
+    d.arm(1.0, "park", a)
+    d.arm(2.0, "announce", b)
+    d.arm(3.0, "quarantine", c)
+    assert len(d) == 3
+    d.cancel(b)
+    assert len(d) == 2 and not b.timer
+    d.cancel(b)  # cancelling a disarmed object changes nothing
+    assert len(d) == 2
+    assert list(d.due(1.0)) == [("park", a)]
+    assert len(d) == 1 and not a.timer
+    d.arm(1.5, "park", a)  # a popped deadline can be armed again
+    d.arm(5.0, "announce", b)
+    assert len(d) == 3 and a.timer and b.timer
+    # b's cancelled entry is still in the heap at 2.0: it must not fire
+    assert list(d.due(10.0)) == [("park", a), ("quarantine", c), ("announce", b)]
+    assert len(d) == 0 and not (a.timer or b.timer or c.timer)
+    assert list(d.due(100.0)) == []
+
+
+def test_rearming_replaces_the_earlier_deadline():
+    d = Deadlines()
+    a = Timed()
+    d.arm(1.0, "park", a)
+    d.arm(4.0, "park", a)
+    assert len(d) == 1 and a.due == 4.0
+    assert list(d.due(3.0)) == []
+    assert list(d.due(4.0)) == [("park", a)]
+
+
+def test_fake_clock_may_stand_still_but_never_go_back():
+    clock = FakeClock(5.0)
+    assert clock.advance(0) == 5.0 and clock.now() == 5.0
+    assert clock.advance(1.5) == 6.5
+    with pytest.raises(ValueError, match=r"a clock cannot go back \(-1 s\)"):
+        clock.advance(-1)
+    assert clock.now() == 6.5
+
+
+def test_every_slot_lies_inside_its_ring_buffer_without_overlap():
+    ring = Ring(LoopbackTransport(), n_slots=3, slot_bytes=128, deep_slot_bytes=256)
+    for buf, ptr_of, size in ((ring.main, ring.main_ptr, 128), (ring.deep, ring.deep_ptr, 256)):
+        lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+        spans = sorted((ptr_of(s), ptr_of(s) + size) for s in ring.slots)
+        assert all(lo <= a and b <= hi for a, b in spans), (lo, hi, spans)
+        assert all(b <= a2 for (_, b), (a2, _) in zip(spans, spans[1:]))  # no two slots overlap
