@@ -123,3 +123,17 @@ def test_build_machine_keeps_extra_arguments_and_no_auto_transitions():
     assert "to_free" not in m.events and m.initial == "free" and m.models == []
     plain = build_machine(SLOT_DECLARATION, auto_transitions=True)
     assert "to_free" in plain.events
+
+
+def test_a_declaration_without_docs_and_with_a_lone_guarded_edge():
+    decl = {"name": "tiny", "initial": "a", "states": [{"name": "a", "tags": ["free"]}, {"name": "b", "tags": []}],
+            "transitions": [{"trigger": "go", "source": "a", "dest": "b"},
+                            {"trigger": "hop", "source": "a", "dest": "b", "conditions": ["ok"]}]}
+    m = CompiledMachine("tiny", decl)
+    assert m.docs == {} and m.guards == ("ok",)
+    assert m.table == {("a", "go"): (("b", ()),), ("a", "hop"): (("b", (("ok", True),)),)}
+    # a single edge with a guard is still guarded on the fast path
+    with pytest.raises(InvalidTransition, match="no declared guard holds"):
+        m.step(Subject("a", {"ok": False}), "hop")
+    assert m.step(Subject("a", {"ok": True}), "hop") == "b"
+    assert m.step(Subject("a", {"ok": False}), "go") == "b"

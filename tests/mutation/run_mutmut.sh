@@ -27,10 +27,12 @@ cat > "$WORK/pyproject.toml" <<'TOML'
 source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
              "src/epd_ring/executor/tools", "src/epd_ring/models"]
-# the unit tests of the machines, the controller, frames and the loopback transport
-# (about 110 tests, 15 s in all); the stateful and model suites are too slow per mutant
-pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_executor.py", "tests/test_frames.py",
-                                      "tests/test_loopback.py"]
+# the unit tests of the machines, the controller, frames and the loopback transport, and the
+# tests written for the first run's survivors (about 130 tests, 20 s in all); the stateful and
+# model suites are too slow per mutant
+pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compile.py", "tests/test_executor.py",
+                                      "tests/test_frames.py", "tests/test_loopback.py", "tests/test_core_edges.py",
+                                      "tests/test_late_frames.py"]
 pytest_add_cli_args = ["-p", "no:cacheprovider"]
 # torch is not fork-safe after import in every setup
 process_isolation = "forkserver"
