@@ -58,9 +58,11 @@ def add_arguments(p) -> None:
     p.add_argument("--spin-memlim", type=_count(1), default=None, help="spin only: pan -DMEMLIM, in MB "
                    "(default: 8192)")
     p.add_argument("--spin-keep", metavar="DIR", help="spin only: keep the Promela model, pan.c and trails in DIR")
+    p.add_argument("--spin-no-regions", action="store_true", help="spin only: the encode side alone, without "
+                   "the receivers' regions (Config(regions=False)), for bigger bounds")
 
 
-SPIN_FLAGS = ("spin_opt", "spin_collapse", "spin_hash", "spin_memlim", "spin_keep")
+SPIN_FLAGS = ("spin_opt", "spin_collapse", "spin_hash", "spin_memlim", "spin_keep", "spin_no_regions")
 
 
 def apply_defaults(args) -> None:

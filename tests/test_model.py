@@ -171,5 +171,8 @@ def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone():
     assert on.violations == off.violations == {} and on.states > off.states
     seed_off = explore(Config(1, 2, 2, 1, variant="seed", regions=False))
     assert "write-into-released-region" not in seed_off.violations and "overwrite-under-late-write" in seed_off.violations
-    with pytest.raises(ValueError, match="regions"):
-        promela.generate(Config(1, 2, 1, 1))
+    # SPIN covers both ends (tests/test_spin.py): the region moves come from REGION's table
+    on_pml, off_pml = promela.generate(Config(1, 2, 1, 1)), promela.generate(Config(1, 2, 1, 1, regions=False))
+    assert "inline region_withdraw" in on_pml
+    assert "ev_withdraw(" in on_pml.split("active proctype")[1]
+    assert "ev_withdraw(" not in off_pml.split("active proctype")[1]  # no receivers: nothing to withdraw

@@ -8,24 +8,27 @@ import pytest
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import promela
 from epd_ring.models.explore import explore
-from epd_ring.models.spec import VARIANTS, Config
+from epd_ring.models.spec import RCV, VARIANTS, Config
 
 pytestmark = pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
 
 
-def test_spin_stores_exactly_the_explorers_canonical_states():
+@pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
+def test_spin_stores_exactly_the_explorers_canonical_states(regions):
     """Same symmetry reduction, one atomic step per event: the two state spaces are the same set."""
-    cfg = Config(slots=2, rooms=3, receivers=2, faults=1, regions=False)
+    cfg = Config(slots=2, rooms=3, receivers=2, faults=1, regions=regions)
     spin, ours = spin_tool.check(cfg), explore(cfg)
     assert spin.violations == ours.violations == {}
     assert spin.states == ours.states
     print(f"{cfg}: {spin.states} states in both engines; SPIN {spin.transitions} transitions "
-          f"(its count includes the quiescent states' idle step), explorer {ours.transitions}")
+          f"(its count includes the quiescent states' idle step and one per alike receiver), "
+          f"explorer {ours.transitions}")
 
 
+@pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_spin_and_explorer_find_the_same_violations(variant):
-    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant, regions=False)
+def test_spin_and_explorer_find_the_same_violations(variant, regions):
+    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant, regions=regions)
     spin, ours = spin_tool.check(cfg), explore(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     assert (variant == "project") == (not spin.violations)
@@ -33,6 +36,23 @@ def test_spin_and_explorer_find_the_same_violations(variant):
         # SPIN's trail was followed step by step on the spec (promela.rebuild) and ends in the same kind
         assert v.trace[0][0] == ("init",) and len(v.trace) == len(spin.raw[kind]) + 1
         assert v.hazard == ours.violations[kind].hazard
+
+
+def test_spin_finds_the_seeds_receiver_side_region_reuse():
+    """The seed's receiver frees a region on Failed (or on its own abort) while a write into it may land."""
+    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed", regions=True)
+    spin = spin_tool.check(cfg)
+    v = spin.violations["write-into-released-region"]
+    assert v.hazard == "H6-receiver-region-reuse"
+    # the trail, replayed on the spec, ends with a write landing for a receiver whose region is released
+    (event, *where), state = v.trace[-1]
+    assert event in ("write_done", "late_landing")
+    before = v.trace[-2][1]
+    room, k = where
+    assert before[0][room][RCV][k][0] == "released"
+    # the encode side alone has no regions to reuse
+    assert "write-into-released-region" not in spin_tool.check(Config(1, 2, 2, 1, variant="seed",
+                                                                        regions=False)).violations
 
 
 def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree():

@@ -101,13 +101,16 @@ def _children_cpu() -> float:
 
 def run(args, out=print) -> int:
     """`epd-ring check --engine spin`: the same report as the explorer's, from SPIN."""
-    # The generator covers the encode side: the receivers' regions are the explorer's alone.
-    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant, regions=False)
+    # Both ends by default, as the explorer; --spin-no-regions checks the encode side alone (bigger bounds).
+    regions = not getattr(args, "spin_no_regions", False)
+    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant, regions=regions)
     big = cfg.slots * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
     out(f"checking {cfg.variant} with SPIN: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per "
-        f"room, {cfg.faults} fault(s); encode side (receivers' regions: the explorer only); exhaustive, "
+        f"room, {cfg.faults} fault(s); "
+        + ("both ends (receivers' regions too)" if regions else "encode side only (no receivers' regions)")
+        + "; exhaustive, "
         f"symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
 
