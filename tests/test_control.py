@@ -47,7 +47,7 @@ def test_each_malformed_part_is_named(index, value, needle):
 def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
     clock = FakeClock()
     manager = EncodeManager(LoopbackTransport(clock), clock)
-    control = ZmqControlPlane(manager)
+    control = ZmqControlPlane(manager, insecure=True)
     try:
         assert control.endpoint.startswith("tcp://127.0.0.1:")
         assert manager.poll() == 0  # nothing queued: returns at once
@@ -114,7 +114,7 @@ def test_a_withdraw_on_the_frame_socket_fails_its_room_and_a_bad_one_is_refused_
 
 
 def test_status_pushes_to_a_dead_receiver_drop_instead_of_blocking():
-    control = ZmqControlPlane(push_hwm=4)
+    control = ZmqControlPlane(push_hwm=4, insecure=True)
     try:
         dead = FRAME._replace(status_endpoint="tcp://127.0.0.1:9")  # nothing listens there
         for room in range(200):
@@ -134,9 +134,29 @@ def test_mooncake_registration_failure_is_raised_at_start_up():
     from epd_ring.executor import TransportError
     from epd_ring.executor.drivers.mooncake import MooncakeTransport
 
-    t = MooncakeTransport()
+    t = MooncakeTransport(expose_ring=True)
     buf = torch.zeros(4096, dtype=torch.uint8)
     t.register_memory([(buf.data_ptr(), 4096)], owner=buf)
     with pytest.raises(TransportError, match="overlaps a registered region"):
         t.register_memory([(buf.data_ptr() + 1024, 1024)])
     assert t.session.startswith("127.0.0.1:")
+
+
+def test_a_peer_of_the_engine_cannot_read_or_overwrite_the_ring_over_tcp():
+    # Before: any process reaching the engine read a parked embedding out of the ring
+    # (get_first_buffer_address, then a read) and overwrote it; the room still reported success.
+    pytest.importorskip("mooncake.engine") if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE") else None
+    import torch
+
+    from epd_ring.executor.drivers.mooncake import MooncakeTransport, load_engine
+
+    t = MooncakeTransport()
+    assert not t.expose_ring
+    ring = torch.full((4096,), 7, dtype=torch.uint8)
+    t.register_memory([(ring.data_ptr(), 4096)], owner=ring)
+    attacker, _ = load_engine()
+    loot = torch.zeros(4096, dtype=torch.uint8)
+    assert attacker.register_memory(loot.data_ptr(), 4096) == 0
+    assert attacker.transfer_sync_read(t.session, loot.data_ptr(), ring.data_ptr(), 4096) != 0
+    assert attacker.transfer_sync_write(t.session, loot.data_ptr(), ring.data_ptr(), 4096) != 0
+    assert int(loot.sum()) == 0 and bool((ring == 7).all())

@@ -27,7 +27,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock  # noqa: E402
-from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair  # noqa: E402
 from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows  # noqa: E402
 from epd_ring.executor.drivers.mooncake import MooncakeTransport  # noqa: E402
 from epd_ring.executor.drivers.receiver import ReceiverProcess  # noqa: E402
@@ -41,7 +41,11 @@ Receiver = ReceiverProcess
 
 class EncodeSide:
     def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0):
-        self.control = ZmqControlPlane()
+        # CURVE on, as in production: the encoder's keypair, and one prefill instance's
+        # keypair shared by its receiver processes (its ranks).
+        self.keypair = generate_keypair()
+        self.instance = generate_keypair()
+        self.control = ZmqControlPlane(keypair=self.keypair, allowed_keys=[self.instance[0]])
         self.transport = MooncakeTransport(notifier=self.control.push_status)
         clock = MonotonicClock()
         # Early frames wait for their senders as long as the run takes on a loaded machine;
@@ -60,7 +64,7 @@ class EncodeSide:
         for i in range(0, len(rooms), batch):
             chunk = rooms[i:i + batch]
             for room, item in chunk:
-                self.executor.register(f"r{room}", "127.0.0.1", 0, room)
+                self.executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=self.instance[0].decode())
             while self.executor.has_deferred():  # backpressure, as an encode loop does
                 self.executor.poll()
                 time.sleep(0.001)
@@ -72,6 +76,13 @@ class EncodeSide:
             self.executor.poll()
             if after_batch is not None:
                 after_batch([room for room, _ in chunk])
+
+    def receiver(self, keypair=None, allow: bool = True) -> ReceiverProcess:
+        """A receiver process under the instance's key, or another (allow-listed or not)."""
+        keypair = keypair or self.instance
+        if allow:
+            self.control.allow(keypair[0])
+        return ReceiverProcess(self.control.endpoint, encoder_key=self.keypair[0], keypair=keypair)
 
     def settle(self, rooms, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -106,7 +117,7 @@ def image(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
 def test_images_across_processes_with_fanout_and_late_registration(deep):
     rng = random.Random(1 if deep else 2)
     enc = EncodeSide(deep, park_timeout=3.0)
-    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    a, b = enc.receiver(), enc.receiver()
     try:
         plans = {}
         for k in range(100):
@@ -170,7 +181,7 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
 def test_killed_receiver_fails_its_rooms_and_others_succeed():
     rng = random.Random(3)
     enc = EncodeSide(False, quarantine_s=0.5)
-    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
         for k in range(40):
@@ -214,9 +225,13 @@ def test_killed_receiver_fails_its_rooms_and_others_succeed():
 
 
 def test_malformed_and_hostile_frames_disturb_nothing_else():
+    import zmq
+
     rng = random.Random(4)
     enc = EncodeSide(False)
-    a = Receiver(enc.control.endpoint)
+    a = enc.receiver()
+    attacker = enc.receiver(keypair=generate_keypair())  # allow-listed, but another identity
+    outsider = enc.receiver(keypair=generate_keypair(), allow=False)  # not on the allow-list
     try:
         good = {}
         for k in range(10):
@@ -224,38 +239,71 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
             item = image(rng, room, enc.model.tower)
             a.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
             good[room] = item
-        victim = 40_999
         junk = [
             [b"hello"],  # wrong part count
             [b"not-magic"] + [b"1"] * 13,  # bad magic
             [WIRE_MAGIC, b"12x", b"s", b"\0" * 8, b"\0" * 8] + [b"1"] * 9,  # non-digit room
             [WIRE_MAGIC, b"5", b"s", b"\0" * 9, b"\0" * 8] + [b"1"] * 9,  # 9-byte pointer
-            [WIRE_MAGIC, b"5", b"s", b"\0" * 8, b"\0" * 8, b"1", b"0", b"1", b"8", b"torch.float32", b"2", b"1", b"", b"0"],
+            [WIRE_MAGIC, b"5", b"s\nforged", b"\0" * 8, b"\0" * 8] + [b"1"] * 9,  # a log line in a session
         ]
         for parts in junk:
             a.ask(cmd="raw", parts_hex=[p.hex() for p in parts])
-        # Well-formed on the wire, but N = 0: it fails the room it names, and only that room.
-        bad = [WIRE_MAGIC, str(victim).encode(), a.session.encode(), (4096).to_bytes(8, "little"),
-               b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", b"0", b"", b"0"]
-        a.ask(cmd="raw", parts_hex=[p.hex() for p in bad])
         a.ask(cmd="register", rooms=list(good))
+        deadline = time.monotonic() + 20
+        while enc.control.stats["frames"] < len(good) and time.monotonic() < deadline:
+            enc.executor.poll()  # a's frames (and its session claim) are in before the attacker's
+            time.sleep(0.005)
+        first, second, third = list(good)[:3]
+        # Another allow-listed identity: N = 0 for a's room (used to fail it), a full seat in it,
+        # and a frame naming a's session (used to make the encoder overwrite a's rows).
+        for room, session, n in ((first, attacker.session, 0), (second, attacker.session, 1), (third, a.session, 1)):
+            bad = [WIRE_MAGIC, str(room).encode(), session.encode(), (4096).to_bytes(8, "little"),
+                   b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", str(n).encode(),
+                   attacker.status_endpoint.encode(), b"0"]
+            attacker.ask(cmd="raw", parts_hex=[p.hex() for p in bad])
+        # Not on the allow-list at all: refused at the handshake, nothing of it is read.
+        attacker_like = [WIRE_MAGIC, str(first).encode(), outsider.session.encode(), (4096).to_bytes(8, "little"),
+                         b"\0" * 8, b"1", b"0", b"1", b"64", b"torch.float32", b"0", b"0", b"", b"0"]
+        outsider.ask(cmd="raw", parts_hex=[p.hex() for p in attacker_like])
+        # A status forged to a's status socket, by a key that is not the encoder's, and in the clear.
+        ctx = zmq.Context()
+        forger = generate_keypair()
+        curve = ctx.socket(zmq.PUSH)
+        curve.curve_secretkey, curve.curve_publickey = forger[1], forger[0]
+        curve.curve_serverkey = enc.instance[0]
+        plain = ctx.socket(zmq.PUSH)
+        for sock in (curve, plain):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(a.status_endpoint)
+            sock.send_multipart([b"%d" % first, b"failed", a.session.encode(), b"forged"], zmq.NOBLOCK)
         enc.run([(r, item) for r, item in good.items()])
         enc.settle(list(good))
-        assert all(enc.manager.room_status(r) == "success" for r in good)
-        assert enc.control.stats["frames_refused"] == len(junk)
-        assert enc.manager.room_status(victim) == "failed" and "n_receivers" in enc.manager.failure_reason(victim)
+        for sock in (curve, plain):
+            sock.close(0)
+        ctx.term()
+        assert all(enc.manager.room_status(r) == "success" for r in good), {
+            r: enc.manager.failure_reason(r) for r in good}
+        assert enc.control.stats["frames_refused"] >= len(junk)
+        assert enc.control.stats["zap_denied"] >= 1
+        assert enc.manager.stats["frames_foreign"] >= 2
         report = a.ask(cmd="report", wait_rooms=list(good), timeout=10)
         for r, item in good.items():
             assert report["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+            assert report["status"][str(r)] == ["success"], r  # the forged statuses never arrived
+        told = attacker.ask(cmd="report", wait_rooms=[first, second], timeout=10)["status"]
+        assert told.get(str(first)) == ["failed"] and told.get(str(second)) == ["failed"]
+        assert str(third) not in told  # naming a's session: no reply, to anyone
     finally:
         a.close()
+        attacker.close()
+        outsider.close()
         enc.close()
 
 
 def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_nothing():
     rng = random.Random(5)
     enc = EncodeSide(False, slots=4, quarantine_s=4.0)
-    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
         for k in range(13):

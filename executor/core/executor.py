@@ -190,10 +190,13 @@ class EncodeExecutor:
         manager.on_conclude.append(self._room_concluded)
 
     # registration ----------------------------------------------------------
-    def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int) -> None:
+    def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,
+                 receiver: str | None = None) -> None:
+        """Bind a request to its room; `receiver` names the peer whose frames it takes (see
+        `EncodeManager.bind_sender`): name it whenever the control plane authenticates."""
         if request_id in self.senders:
             raise ValueError(f"request {request_id!r} is already registered")
-        state = self.manager.bind_sender(bootstrap_room)
+        state = self.manager.bind_sender(bootstrap_room, receiver)
         sender = Sender(request_id, bootstrap_room, bootstrap_host, bootstrap_port)
         self.senders[request_id] = sender
         self._room_sender[bootstrap_room] = sender

@@ -67,6 +67,9 @@ class ReceiverFrame(NamedTuple):
     # wide): 0 exactly when it has none. Part of the contract, so an encoder at a
     # different width fails the room instead of writing rows past each region.
     deep_levels: int = 0
+    # The authenticated identity that sent the frame, set by the control plane from
+    # the connection (never read off the wire); "" without authentication.
+    peer: str = ""
 
     @property
     def identity(self) -> bool:
@@ -79,9 +82,10 @@ def _is_int(v: Any) -> bool:
 
 def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, _, levels = f
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, peer = f
     return (
-        type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
+        type(peer) is str and type(endpoint) is str and _plain_text(session) and (not endpoint or _endpoint_ok(endpoint))
+        and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
         and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
         and type(levels) is int and (0 < levels <= MAX_DEEP_LEVELS if has_deep else levels == 0)
@@ -89,6 +93,16 @@ def _plainly_valid(f: ReceiverFrame) -> bool:
         and hidden >= 1 and 1 <= n_recv <= MAX_RECEIVERS and start + n <= span and dtype in DTYPE_SIZES
         and (n == 0 or (dst != 0 and (not has_deep or deep != 0)))
     )
+
+
+def _plain_text(s: str, limit: int = 256) -> bool:
+    """Printable ASCII without spaces: nothing that can forge a log line or hide in one."""
+    return type(s) is str and 0 < len(s) <= limit and s.isascii() and s.isprintable() and " " not in s
+
+
+def _endpoint_ok(e: str) -> bool:
+    # Statuses go out over TCP only: a frame must not point the encoder at ipc:// or inproc://.
+    return _plain_text(e) and e.startswith("tcp://")
 
 
 def check_frame(f: ReceiverFrame) -> None:
@@ -99,6 +113,14 @@ def check_frame(f: ReceiverFrame) -> None:
         raise FrameError(f"room must be a non-negative integer, got {f.room!r}")
     if not isinstance(f.session, str) or not f.session:
         raise FrameError(f"room {f.room}: session must be a non-empty string")
+    if not _plain_text(f.session):
+        raise FrameError(f"room {f.room}: session must be printable ASCII without spaces or control characters, "
+                         f"at most 256 bytes, got {f.session[:64]!r}")
+    if not isinstance(f.status_endpoint, str) or (f.status_endpoint and not _endpoint_ok(f.status_endpoint)):
+        raise FrameError(f"room {f.room}: status_endpoint must be a printable tcp:// address, "
+                         f"got {str(f.status_endpoint)[:64]!r}")
+    if not isinstance(f.peer, str):
+        raise FrameError(f"room {f.room}: peer must be a string")
     for name in ("dst_ptr", "dst_deep_ptr"):
         v = getattr(f, name)
         if not _is_int(v) or not 0 <= v < _U64:
@@ -204,13 +226,19 @@ def _wire_text(part: bytes, name: str, limit: int = 256) -> str:
     if len(part) > limit:
         raise FrameError(f"{name} longer than {limit} bytes")
     try:
-        return bytes(part).decode("ascii")
+        text = bytes(part).decode("ascii")
     except UnicodeDecodeError:
         raise FrameError(f"{name} is not ASCII") from None
+    if not text.isprintable():
+        raise FrameError(f"{name} holds control characters")
+    return text
 
 
-def frame_from_parts(parts: list[bytes]) -> ReceiverFrame:
-    """Parse a multipart frame; raise FrameError naming the first bad part."""
+def frame_from_parts(parts: list[bytes], peer: str = "") -> ReceiverFrame:
+    """Parse a multipart frame; raise FrameError naming the first bad part.
+
+    `peer` is the identity the control plane authenticated for the connection
+    it came on; it is never read from the parts."""
     if len(parts) != _WIRE_PARTS:
         raise FrameError(f"expected {_WIRE_PARTS} parts, got {len(parts)}")
     if parts[0] != WIRE_MAGIC:
@@ -227,4 +255,4 @@ def frame_from_parts(parts: list[bytes]) -> ReceiverFrame:
         span=_wire_int(parts[7], "span"), hidden=_wire_int(parts[8], "hidden"),
         dtype=_wire_text(parts[9], "dtype", 32), has_deepstack=parts[10] == b"1",
         n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"),
-        deep_levels=_wire_int(parts[13], "deep_levels"))
+        deep_levels=_wire_int(parts[13], "deep_levels"), peer=peer)

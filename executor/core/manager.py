@@ -19,6 +19,7 @@ from .clock import Clock, MonotonicClock
 from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree, check_tiling
 from .regions import RegionBook, Reply
 from .ring import Slot
+from .tenancy import Tenancy
 from .timers import Deadlines
 from .transport import Outcome, Transport
 
@@ -55,7 +56,7 @@ class Chunk:
 
 class Room:
     __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
-                 "sender", "announced", "cause", "withdrawn")
+                 "sender", "announced", "cause", "withdrawn", "owner")
 
     def __init__(self, room_id: int):
         self.id = room_id
@@ -71,6 +72,9 @@ class Room:
         self.announced = False
         self.cause: _Write | None = None  # the unsure write that failed it, if one did
         self.withdrawn: str | None = None  # the receiver whose withdraw failed it, if one did
+        # The peer whose frames this room takes (None until the sender names one or
+        # the first frame claims it); frames from any other peer never touch it.
+        self.owner: str | None = None
 
     # guard named in the room declaration
     def all_receivers(self) -> bool:
@@ -87,11 +91,13 @@ class Tombstone:
     it is kept whatever the cap, so a live sender always finds its room's outcome.
     """
 
-    __slots__ = ("room", "state", "reason", "at", "sessions", "pins")
+    __slots__ = ("room", "state", "reason", "at", "sessions", "pins", "owner")
 
-    def __init__(self, room: int, state: str, reason: str, at: float, sessions: frozenset, pins: int = 0):
+    def __init__(self, room: int, state: str, reason: str, at: float, sessions: frozenset, pins: int = 0,
+                 owner: str | None = None):
         self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
         self.pins = pins
+        self.owner = owner
 
     def __repr__(self) -> str:
         return f"room {self.room} (concluded)"
@@ -120,6 +126,8 @@ class EncodeManager:
         max_tombstones: int = 65536,
         tombstone_ttl: float = 600.0,
         max_announced: int = 4096,
+        max_announced_per_peer: int = 1024,
+        max_sessions_per_peer: int = 256,
     ):
         self.transport = transport
         self.clock = clock or getattr(transport, "clock", None) or MonotonicClock()
@@ -131,6 +139,9 @@ class EncodeManager:
         self.max_tombstones = settings.count("max_tombstones", max_tombstones, 1)
         self.tombstone_ttl = settings.seconds("tombstone_ttl", tombstone_ttl)
         self.max_announced = settings.count("max_announced", max_announced, 1)
+        self.tenancy = Tenancy(settings.count("max_sessions_per_peer", max_sessions_per_peer, 1),
+                               max_announced_per_peer=settings.count("max_announced_per_peer",
+                                                                     max_announced_per_peer, 1))
         self.rooms: dict[int, Room] = {}
         self.tombstones: OrderedDict[int, Tombstone] = OrderedDict()
         # Tombstones a registered sender still holds: out of the cap and the TTL until
@@ -142,6 +153,7 @@ class EncodeManager:
         self._synthetic_ids = 0
         self._announced = 0
         self._next_trim = 0.0
+        self._warned: dict[str, tuple[float, int]] = {}
         self.on_conclude: list[Callable[[int, str], None]] = []
         # Inputs polled at the start of every tick (a control plane's frame socket, say).
         self.sources: list[Callable[[], int]] = []
@@ -187,13 +199,29 @@ class EncodeManager:
         return len(self._writes)
 
     # sender side ----------------------------------------------------------
-    def bind_sender(self, room_id: int) -> str:
-        """The encode request for `room_id` was registered; return the room's state."""
+    def bind_sender(self, room_id: int, receiver: str | None = None) -> str:
+        """The encode request for `room_id` was registered; return the room's state.
+
+        `receiver` names the peer (authenticated identity) whose frames the room
+        takes. Named, frames from any other peer, before or after, can neither
+        claim, change, fail nor learn about the room. Unnamed, the first peer to
+        send a frame for it claims it.
+        """
         if type(room_id) is not int or room_id < 0:
             raise ValueError(f"room must be a non-negative integer, got {room_id!r}")
+        if receiver is not None and type(receiver) is not str:
+            raise ValueError(f"receiver must be a peer identity string, got {receiver!r}")
         room = self.rooms.get(room_id)
+        if room is not None and receiver is not None and room.owner not in (None, receiver) and not room.sender:
+            # Announced by another peer: its frames never reach this room. That peer
+            # is told its announcement failed, as it would be if no sender came.
+            self.stats["foreign_announcements"] += 1
+            self._fail(room, "room not open to this receiver")
+            room = None
         if room is None:
             tomb = self.tombstone(room_id)
+            if tomb is not None and tomb.state == "failed" and receiver is not None and tomb.owner != receiver:
+                tomb = None  # failed by another peer's frames: no pre-poisoning of this room
             if tomb is not None:
                 if tomb.state == "failed":
                     # Its receivers already failed it (bad frame, expired wait): the
@@ -206,6 +234,8 @@ class EncodeManager:
                 self.observer.room_opened(room_id)
         elif room.sender:
             raise RoomConflict(f"room {room_id} already has a sender")
+        if receiver is not None:
+            room.owner = receiver
         if room.announced:
             self._unannounce(room)
         ROOM.step(room, "bind_sender")
@@ -232,6 +262,7 @@ class EncodeManager:
 
     def _bury(self, tomb: Tombstone) -> None:
         tombs = self.tombstones
+        tombs.pop(tomb.room, None)  # a room id another peer had concluded may conclude again: newest last
         tombs[tomb.room] = tomb
         if len(tombs) > self.max_tombstones:
             tombs.popitem(last=False)
@@ -277,7 +308,7 @@ class EncodeManager:
         return True
 
     # receiver side --------------------------------------------------------
-    def withdraw(self, room_id: int, session: str, status_endpoint: str = "") -> str:
+    def withdraw(self, room_id: int, session: str, status_endpoint: str = "", peer: str = "") -> str:
         """A receiver withdrew its region of `room_id` (its request was aborted).
 
         A live room fails (every receiver is told). The withdraw is acknowledged
@@ -287,6 +318,12 @@ class EncodeManager:
         """
         self.stats["withdraws"] += 1
         room = self.rooms.get(room_id)
+        if self.tenancy.session_owner(session) not in (None, peer) or (
+                room is not None and room.owner not in (None, peer)):
+            # Another peer's session or room: it is not touched, and nobody is answered.
+            self.stats["withdraws_foreign"] += 1
+            self._warn("foreign", "refused a withdraw from another peer for room %s", room_id)
+            return "refused"
         if room is not None and session in room.frames:
             room.withdrawn = session
             self._fail(room, f"receiver {session} withdrew")
@@ -294,30 +331,44 @@ class EncodeManager:
         if self.regions.withdraw(room_id, session):
             return "deferred"
         frame = room.frames.get(session) if room is not None else None
-        self._tell(frame or Reply(room_id, session, status_endpoint), room_id, "withdrawn")
+        self._tell(frame or Reply(room_id, session, status_endpoint, peer), room_id, "withdrawn")
         return "acked"
 
     def register_receiver(self, frame: ReceiverFrame) -> bool:
-        """Apply one receiver registration frame; False if it was refused."""
+        """Apply one receiver registration frame from `frame.peer`; False if it was refused."""
         try:
             check_frame(frame)
         except FrameError as exc:
             self._refuse(frame, str(exc))
             return False
+        peer = frame.peer
+        if self.tenancy.session_owner(frame.session) not in (None, peer):
+            # Another peer's session: no reply at all, since any reply would be addressed
+            # by that session (a confused deputy is what this refuses).
+            return self._foreign(frame, "session belongs to another receiver", tell=False)
         room = self.rooms.get(frame.room)
+        tomb = self.tombstone(frame.room) if room is None else None
+        owner = room.owner if room is not None else (tomb.owner if tomb is not None else None)
+        if owner is not None and owner != peer:
+            return self._foreign(frame, "room not open to this receiver")
+        why = self.tenancy.claim(peer, frame.session)  # only a frame that may proceed claims
+        if why:
+            return self._foreign(frame, why)
         if room is None:
-            tomb = self.tombstone(frame.room)
             if tomb is not None:
                 self._tell_late(frame, tomb)
                 return True
-            if self._announced >= self.max_announced:
+            if self._announced >= self.max_announced or not self.tenancy.may_announce(peer):
                 self.stats["frames_refused"] += 1
                 self._tell_failed(frame, frame.room, "too many rooms waiting for their sender")
-                log.warning("refused frame for room %s: announce limit %s reached", frame.room, self.max_announced)
+                self._warn("announce_limit", "refused frames: announce limit reached (%s in all, %s per peer)",
+                           self.max_announced, self.tenancy.max_announced_per_peer)
                 return False
             room = self.rooms[frame.room] = Room(frame.room)
             if self.observer is not None:
                 self.observer.room_opened(frame.room)
+        if room.owner is None:
+            room.owner = peer
         known = room.frames.get(frame.session)
         if known is not None:
             if known == frame:
@@ -343,6 +394,7 @@ class EncodeManager:
         if was == "new":
             room.announced = True
             self._announced += 1
+            self.tenancy.announced[peer] += 1
             self.deadlines.arm(self.clock.now() + self.announce_timeout, "announce", room)
         elif was == "parked" and now_state == "transferring":
             self._start_writes(room)
@@ -519,6 +571,7 @@ class EncodeManager:
     def _unannounce(self, room: Room) -> None:
         room.announced = False
         self._announced -= 1
+        self.tenancy.announced[room.owner] -= 1
         self.deadlines.cancel(room)
 
     def _conclude(self, room: Room) -> None:
@@ -535,7 +588,7 @@ class EncodeManager:
         # Held while its sender lives and while a write may land in one of its regions: a frame
         # re-sent for it meanwhile must find the room, not open a new one under the same id.
         pins = int(room.sender) + self.regions.room_open(room.id)
-        tomb = Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins)
+        tomb = Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins, room.owner)
         if pins:
             self.pinned[room.id] = tomb
         else:
@@ -577,7 +630,11 @@ class EncodeManager:
     def _tell_late(self, frame: ReceiverFrame, tomb: Tombstone) -> None:
         ROOM.step(tomb, "add_receiver")  # declared only from concluded states
         self.stats["late_frames"] += 1
-        if tomb.state == "failed":
+        if tomb.owner is None:
+            # Nobody's room (it concluded before any frame came): its reason is not
+            # for whoever asks first.
+            self._tell_failed(frame, tomb.room, "room already concluded without this receiver")
+        elif tomb.state == "failed":
             if self.regions.is_open(tomb.room, frame.session):
                 self._tell(frame, tomb.room, "failed", tomb.reason)  # its release is still to come
             else:
@@ -588,19 +645,43 @@ class EncodeManager:
             self._tell_failed(frame, tomb.room, "room already concluded without this receiver")
 
     def _refuse(self, frame: Any, reason: str) -> None:
-        """A malformed frame: counted and logged; it fails only the room it names."""
+        """A malformed frame: counted and logged. It fails the room it names only if that
+        room is its sender's (or nobody's yet); it never creates one, so a room id cannot
+        be poisoned before its sender binds it."""
         self.stats["frames_refused"] += 1
-        log.warning("refused receiver frame: %s", reason)
+        self._warn("malformed", "refused receiver frame: %s", reason)
         room_id = getattr(frame, "room", None)
         if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
             return
+        peer = getattr(frame, "peer", "")
         room = self.rooms.get(room_id)
-        if room is None and self.tombstone(room_id) is None:
-            room = self.rooms[room_id] = Room(room_id)
-        if room is not None:
+        if room is not None and room.owner in (None, peer):
+            room.owner = peer
             self._fail(room, f"malformed receiver frame: {reason}")
-        if isinstance(getattr(frame, "session", None), str):
+        session = getattr(frame, "session", None)
+        if (isinstance(session, str) and isinstance(getattr(frame, "status_endpoint", ""), str)
+                and self.tenancy.session_owner(session) in (None, peer)):
             self._tell_failed(frame, room_id, f"malformed receiver frame: {reason}")
+
+    def _foreign(self, frame: ReceiverFrame, reason: str, tell: bool = True) -> bool:
+        """A frame for a room or session of another peer: the room is not touched, and the
+        sender hears the same answer whatever that room's state or outcome."""
+        self.stats["frames_foreign"] += 1
+        self._warn("foreign", "refused a frame from another peer: %s", reason)
+        if tell:
+            self._tell(frame, frame.room, "failed", reason)
+        return False
+
+    def _warn(self, key: str, msg: str, *args: Any) -> None:
+        """Warnings a peer can provoke at will: at most one line per key per second of the
+        injected clock, each saying how many were held back."""
+        now = self.clock.now()
+        last, held = self._warned.get(key, (-1e300, 0))
+        if now - last < 1.0:
+            self._warned[key] = (last, held + 1)
+            return
+        self._warned[key] = (now, 0)
+        log.warning(msg + (" (and %d more like it)" if held else ""), *args, *((held,) if held else ()))
 
     def snapshot(self) -> dict:
         """Rooms with their state and receivers, for debugging dumps."""

@@ -22,6 +22,7 @@ class Reply(NamedTuple):
     room: int
     session: str
     status_endpoint: str = ""
+    peer: str = ""  # the authenticated sender, set by the control plane (see ReceiverFrame.peer)
 
 
 class RegionBook:

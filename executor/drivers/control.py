@@ -1,101 +1,386 @@
-"""The control plane over ZMQ: registration frames in, status pushes out, never blocking.
+"""The control plane over ZMQ: authenticated registration frames in, authenticated status pushes out.
 
 Frames arrive on one PULL socket, read with NOBLOCK from the encode loop's
 `poll()` (through `EncodeManager.sources`), so no listener thread is needed.
-Each receiver's outcome goes out on a PUSH socket per status endpoint, sent
-with NOBLOCK over a small high-water mark: a dead or slow receiver costs a
-dropped, counted status, never a blocked loop (H4).
+
+Authentication is ZeroMQ CURVE with an allow-list of receiver public keys. The
+ZAP handler that checks each connecting key is a REP socket in this context,
+also polled without blocking from `poll()`, rather than pyzmq's
+ThreadAuthenticator: a thread would work, but the loop already polls, keeping it
+there means no lock around the allow-list and a handshake storm costs a bounded
+number of answers per tick. A connection whose key is not on the list is refused
+during the handshake, before any frame of it is read. Each frame then carries
+the key that sent it (ZMQ's User-Id) as `ReceiverFrame.peer`, which the core
+binds rooms and sessions to.
+
+Status pushes go out on a PUSH socket per (endpoint, peer), as a CURVE client
+whose server key is that peer's own key: only the receiver holding it can
+accept them, and it knows they came from this encoder because it allow-lists
+our key. Sent with NOBLOCK over a small high-water mark: a dead or slow
+receiver costs a dropped, counted status, never a blocked loop (H4).
+
+Every edge is bounded: parts per message (counted before the rest is read;
+an oversized message is drained across polls, so one poll's work stays
+bounded), bytes per part (refused alone: the peer's following frames are kept),
+frames per poll and per peer per poll, the time one poll spends, ZAP answers per
+poll, the status-socket pool (below the context's socket limit), and log lines.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
-from typing import Any
+import os
+import time
+from collections import Counter, OrderedDict, deque
+from pathlib import Path
+from typing import Any, Iterable
 
 import zmq
+import zmq.auth
+from zmq.utils import z85
 
-from ..core.frames import FrameError, ReceiverFrame, frame_from_parts
+from ..core.frames import _WIRE_PARTS, FrameError, ReceiverFrame, frame_from_parts
 from ..core.regions import WITHDRAW_MAGIC, WithdrawError, withdraw_from_parts
 
 log = logging.getLogger("epd_ring.control")
 
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ENV_SECRET = "EPD_RING_SECRET_KEY"  # this side's CURVE secret key (z85), or a path to a secret key file
+ENV_ALLOWED = "EPD_RING_ALLOWED_KEYS"  # peers' public keys: z85 keys, files or directories, comma-separated
+ENV_ENCODER = "EPD_RING_ENCODER_KEY"  # a receiver's view: the encoder's public key (z85 or file)
+
+
+# -- keys ----------------------------------------------------------------------------------
+def generate_keypair() -> tuple[bytes, bytes]:
+    """A fresh CURVE (public, secret) pair, z85-encoded."""
+    return zmq.curve_keypair()
+
+
+def _key_from(text: str, want_secret: bool = False) -> bytes:
+    text = text.strip()
+    if len(text) == 40 and not os.path.exists(text):
+        key = text.encode()
+        z85.decode(key)  # raises on a malformed key
+        return key
+    if not os.path.isfile(text):
+        raise ValueError(f"{text[:48]!r} is neither a 40-character z85 key nor a key file")
+    public, secret = zmq.auth.load_certificate(text)
+    if want_secret:
+        if secret is None:
+            raise ValueError(f"{text} holds no secret key")
+        return secret
+    return public
+
+
+def load_keypair(spec: str) -> tuple[bytes, bytes]:
+    """(public, secret) from a z85 secret key or a zmq.auth secret-key file."""
+    secret = _key_from(spec, want_secret=True)
+    return zmq.curve_public(secret), secret
+
+
+def load_public_keys(spec: str | Iterable[Any]) -> set[bytes]:
+    """Public keys from z85 strings, zmq.auth certificate files or directories of them."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    keys: set[bytes] = set()
+    for item in items:
+        if isinstance(item, bytes):
+            item = item.decode()
+        item = str(item).strip()
+        if not item:
+            continue
+        if os.path.isdir(item):
+            for path in sorted(Path(item).glob("*.key")):
+                keys.add(zmq.auth.load_certificate(str(path))[0])
+        else:
+            keys.add(_key_from(item))
+    return keys
+
+
+def keys_from_env() -> tuple[tuple[bytes, bytes] | None, set[bytes]]:
+    """This side's keypair and the allowed peer keys from EPD_RING_SECRET_KEY / EPD_RING_ALLOWED_KEYS."""
+    secret = os.environ.get(ENV_SECRET)
+    allowed = os.environ.get(ENV_ALLOWED, "")
+    return (load_keypair(secret) if secret else None), load_public_keys(allowed)
+
+
+class RateLimitedLog:
+    """At most one line per key per `interval` seconds; the next line says how many were held back."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 1.0):
+        self.logger, self.interval = logger, interval
+        self._last: dict[str, tuple[float, int]] = {}
+        self.suppressed = 0
+
+    def warning(self, key: str, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        last, held = self._last.get(key, (-1e300, 0))
+        if now - last < self.interval:
+            self._last[key] = (last, held + 1)
+            self.suppressed += 1
+            return
+        self._last[key] = (now, 0)
+        if held:
+            self.logger.warning(msg + " (and %d more like it)", *args, held)
+        else:
+            self.logger.warning(msg, *args)
+
 
 class ZmqControlPlane:
-    def __init__(self, manager: Any = None, bind: str = "tcp://127.0.0.1:0", *, max_frames_per_poll: int = 1024,
-                 push_hwm: int = 64, max_push_sockets: int = 1024):
+    def __init__(self, manager: Any = None, bind: str = "tcp://127.0.0.1:0", *,
+                 keypair: tuple[bytes, bytes] | None = None, allowed_keys: Iterable[Any] = (),
+                 insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_peer: int = 256,
+                 max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
+                 max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
+                 max_push_sockets: int = 512):
+        if keypair is None and not insecure:
+            raise ValueError("the control plane needs a CURVE keypair and an allow-list of receiver keys "
+                             "(see generate_keypair / keys_from_env); pass insecure=True to run without "
+                             "authentication")
+        self.insecure = keypair is None
         self.ctx = zmq.Context()
+        # The pool below must fit under the context's socket limit, with room for the
+        # frame socket, the ZAP socket and evicted pool sockets that libzmq's reaper
+        # thread has not released yet (closing is asynchronous; under churn they pile up).
+        self.max_push_sockets = max_push_sockets
+        self.ctx.MAX_SOCKETS = 2 * max_push_sockets + 64
+        self.allowed: set[bytes] = set()
+        self.stats: Counter = Counter()
+        self.log = RateLimitedLog(log)
+        self.zap = None
+        if not self.insecure:
+            self.public_key, self._secret = keypair
+            self.allow(*allowed_keys)
+            # Bound before any CURVE socket: libzmq lets every handshake through when
+            # no ZAP handler is listening.
+            self.zap = self.ctx.socket(zmq.REP)
+            self.zap.setsockopt(zmq.LINGER, 0)
+            self.zap.bind(ZAP_ENDPOINT)
+        else:
+            self.public_key = self._secret = None
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 100_000)
-        self.pull.setsockopt(zmq.MAXMSGSIZE, 4096)  # a frame is ~150 bytes; refuse floods of junk early
+        # A hard stop for parts far past any frame (the connection is dropped); parts
+        # between max_part_bytes and this are refused alone, keeping the connection.
+        self.pull.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        if not self.insecure:
+            self.pull.curve_server = True
+            self.pull.curve_secretkey = self._secret
+            self.pull.setsockopt(zmq.ZAP_DOMAIN, b"epd-ring")
         if bind.endswith(":0"):
             self.pull.bind_to_random_port(bind[: bind.rindex(":")])
         else:
             self.pull.bind(bind)
         self.endpoint = self.pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        if self.insecure:
+            log.warning("control plane at %s runs WITHOUT authentication (insecure=True): any process that "
+                        "can reach it can register, fail or take rooms", self.endpoint)
         self.max_frames_per_poll = max_frames_per_poll
+        self.max_frames_per_peer = max_frames_per_peer
+        self.max_backlog = max_backlog
+        self.max_poll_s = max_poll_s
+        self.max_part_bytes = max_part_bytes
+        self.max_zap_per_poll = max_zap_per_poll
         self.push_hwm = push_hwm
-        self.max_push_sockets = max_push_sockets
-        self._push: OrderedDict[str, zmq.Socket] = OrderedDict()
-        self.stats: Counter = Counter()
+        self._push: OrderedDict[tuple[str, str], zmq.Socket] = OrderedDict()
+        self._backlog: deque[tuple[str, list[bytes]]] = deque()
+        self._draining = False  # mid-way through discarding a refused message's parts
+        self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
         if manager is not None:
             self.attach(manager)
+
+    def allow(self, *keys: Any) -> None:
+        """Add receiver public keys (z85, certificate files or directories) to the allow-list."""
+        self.allowed |= load_public_keys(keys)
 
     def attach(self, manager: Any) -> None:
         """Poll frames from `manager.poll()`; push statuses for its transport."""
         self.manager = manager
         manager.sources.append(self.poll)
 
-    # frames in ------------------------------------------------------------------------
-    def poll(self) -> int:
+    # authentication ----------------------------------------------------------------------
+    def _answer_zap(self) -> int:
         n = 0
-        while n < self.max_frames_per_poll:
+        while n < self.max_zap_per_poll:
             try:
-                parts = self.pull.recv_multipart(zmq.NOBLOCK)
+                msg = self.zap.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             n += 1
-            if parts and parts[0] == WITHDRAW_MAGIC:
-                self._withdraw(parts)
-                continue
-            try:
-                frame = frame_from_parts(parts)
-            except FrameError as exc:
-                # Refused alone: nothing in it can be trusted, not even its room.
-                self.stats["frames_refused"] += 1
-                log.warning("refused a control frame: %s", exc)
-                continue
-            self.stats["frames"] += 1
-            self.manager.register_receiver(frame)
+            version, request_id = (msg + [b"", b""])[:2]
+            mechanism = msg[5] if len(msg) > 5 else b""
+            key = msg[6] if len(msg) > 6 else b""
+            if version == b"1.0" and mechanism == b"CURVE" and len(key) == 32 and z85.encode(key) in self.allowed:
+                user = z85.encode(key)
+                self.zap.send_multipart([b"1.0", request_id, b"200", b"OK", user, b""])
+                self.stats["zap_allowed"] += 1
+            else:
+                self.zap.send_multipart([b"1.0", request_id, b"400", b"key not allowed", b"", b""])
+                self.stats["zap_denied"] += 1
+                self.log.warning("zap", "refused a control connection from %s: key not on the allow-list",
+                                 msg[3].decode("ascii", "replace") if len(msg) > 3 else "?")
         return n
 
-    def _withdraw(self, parts: list[bytes]) -> None:
+    # frames in ---------------------------------------------------------------------------
+    def _drain(self, deadline: float) -> int:
+        """Discard parts of a refused message until it ends or `deadline`; the rest waits for the next poll."""
+        n = 0
+        while not (n & 1023 == 1023 and time.perf_counter() > deadline):
+            try:
+                part = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # cannot happen mid-message; be safe anyway
+                self._draining = False
+                break
+            n += 1
+            if not part.more:
+                self._draining = False
+                break
+        self.stats["parts_drained"] += n
+        return n
+
+    def _read(self) -> tuple[str, list[bytes] | None] | None:
+        """The next message as (peer, parts), parts None if refused; None when nothing is queued."""
+        try:
+            first = self.pull.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        peer = "" if self.insecure else first.get("User-Id")
+        parts = [first]
+        too_big = len(first) > self.max_part_bytes
+        part = first
+        # The count is checked part by part, before the rest is read.
+        while part.more and len(parts) < _WIRE_PARTS:
+            part = self.pull.recv(zmq.NOBLOCK, copy=False)
+            parts.append(part)
+            too_big = too_big or len(part) > self.max_part_bytes
+        if part.more:
+            self._draining = True
+            self.stats["frames_refused"] += 1
+            self.stats["frames_too_many_parts"] += 1
+            self.log.warning("parts", "refused a control message from %s with more than %d parts", peer[:8] or "?",
+                             _WIRE_PARTS)
+            return peer, None
+        if too_big:
+            self.stats["frames_refused"] += 1
+            self.stats["frames_oversized"] += 1
+            self.log.warning("size", "refused a control message from %s with a part over %d bytes", peer[:8] or "?",
+                             self.max_part_bytes)
+            return peer, None
+        return peer, [p.bytes for p in parts]
+
+    def _handle(self, peer: str, parts: list[bytes]) -> None:
+        if parts and parts[0] == WITHDRAW_MAGIC:
+            self._withdraw(peer, parts)
+            return
+        try:
+            frame = frame_from_parts(parts, peer=peer)
+        except FrameError as exc:
+            # Refused alone: nothing in it can be trusted, not even its room.
+            self.stats["frames_refused"] += 1
+            self.log.warning("malformed", "refused a control frame: %s", exc)
+            return
+        self.stats["frames"] += 1
+        self.manager.register_receiver(frame)
+
+    def _withdraw(self, peer: str, parts: list[bytes]) -> None:
         try:
             w = withdraw_from_parts(parts)
         except WithdrawError as exc:
             self.stats["withdraws_refused"] += 1
-            log.warning("refused a withdraw: %s", exc)
+            self.log.warning("withdraw", "refused a withdraw: %s", exc)
             return
         self.stats["withdraws"] += 1
-        self.manager.withdraw(w.room, w.session, w.status_endpoint)
+        # Bound to its sender like a frame: a withdraw may only name its own peer's rooms and sessions.
+        self.manager.withdraw(w.room, w.session, w.status_endpoint, peer)
 
-    # statuses out ---------------------------------------------------------------------
-    def _socket(self, endpoint: str) -> zmq.Socket:
-        sock = self._push.get(endpoint)
+    def poll(self) -> int:
+        t0 = time.perf_counter()
+        deadline = t0 + self.max_poll_s
+        if self.zap is not None:
+            self._answer_zap()
+        budget = self.max_frames_per_poll
+        if self._draining:
+            self._drain(deadline)
+            if self._draining:
+                self._note(t0)
+                return 0
+        seen: Counter = Counter()
+        n = 0
+        cap = self.max_frames_per_peer
+        # Frames held back from earlier polls first, each peer still within its cap.
+        backlog = self._backlog
+        for _ in range(len(backlog)):
+            if n >= budget or (n & 7 == 7 and time.perf_counter() > deadline):
+                break
+            peer, parts = backlog.popleft()
+            if seen[peer] >= cap:
+                backlog.append((peer, parts))
+                continue
+            seen[peer] += 1
+            n += 1
+            self._handle(peer, parts)
+        while n < budget:
+            # A frame costs tens of microseconds when it reaches the manager: look at the
+            # clock every few, so one poll stays within max_poll_s plus a few frames.
+            if n & 7 == 7 and time.perf_counter() > deadline:
+                self.stats["polls_out_of_time"] += 1
+                break
+            got = self._read()
+            if got is None:
+                break
+            n += 1
+            if self._draining:
+                self._drain(deadline)
+                if self._draining:
+                    break
+                continue
+            peer, parts = got
+            if parts is None:
+                continue
+            if seen[peer] >= cap:
+                # This peer had its share of this poll: its frame waits, the others go on.
+                if len(self._backlog) < self.max_backlog:
+                    self._backlog.append((peer, parts))
+                    self.stats["frames_held_back"] += 1
+                else:
+                    self.stats["frames_shed"] += 1
+                    self.log.warning("shed", "shed a control frame from %s: backlog of %d full", peer[:8] or "?",
+                                     self.max_backlog)
+                continue
+            seen[peer] += 1
+            self._handle(peer, parts)
+        self._note(t0)
+        return n
+
+    def _note(self, t0: float) -> None:
+        took = time.perf_counter() - t0
+        if took > self.max_poll_seconds:
+            self.max_poll_seconds = took
+
+    # statuses out ------------------------------------------------------------------------
+    def _socket(self, endpoint: str, peer: str) -> zmq.Socket:
+        key = (endpoint, peer)
+        sock = self._push.get(key)
         if sock is not None:
-            self._push.move_to_end(endpoint)
+            self._push.move_to_end(key)
             return sock
         if len(self._push) >= self.max_push_sockets:
             _, old = self._push.popitem(last=False)
             old.close(linger=0)
+            self.stats["status_sockets_evicted"] += 1
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.push_hwm)
         sock.setsockopt(zmq.IMMEDIATE, 0)
+        if not self.insecure:
+            # The receiver's status socket serves with the same key it authenticated with,
+            # so nobody else can accept its statuses.
+            sock.curve_secretkey = self._secret
+            sock.curve_publickey = self.public_key
+            sock.curve_serverkey = peer.encode()
         sock.connect(endpoint)
-        self._push[endpoint] = sock
+        self._push[key] = sock
         return sock
 
     def push_status(self, frame: ReceiverFrame, room: int, status: str, reason: str = "") -> None:
@@ -103,18 +388,25 @@ class ZmqControlPlane:
         if not endpoint:
             self.stats["status_without_endpoint"] += 1
             return
+        peer = getattr(frame, "peer", "")
+        if not self.insecure and not peer:
+            self.stats["status_without_peer"] += 1  # a frame that did not come through this plane
+            return
         try:
-            self._socket(endpoint).send_multipart(
+            self._socket(endpoint, peer).send_multipart(
                 [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]], zmq.NOBLOCK)
             self.stats["status_sent"] += 1
         except zmq.Again:
             self.stats["status_dropped"] += 1  # queue full: the receiver is gone or stuck
         except zmq.ZMQError as exc:
             self.stats["status_errors"] += 1
-            log.warning("status for room %s to %s failed: %s", room, endpoint, exc)
+            self.log.warning("status", "status for room %s to %s failed: %s", room, endpoint, exc)
 
     def close(self) -> None:
         for sock in self._push.values():
             sock.close(linger=0)
+        self._push.clear()
         self.pull.close(linger=0)
+        if self.zap is not None:
+            self.zap.close(linger=0)
         self.ctx.term()

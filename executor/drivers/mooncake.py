@@ -81,7 +81,15 @@ class _Pending:
 class MooncakeTransport(Transport):
     def __init__(self, hostname: str = "127.0.0.1", *, metadata_server: str = "P2PHANDSHAKE",
                  protocol: str = "tcp", device: str = "",
-                 notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True):
+                 notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
+                 expose_ring: bool | None = None):
+        # The engine listens on all interfaces and cannot be bound to one address, and any
+        # peer that reaches it can read or write what is registered. Over TCP a write's
+        # source need not be registered, so the ring is not (no peer can read a parked
+        # embedding or overwrite it); RDMA needs it registered (see README, trust model).
+        self.expose_ring = protocol != "tcp" if expose_ring is None else expose_ring
+        if not self.expose_ring:
+            os.environ.setdefault("MC_FORCE_TCP", "1")  # an RDMA NIC must not pick a transport needing it
         self.engine, self.session = load_engine(hostname, metadata_server, protocol, device, quiet)
         self.notifier = notifier
         self._ids = itertools.count(1)
@@ -91,6 +99,10 @@ class MooncakeTransport(Transport):
         self.stats: Counter = Counter()
 
     def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
+        if not self.expose_ring:
+            self._owners.append(owner)  # kept alive, not shown to the engine's peers
+            self.stats["regions_not_exposed"] += len(regions)
+            return
         ptrs = [p for p, _ in regions]
         lens = [n for _, n in regions]
         rc = self.engine.batch_register_memory(ptrs, lens)

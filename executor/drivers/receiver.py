@@ -7,6 +7,12 @@ the declared region machine (fsm/regions.py) on every notice, and its memory
 is carved again only once it is `released`: never while a write into it may
 still land.
 
+With CURVE (the default) it holds one keypair: its frames go out as a CURVE
+client of the encoder (whose public key it must know), and its status socket
+serves with the same key, accepting only the encoder's key, so a status it
+reads came from its encoder. As a process it takes its secret key from
+EPD_RING_SECRET_KEY and the encoder's public key from EPD_RING_ENCODER_KEY.
+
 Run as a process, it takes JSON commands on stdin, one per line, and answers
 one JSON line each (used by the end-to-end tests):
   {"cmd": "expect", "room": R, "span": S, "hidden": H, "deep": D, "n": N, "rank": K, "shard": bool}
@@ -31,6 +37,7 @@ from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
 
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from ..core.regions import withdraw_to_parts
+from .control import ENV_ENCODER, ENV_SECRET, generate_keypair, load_keypair, load_public_keys
 from .mooncake import load_engine
 
 _ALIGN = 64
@@ -77,7 +84,8 @@ class Extents:
 
 class ReferenceReceiver:
     def __init__(self, encode_endpoint: str, *, capacity: int = 64 << 20, hostname: str = "127.0.0.1",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, encoder_key: Any = None,
+                 keypair: tuple[bytes, bytes] | None = None, insecure: bool = False):
         self.engine, self.session = load_engine(hostname)
         self.dtype = dtype
         self.buffer = torch.zeros(capacity, dtype=torch.uint8)
@@ -88,11 +96,34 @@ class ReferenceReceiver:
         import zmq  # the mooncake extra; imported here so `--help` works without it
 
         self.ctx = zmq.Context()
+        self.auth = None
+        self.insecure = insecure
+        if not insecure:
+            if encoder_key is None:
+                raise ValueError("a receiver needs the encoder's public key (or insecure=True)")
+            (encoder,) = load_public_keys([encoder_key])
+            self.public_key, secret = keypair or generate_keypair()
+            # The status socket accepts the encoder's key only. Its ZAP handler may be a
+            # thread: this is the receiver's edge, not the encode loop.
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self.auth = ThreadAuthenticator(self.ctx)
+            self.auth.start()
+            self.auth.configure_curve_callback("*", credentials_provider=_OnlyKey(encoder))
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 1000)
+        # A refused handshake leaves no pipe to queue on: give up on a send after 2 s
+        # instead of hanging (an encoder that does not accept our key is an error here).
+        self.push.setsockopt(zmq.SNDTIMEO, 2000)
+        if not insecure:
+            self.push.curve_secretkey, self.push.curve_publickey = secret, self.public_key
+            self.push.curve_serverkey = encoder
         self.push.connect(encode_endpoint)
         self.status_sock = self.ctx.socket(zmq.PULL)
         self.status_sock.setsockopt(zmq.LINGER, 0)
+        if not insecure:
+            self.status_sock.curve_server = True
+            self.status_sock.curve_secretkey = secret
         port = self.status_sock.bind_to_random_port(f"tcp://{hostname}")
         self.status_endpoint = f"tcp://{hostname}:{port}"
         self.frames: dict[int, ReceiverFrame] = {}
@@ -196,9 +227,37 @@ class ReferenceReceiver:
             h.update(deep.contiguous().numpy().tobytes())
         return h.hexdigest()
 
+    def close(self) -> None:
+        if self.auth is not None:
+            self.auth.stop()
+        self.push.close(linger=0)
+        self.status_sock.close(linger=0)
+        self.ctx.term()
+
+
+class _OnlyKey:
+    """Credentials provider for zmq.auth: exactly one allowed public key."""
+
+    def __init__(self, key: bytes):
+        self.key = key
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.key  # zmq.auth hands the client key over z85-encoded
+
+
+def receiver_from_env(encode_endpoint: str, **kw: Any) -> "ReferenceReceiver":
+    """A receiver keyed from EPD_RING_SECRET_KEY / EPD_RING_ENCODER_KEY (insecure if neither is set)."""
+    import os
+
+    secret, encoder = os.environ.get(ENV_SECRET), os.environ.get(ENV_ENCODER)
+    if not secret and not encoder:
+        return ReferenceReceiver(encode_endpoint, insecure=True, **kw)
+    return ReferenceReceiver(encode_endpoint, encoder_key=encoder, keypair=load_keypair(secret) if secret else None,
+                             **kw)
+
 
 def serve(encode_endpoint: str) -> None:
-    r = ReferenceReceiver(encode_endpoint)
+    r = receiver_from_env(encode_endpoint)
     print(json.dumps({"session": r.session, "status_endpoint": r.status_endpoint}), flush=True)
     for line in sys.stdin:
         try:
@@ -212,12 +271,18 @@ def serve(encode_endpoint: str) -> None:
                          n=cmd.get("n", 1), rank=cmd.get("rank", 0), shard=cmd.get("shard", False))
             print(json.dumps({"ok": True, "dst_ptr": f.dst_ptr}), flush=True)
         elif kind == "register":
-            for room in cmd["rooms"]:
-                r.register(room)
-            print(json.dumps({"ok": True}), flush=True)
+            try:
+                for room in cmd["rooms"]:
+                    r.register(room)
+                print(json.dumps({"ok": True}), flush=True)
+            except zmq.Again:
+                print(json.dumps({"ok": False, "error": "send timed out"}), flush=True)
         elif kind == "raw":
-            r.send_raw([bytes.fromhex(p) for p in cmd["parts_hex"]])
-            print(json.dumps({"ok": True}), flush=True)
+            try:
+                r.send_raw([bytes.fromhex(p) for p in cmd["parts_hex"]])
+                print(json.dumps({"ok": True}), flush=True)
+            except zmq.Again:
+                print(json.dumps({"ok": False, "error": "send timed out"}), flush=True)
         elif kind == "report":
             deadline = time.monotonic() + cmd.get("timeout", 0)
             wait = set(cmd.get("wait_rooms", []))
@@ -238,6 +303,8 @@ def serve(encode_endpoint: str) -> None:
             break
         else:
             print(json.dumps({"ok": False, "error": f"unknown command {kind!r}"}), flush=True)
+
+    r.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,20 +342,40 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def child_env(encoder_key: Any = None, keypair: tuple[bytes, bytes] | None = None) -> tuple[dict, bytes | None]:
+    """Environment for a receiver process: CURVE keys when `encoder_key` is given (a fresh
+    keypair if none), else none at all (it then runs insecure). Returns (env, public key)."""
+    import os
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop(ENV_SECRET, None)
+    env.pop(ENV_ENCODER, None)
+    if encoder_key is None:
+        return env, None
+    public, secret = keypair or generate_keypair()
+    # Keys through the environment, never argv (which any local user can read).
+    env[ENV_SECRET] = secret.decode()
+    env[ENV_ENCODER] = encoder_key.decode() if isinstance(encoder_key, bytes) else str(encoder_key)
+    return env, public
+
+
 class ReceiverProcess:
     """A receiver in its own process, driven by the JSON-line commands of `serve`."""
 
-    def __init__(self, encode_endpoint: str):
-        import os
+    def __init__(self, encode_endpoint: str, *, encoder_key: bytes | None = None,
+                 keypair: tuple[bytes, bytes] | None = None):
+        """With `encoder_key`, the process runs with CURVE under `keypair` (a fresh one if
+        None; its public half is `public_key`, for the encoder's allow-list)."""
         import subprocess
 
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env, self.public_key = child_env(encoder_key, keypair)
         self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.drivers.receiver", encode_endpoint],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("receiver process failed to start")
-        self.session = json.loads(line)["session"]
+        hello = json.loads(line)
+        self.session, self.status_endpoint = hello["session"], hello["status_endpoint"]
 
     def ask(self, **cmd: Any) -> dict:
         self.proc.stdin.write(json.dumps(cmd) + "\n")

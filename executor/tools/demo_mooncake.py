@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..core.clock import MonotonicClock
-from ..drivers.control import ZmqControlPlane
+from ..drivers.control import ZmqControlPlane, generate_keypair
 from .demo import EXPECT, PoisonableModel, drained, serve_metrics, summary
 from .timeline import TimelineRecorder
 from ..core.executor import EncodeExecutor, EncodeItem
@@ -50,16 +50,22 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
     tower = TinyVisionTower(deepstack_layers=(0, 1) if deepstack else (), seed=seed)
     model = PoisonableModel(tower)
     hidden, deep_w = tower.hidden, tower.hidden * model.num_deepstack_embeddings
-    control = ZmqControlPlane()
+    # CURVE on: the encoder's keypair; receivers a and b are ranks of one prefill instance
+    # and share its key, the doomed one has its own. Rooms name their receiver's key.
+    encoder, instance, doomed = generate_keypair(), generate_keypair(), generate_keypair()
+    control = ZmqControlPlane(keypair=encoder, allowed_keys=[instance[0], doomed[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
     control.attach(manager)
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * hidden * 4)
     serve_metrics(executor, metrics_port, metrics_hook)
     recorder = TimelineRecorder(executor, manager.clock) if timeline else None
-    procs = {name: ReceiverProcess(control.endpoint) for name in ("a", "b", "doomed")}
+    keys = {"a": instance, "b": instance, "doomed": doomed}
+    procs = {name: ReceiverProcess(control.endpoint, encoder_key=encoder[0], keypair=keys[name])
+             for name in ("a", "b", "doomed")}
     try:
         plans = []
+        owner: dict[int, str] = {}
         step = tower.patch * tower.merge
         for k in range(rooms):
             fault = "none"
@@ -78,6 +84,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                                 n=len(names), rank=rank, shard=shard)
             regs = {"never": [], "partial": names[:1]}.get(fault, names)
             plans.append((room, item, fault, names, shard, regs))
+            owner[room] = keys[names[0]][0].decode()
         expected: dict[int, torch.Tensor] = {}
         outcome: dict[int, str] = {}
         manager.on_conclude.append(lambda r, st: outcome.__setitem__(r, st))
@@ -98,7 +105,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                 procs["doomed"].proc.kill()
                 procs["doomed"].proc.wait()
             for room, item, *_ in chunk:
-                executor.register(f"r{room}", "127.0.0.1", 0, room)
+                executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=owner[room])
             while executor.has_deferred():  # backpressure: no tower run while sends wait
                 executor.poll()
             if any(p[2] == "tower_error" for p in chunk):

@@ -312,6 +312,7 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     import tempfile
 
     from epd_ring.executor import MonotonicClock, MooncakeTransport, ZmqControlPlane
+    from epd_ring.executor.drivers.control import generate_keypair
 
     from .qwen3vl.process import PrefillProcess
 
@@ -322,7 +323,9 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     spec = hf.spec(model)
     reqs = plan(requests, spec, seed)
     ref_s = references(model, reqs)
-    control = ZmqControlPlane()
+    # CURVE on: the prefill workers are ranks of one instance and share its key.
+    encoder_keys, instance = generate_keypair(), generate_keypair()
+    control = ZmqControlPlane(keypair=encoder_keys, allowed_keys=[instance[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
     control.attach(manager)
@@ -333,7 +336,8 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     inject_write_fault(reqs)
     kill_wave = min(kill_wave, (len(reqs) - 1) // wave_size)
     with tempfile.TemporaryDirectory(prefix="epd-ring-qwen-") as out_dir:
-        procs = {w: PrefillProcess(control.endpoint, dtype, seed, out_dir) for w in "ab"}
+        procs = {w: PrefillProcess(control.endpoint, dtype, seed, out_dir, encoder_key=encoder_keys[0],
+                                   keypair=instance) for w in "ab"}
         try:
             t0 = time.perf_counter()
             for w0 in range(0, len(reqs), wave_size):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from epd_ring.executor import ReferenceReceiver
+from epd_ring.executor.drivers.receiver import child_env, receiver_from_env
 from epd_ring.executor.core.frames import frame_to_parts
 
 from . import ArrivalError, Placement, PrefillWorker, hf
@@ -36,7 +37,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def serve(encode_endpoint: str, dtype: str, seed: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     model = hf.build_model(seed=seed, dtype=DTYPES[dtype])
-    rcv = ReferenceReceiver(encode_endpoint, capacity=256 << 20, dtype=DTYPES[dtype])
+    rcv = receiver_from_env(encode_endpoint, capacity=256 << 20, dtype=DTYPES[dtype])
     worker = PrefillWorker(model, rcv)
     print(json.dumps({"session": rcv.session, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -90,10 +91,11 @@ def run(worker: PrefillWorker, rcv: ReferenceReceiver, cmd: dict, out_dir: str) 
 class PrefillProcess:
     """The parent's handle on a prefill worker process."""
 
-    def __init__(self, encode_endpoint: str, dtype: str, seed: int, out_dir: str):
+    def __init__(self, encode_endpoint: str, dtype: str, seed: int, out_dir: str, *, encoder_key: Any = None,
+                 keypair: Any = None):
         import subprocess
 
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env, self.public_key = child_env(encoder_key, keypair)
         self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.tools.qwen3vl.process",
                                       encode_endpoint, dtype, str(seed), out_dir],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
