@@ -180,3 +180,13 @@ def test_refusal_warnings_are_rate_limited_with_counts(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "epd_ring.manager"]
     assert len(lines) == 2 and "and 4999 more like it" in lines[1]
     assert rig.manager.stats["frames_refused"] == 5001
+
+
+def test_a_withdraw_from_another_peer_touches_nothing():
+    rig = make_rig()
+    rid, item = victim_room(rig, 6)
+    assert rig.manager.withdraw(6, "victim:1", peer=ATTACKER) == "refused"
+    assert rig.manager.room_status(6) == "ready"
+    run(rig, (rid, item))
+    assert rig.manager.room_status(6) == "success" and rig.delivered_ok(6, "victim:1", item)
+    assert rig.receiver("victim:1").statuses(6) == ["success"]

@@ -100,8 +100,7 @@ class MooncakeTransport(Transport):
 
     def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
         if not self.expose_ring:
-            self._owners.append(owner)  # kept alive, not shown to the engine's peers
-            self.stats["regions_not_exposed"] += len(regions)
+            self.stats["regions_not_exposed"] += len(regions)  # not shown to the engine's peers
             return
         ptrs = [p for p, _ in regions]
         lens = [n for _, n in regions]

@@ -140,7 +140,10 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
     from .qwen3vl.process import PrefillProcess
 
     spec = hf.spec(model)
-    control = ZmqControlPlane()
+    from epd_ring.executor.drivers.control import generate_keypair
+
+    encoder_keys, instance = generate_keypair(), generate_keypair()  # CURVE on, as in production
+    control = ZmqControlPlane(keypair=encoder_keys, allowed_keys=[instance[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=5.0, quarantine_s=1.0, write_timeout=30.0)
     control.attach(manager)
@@ -150,7 +153,7 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
     manager.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
     prefill_s = 0.0
     with tempfile.TemporaryDirectory(prefix="epd-ring-bench-") as out_dir:
-        proc = PrefillProcess(control.endpoint, dtype, seed, out_dir)
+        proc = PrefillProcess(control.endpoint, dtype, seed, out_dir, encoder_key=encoder_keys[0], keypair=instance)
         try:
             for r in reqs:  # frames first, as a scheduler routes requests ahead of encoding
                 proc.ask(cmd="request", rid=r.rid, meta=r.prompt.meta(), place=vars(r.placement("a")))
