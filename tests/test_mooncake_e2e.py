@@ -359,7 +359,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
 
 def test_withdrawn_region_is_acknowledged_then_carved_again():
     enc = EncodeSide(False, slots=2)
-    a = Receiver(enc.control.endpoint)
+    a = enc.receiver()
     try:
         room = 60_000
         first = a.ask(cmd="expect", room=room, span=4, hidden=enc.hidden)["dst_ptr"]
