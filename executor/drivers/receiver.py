@@ -258,6 +258,7 @@ def receiver_from_env(encode_endpoint: str, **kw: Any) -> "ReferenceReceiver":
 
 def serve(encode_endpoint: str) -> None:
     r = receiver_from_env(encode_endpoint)
+    import zmq  # for zmq.Again below; the module imports it lazily
     print(json.dumps({"session": r.session, "status_endpoint": r.status_endpoint}), flush=True)
     for line in sys.stdin:
         try:
