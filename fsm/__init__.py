@@ -1,13 +1,16 @@
-"""Slot, room and receive region state machines, declared once with `transitions`."""
+"""Slot, room, receive region and peer state machines, declared once with `transitions`."""
 
 from .core import CompiledMachine, Edge, InvalidTransition, build_machine
 from .machines import ROOM, ROOM_CONCLUDED, ROOM_DECLARATION, SLOT, SLOT_DECLARATION
+from .peer import PEER, PEER_DECLARATION
 from .regions import REGION, REGION_DECLARATION
 
 __all__ = [
     "CompiledMachine",
     "Edge",
     "InvalidTransition",
+    "PEER",
+    "PEER_DECLARATION",
     "build_machine",
     "REGION",
     "REGION_DECLARATION",

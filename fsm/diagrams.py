@@ -20,6 +20,7 @@ KIND_STYLE = {
     "in_flight": {"style": "rounded,filled", "fillcolor": "#fff1c9", "color": "#a66d00"},
     "unsure": {"style": "rounded,filled", "fillcolor": "#ffd8c2", "color": "#b8430b"},
     "terminal": {"style": "rounded,filled", "fillcolor": "#e0e0e0", "color": "#424242"},
+    "down": {"style": "rounded,filled", "fillcolor": "#f6c6c6", "color": "#9c1f1f"},
 }
 
 
@@ -63,12 +64,14 @@ def parse_edges(dot: str) -> set[tuple[str, str, str]]:
     return edges
 
 
-def live_dot(slots, rooms: dict) -> str:
-    """A picture of live controller state: slots by state, the rooms they hold, receivers.
+def live_dot(slots, rooms: dict, peers: dict | None = None) -> str:
+    """A picture of live controller state: slots by state, the rooms they hold, receivers' peers.
 
-    `slots`: objects with index/state/room/writes_in_flight; `rooms`: the manager's snapshot.
+    `slots`: objects with index/state/room/writes_in_flight; `rooms`: the manager's snapshot;
+    `peers`: the peer table's snapshot (session -> state).
     """
     from .machines import ROOM, SLOT
+    from .peer import PEER
 
     def attrs(machine, state):
         style = KIND_STYLE[machine.tags[state][0]]
@@ -86,5 +89,7 @@ def live_dot(slots, rooms: dict) -> str:
                      f'{attrs(ROOM, info["state"])}];')
         for session in info["receivers"]:
             lines.append(f'  room{rid} -> "{session}" [style=dashed];')
+    for session, info in sorted((peers or {}).items()):
+        lines.append(f'  "{session}" [label="peer {session}\\n{info["state"]}" {attrs(PEER, info["state"])}];')
     lines.append("}")
     return "\n".join(lines) + "\n"

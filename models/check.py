@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
                    help=f"transport faults the model may inject (default: {d['faults']})")
     p.add_argument("--variant", default=None, choices=sorted(VARIANTS),
                    help=f"whose rules to explore (default: {d['variant']})")
+    p.add_argument("--peers", action="store_true",
+                   help="model the peer machine too (one peer per receiver rank; grows the state space)")
     p.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true", help="run with and without symmetry reduction")
     p.add_argument("--save-traces", metavar="DIR", help="write each violation's trace as JSON")
@@ -69,7 +71,7 @@ def apply_defaults(args) -> None:
     """Fill the model's size flags left unset, and refuse flags the chosen engine would ignore."""
     engine = getattr(args, "engine", "explorer")
     if engine == "spin":
-        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry")
+        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry", "peers")
                  if getattr(args, k, None)]
         if given:
             raise CheckInputError(f"{', '.join(given)} apply to the explorer, not --engine spin")
@@ -138,16 +140,17 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         apply_defaults(args)
         return _run_replay(args, out, report)
     apply_defaults(args)
-    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant)
+    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant,
+                 peers=getattr(args, "peers", False))
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
-    report.update(config={k: getattr(cfg, k) for k in DEFAULTS}, runs=[])
+    report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers}, runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
         label = "with" if symmetry else "without"
         out(f"checking {cfg.variant}: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per room, "
-            f"{cfg.faults} fault(s), {label} symmetry reduction")
+            f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{label} symmetry reduction")
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 

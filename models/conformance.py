@@ -2,7 +2,8 @@
 
 `Harness` owns a real executor, manager and loopback transport (fake clock,
 every write held until the harness completes it, copies gated by fences the
-harness completes) and maps each spec event onto them. `abstract()` reads the
+harness completes, and with `Config.peers` every first contact held until the
+harness answers it or fires its deadline) and maps each spec event onto them. `abstract()` reads the
 implementation's state back as a spec state: rooms, slots, the deferred queue,
 writes in flight and each receiver's region (stepped through the region
 machine on every notice that receiver got, so a second outcome fails at once);
@@ -32,7 +33,9 @@ HIDDEN = 4
 # Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
 # (one tick per event), so deadlines fire only when the harness fires them.
 TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
-                tombstone_ttl=1e6)
+                tombstone_ttl=1e6, connect_timeout=113.0, peer_backoff=127.0,
+                # The model does not move peers on write failures: neither may the implementation here.
+                peer_fail_threshold=1 << 30)
 
 
 class Fence:
@@ -74,6 +77,8 @@ class Harness:
         self.transport = LoopbackTransport(self.clock)
         self.transport.inject("hold", count=1 << 30)  # the harness decides every write's outcome
         self.manager = EncodeManager(self.transport, self.clock, **TIMEOUTS)
+        if config.peers:
+            self.transport.inject_contact("hang", count=1 << 30)  # the harness answers every contact
         self.tower = RoomTower()
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
                                        ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
@@ -83,8 +88,8 @@ class Harness:
         for i in range(R):
             row = []
             for k in range(N):
-                session = f"p{i}.{k}"
-                rcv = self.transport.add_receiver(session)
+                session = self.session(i, k)
+                rcv = self.transport.receivers.get(session) or self.transport.add_receiver(session)
                 buf = torch.full((tokens, HIDDEN), -1.0)
                 rcv.register(buf)
                 self.buffers[(i, k)] = buf
@@ -101,8 +106,8 @@ class Harness:
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
-        self.withdrawn: set[str] = set()  # sessions that withdrew (the receiver's own move)
-        self._withdrawn_at: dict[str, int] = {}  # how many notices it had got when it withdrew
+        self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
+        self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
         self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
 
     def room(self, i: int) -> int:
@@ -110,6 +115,10 @@ class Harness:
 
     def rid(self, i: int) -> str:
         return f"r{i}"
+
+    def session(self, i: int, k: int) -> str:
+        # With peers, the rank-k receiver of every room is on one peer, as in the model.
+        return f"p.{k}" if self.cfg.peers else f"p{i}.{k}"
 
     # -- reading the implementation back ---------------------------------------------
     def _observe(self) -> None:
@@ -145,8 +154,8 @@ class Harness:
         r = R()
         steps = [("withdraw" if n.status == "withdraw" else NOTICE_EVENTS[n.status])
                  for n in self.transport.receivers[session].notices if n.room == self.room(i)]
-        if session in self.withdrawn:
-            steps.insert(self._withdrawn_at[session], "withdraw")
+        if (i, session) in self.withdrawn:
+            steps.insert(self._withdrawn_at[(i, session)], "withdraw")
         for e in steps:
             try:
                 REGION.step(r, e)
@@ -159,7 +168,8 @@ class Harness:
         rid = self.room(i)
         if any(w.room == rid and w.frame.session == session for w in self.manager._writes.values()):
             return W_FLIGHT
-        if any(s == session for s, _ in self.transport._ghosts.values()):
+        ghosts = self.transport._ghosts
+        if any(r == i and h in ghosts and ghosts[h][0] == session for h, r in self.ghosts.items()):
             return W_GHOST
         if self.manager.regions.is_open(rid, session):
             return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
@@ -191,20 +201,23 @@ class Harness:
             else:
                 ch = CH_DROPPED
             told = sum(1 for k in range(self.cfg.receivers)
-                       if self.transport.receivers[f"p{i}.{k}"].statuses(rid))
+                       if self.transport.receivers[self.session(i, k)].statuses(rid))
             # A quarantined slot still names its last room; the spec lets go once nothing may read it.
-            sessions = [f"p{i}.{k}" for k in range(self.frames_sent[i])]
+            sessions = [self.session(i, k) for k in range(self.frames_sent[i])]
             rcv = tuple(sorted((self.region(i, s), self.write_state(i, s)) for s in sessions))
             uses = slot is not None and (ch != CH_SENT or any(w != W_IDLE for _, w in rcv))
             ghosts = sum(1 for _, w in rcv if w == W_GHOST)
             live = m.rooms.get(rid)
-            if live is not None and rs == "transferring":
+            if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
             rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
                           slot.index if uses else -1))
         used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
         slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
-        return (tuple(rooms), slots, deferred, self.faults, None)
+        peers = ()
+        if self.cfg.peers:
+            peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
+        return (tuple(rooms), slots, deferred, self.faults, None, peers)
 
     # -- events ----------------------------------------------------------------------
     def enabled(self) -> list[tuple]:
@@ -222,7 +235,9 @@ class Harness:
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
             self.registered[i] = True
-        elif name == "frame":
+        elif name in ("frame", "frame_after_backoff"):
+            if name == "frame_after_backoff":
+                m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()  # the backoff passed
             room = m.rooms.get(self.room(i))
             parked_timer = room.timer if room is not None and room.state == "parked" else None
             m.register_receiver(self.frames[i][self.frames_sent[i]])
@@ -265,12 +280,21 @@ class Harness:
             assert m.expire_room_now(self.room(i))
         elif name == "withdraw":
             session = self._session_for(i, args[1])
-            self._withdrawn_at[session] = len([n for n in t.receivers[session].notices if n.room == self.room(i)])
-            self.withdrawn.add(session)
+            self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
+                                                    if n.room == self.room(i)])
+            self.withdrawn.add((i, session))
             m.withdraw(self.room(i), session)
             self.faults -= 1
         elif name == "abort":
             ex.fail_rooms([self.rid(i)], RuntimeError("client abort"))
+            self.faults -= 1
+        elif name in ("connected", "refused"):
+            assert t.answer(f"p.{i}", ok=name == "connected")
+            if name == "refused":
+                self.faults -= 1
+            m.poll()
+        elif name == "connect_expired":
+            assert m.expire_peer_now(f"p.{i}")
             self.faults -= 1
         elif name == "drain":
             ex.drain_deferred()
@@ -306,7 +330,7 @@ class Harness:
             for k in range(N):
                 vals = set(self.buffers[(i, k)].unique().tolist())
                 assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
-                if k < self.frames_sent[i] and self.region(i, f"p{i}.{k}") == "written":
+                if k < self.frames_sent[i] and self.region(i, self.session(i, k)) == "written":
                     assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
         for h, w in m._writes.items():
             want = self.armed[("write", h, "")] + m.write_timeout
@@ -320,7 +344,7 @@ class Harness:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
         want = self.state[0][i][RCV][k]
         for n in range(self.frames_sent[i]):
-            s = f"p{i}.{n}"
+            s = self.session(i, n)
             if (self.region(i, s), self.write_state(i, s)) == want:
                 return s
         raise AssertionError(f"no receiver of room {i} is {want}")

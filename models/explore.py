@@ -24,7 +24,7 @@ from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Sp
 
 
 def _keys(state: tuple) -> list:
-    rooms, slots, deferred, _, _ = state
+    rooms, slots, deferred = state[0], state[1], state[2]
     dpos = {r: k for k, r in enumerate(deferred)} if deferred else {}
     keys = []
     for i, r in enumerate(rooms):
@@ -48,7 +48,7 @@ def canonical(state: tuple) -> tuple:
     same canonical form exactly when a permutation of rooms and slots maps one
     onto the other.
     """
-    rooms, slots, deferred, faults, halt = state
+    rooms, slots, deferred, faults, halt, peers = state
     keys = _keys(state)
     R = len(rooms)
     rmap = [0] * R
@@ -80,7 +80,7 @@ def canonical(state: tuple) -> tuple:
     for s, sl in enumerate(slots):
         c = sl[CONTENT]
         new_slots[smap[s]] = sl if c < 0 or rmap[c] == c else (sl[SS], rmap[c], sl[UNSURE])
-    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred) if deferred else (), faults, halt)
+    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred) if deferred else (), faults, halt, peers)
 
 
 _IDENTITY = [list(range(n)) for n in range(16)]
@@ -303,7 +303,8 @@ def format_trace(spec: Spec, violation: Violation, heading: str = "shortest trac
 def trace_to_json(config: Config, violation: Violation) -> str:
     head = {
         "config": {"slots": config.slots, "rooms": config.rooms, "receivers": config.receivers,
-                   "faults": config.faults, "variant": config.variant, **({} if config.regions else {"regions": False})},
+                   "faults": config.faults, "variant": config.variant, **({} if config.regions else {"regions": False}),
+                   **({"peers": True} if config.peers else {})},
         "violation": violation.kind,
         "hazard": violation.hazard,
         "detail": violation.detail,

@@ -14,6 +14,8 @@ FIXTURE_CONFIGS = [
     Config(slots=1, rooms=2, receivers=1, faults=1, variant="no-parked-check"),
     Config(slots=1, rooms=2, receivers=1, faults=1, variant="busy-wait"),
     Config(slots=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash"),
+    Config(slots=1, rooms=1, receivers=1, faults=0, variant="blocking-contact", peers=True),
+    Config(slots=1, rooms=1, receivers=1, faults=0, variant="write-before-up", peers=True),
 ]
 
 

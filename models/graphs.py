@@ -75,7 +75,7 @@ def state_graph_dot(cfg: Config) -> str:
 
 def room_view(state: tuple, i: int = 0) -> tuple:
     """What room i sees of a global state: itself, its receivers, the slot it uses, its queue place."""
-    rooms, slots, deferred, _, halt = state
+    rooms, slots, deferred, _, halt = state[:5]
     r = rooms[i]
     s = r[SLOTI]
     slot = (slots[s][SS], slots[s][CONTENT] == i) if s >= 0 else ("", True)

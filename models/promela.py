@@ -884,7 +884,7 @@ def _parse_state(lines: list[str]) -> tuple:
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, -1 if f[8] == NONE else f[8]))
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2])))
-    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt])
+    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], ())
 
 
 def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:

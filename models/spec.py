@@ -1,6 +1,6 @@
 """An executable abstract spec of the encode-side protocol.
 
-A global state is a tuple `(rooms, slots, deferred, faults, halt)`:
+A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`:
 
 - each room is `(rs, snd, ch, reg, told, ok, infl, ghost, rcv, slot)`: its room-machine
   state; its sender (0 none, 1 registered, 2 reaped); where its chunk is (see CH_*);
@@ -12,7 +12,13 @@ A global state is a tuple `(rooms, slots, deferred, faults, halt)`:
 - each slot is `(ss, content, unsure)`: its slot-machine state, the room whose bytes
   it holds (-1 none), and whether a write from it was unsure;
 - `deferred` is the FIFO of rooms whose chunk waits for a slot; `faults` is the
-  fault budget left; `halt` marks a loop that crashed or spins forever.
+  fault budget left; `halt` marks a loop that crashed or spins forever;
+- `peers` (with `Config.peers`) holds one peer-machine state per receiver rank: the
+  rank-k receiver of every room lives on peer k. First contact runs at the edge, so
+  its outcome (connected, refused, or no answer by the connect deadline) is an event
+  of its own, never a step of the loop. Refused and unanswered contacts spend the
+  fault budget. Write failures do not move peers here (the model counts writes per
+  room, not per receiver); the suites cover suspect peers.
 
 Room, slot and region moves are looked up in the fsm/ declarations (`ROOM`, `SLOT`,
 `REGION`), not copied. Notices reach a receiver when the encoder sends them (one
@@ -27,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from epd_ring.fsm import REGION, ROOM, SLOT
+from epd_ring.fsm import PEER, REGION, ROOM, SLOT
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
@@ -42,6 +48,8 @@ REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X"
 _REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
 SS, CONTENT, UNSURE = range(3)
 CONCLUDED = frozenset(("success", "failed"))
+# Peer states in the order the model moves them (down -> connecting needs a new frame).
+_PEER_RANK = {"unknown": 0, "connecting": 1, "suspect": 1, "up": 2, "down": 3}
 
 VARIANTS = {
     "project": "our design",
@@ -50,7 +58,12 @@ VARIANTS = {
     "no-parked-check": "lease may take a slot whose chunk is parked",
     "busy-wait": "a full ring makes the single loop wait for a slot instead of deferring",
     "reaped-deferred-crash": "serving a deferred send whose sender was reaped crashes the loop",
+    "blocking-contact": "first contact with a peer runs on the encode loop (a silent peer holds it)",
+    "write-before-up": "writes go to a peer that is still being contacted",
 }
+
+# Variants that differ from the project only in how peers are handled (need Config.peers).
+PEER_VARIANTS = frozenset(("blocking-contact", "write-before-up"))
 
 # Which hazard each violation stands for, per variant (for fixture names and reports).
 HAZARDS = {
@@ -63,6 +76,8 @@ HAZARDS = {
     ("seed", "write-into-released-region"): "H6-receiver-region-reuse",
     ("no-parked-check", "overwrite-under-chunk"): "lease-without-parked-check",
     ("busy-wait", "deadlock"): "busy-wait-lease",
+    ("blocking-contact", "loop-waits-on-peer"): "blocking-first-contact",
+    ("write-before-up", "write-to-peer-not-up"): "write-before-peer-up",
     ("reaped-deferred-crash", "crash"): "deferred-send-after-reap",
 }
 
@@ -78,6 +93,7 @@ class Config:
     # with the same events and states as before the receivers were modelled (what the SPIN
     # generator covers).
     regions: bool = True
+    peers: bool = False  # model the peer machine (one peer per receiver rank)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -102,19 +118,23 @@ class Spec:
         self.no_parked_check = v == "no-parked-check"
         self.busy_wait = v == "busy-wait"
         self.reap_crash = v == "reaped-deferred-crash"
+        self.blocking_contact = v == "blocking-contact"
+        self.write_before_up = v == "write-before-up"
         self.N = config.receivers
         self.regions = config.regions
+        self.peers = config.peers and not self.seed  # the seed has no peers to model
         self._rank_cache: dict = {}
 
     # -- states ---------------------------------------------------------------
     def initial(self) -> tuple:
         room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), -1)
         slot = (SLOT.initial, -1, False)
-        return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None)
+        peers = (PEER.initial,) * self.N if self.peers else ()
+        return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None, peers)
 
     def is_final(self, state: tuple) -> bool:
         """Quiescent: every room concluded and told, every slot free, nothing held or deferred."""
-        rooms, slots, deferred, _, halt = state
+        rooms, slots, deferred, _, halt, _ = state
         return (halt is None and not deferred
                 and all(s[SS] == "free" for s in slots)
                 and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
@@ -124,9 +144,16 @@ class Spec:
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
         """Safety checked in every state: (violation, detail) or None."""
-        rooms, slots, deferred, _, halt = state
+        rooms, slots, deferred, _, halt, peers = state
         if halt == "crash":
             return "crash", "the encode loop raised"
+        if halt == "peer-wait":
+            return "loop-waits-on-peer", "the encode loop waits for a peer's first contact"
+        for k, ps in enumerate(peers):
+            if ps == "down":
+                for i, r in enumerate(rooms):
+                    if r[REG] > k and r[RS] not in CONCLUDED:
+                        return "room-of-down-peer-live", f"peer {k} is down but room {i}, which it serves, is {r[RS]}"
         for i, r in enumerate(rooms):
             s = r[SLOTI]
             if s >= 0 and slots[s][CONTENT] != i:
@@ -265,10 +292,17 @@ class Spec:
         silent = self.seed and event == "expire"
         self._conclude(rooms, i, tell=not silent)
 
-    def _issue_writes(self, rooms: list, slots: list, i: int) -> str | None:
+    def _issue_writes(self, rooms: list, slots: list, i: int, peers: tuple = ()) -> str | None:
         r = rooms[i]
         sl = slots[r[SLOTI]]
         violation = "write-for-concluded-room" if r[RS] in CONCLUDED else None
+        if any(ps != "up" for ps in peers):
+            if not self.write_before_up:
+                # Writes wait, chunk held in its slot, until every peer of the room is up
+                # (a down peer has failed the room already).
+                r[CH] = CH_HELD
+                return violation
+            violation = violation or "write-to-peer-not-up"
         if self.seed:
             sl[SS] = "sending"
         else:
@@ -276,6 +310,60 @@ class Spec:
         r[CH], r[INFL] = CH_SENT, self.N
         r[RCV] = [(g, W_FLIGHT) for g, _ in r[RCV]]
         return violation
+
+    # -- peers ----------------------------------------------------------------------------
+    @staticmethod
+    def _peer_step(ps: str, event: str, backing_off: bool = False) -> str:
+        dest = PEER.destinations(ps, event, {"backing_off": backing_off, "at_threshold": False})
+        if dest is None:
+            raise AssertionError(f"model bug: peer event {event!r} not declared from {ps!r}")
+        return dest
+
+    def _peer_down(self, rooms: list, slots: list, k: int) -> None:
+        """Peer k went down: every live room with a receiver on it fails now, all its receivers told."""
+        for i, r in enumerate(rooms):
+            if r[REG] > k and r[RS] not in CONCLUDED:
+                self._fail(rooms, slots, i)
+
+    def _offer(self, ro: list) -> None:
+        """One more receiver registered (and, with regions, offered its receive region)."""
+        ro[REG] += 1
+        if self.regions:
+            self._rcv(ro).append(("offered", W_IDLE))
+
+    def _frame_with_peer(self, i, r, rooms_t, slots_t, peers_t, emit, copy) -> None:
+        """Receiver rank k of live room i registers; its peer is peer k."""
+        k = r[REG]
+        ps = peers_t[k]
+        tries = []  # (event, peer state after the frame's contact)
+        if ps == "down":
+            # During the backoff the frame fails its room at once; after it, contact starts again.
+            rooms, slots = copy()
+            self._offer(rooms[i])
+            self._fail(rooms, slots, i)
+            emit(("frame", i), rooms, slots)
+            tries.append(("frame_after_backoff", self._peer_step(ps, "contact", backing_off=False)))
+        else:
+            tries.append(("frame", self._peer_step(ps, "contact")))
+        for event, after in tries:
+            starts = after == "connecting" and ps != "connecting"
+            if starts and self.blocking_contact:
+                # First contact on the loop: it answers at once, or the loop waits on the peer.
+                halted = peers_t[:k] + (after,) + peers_t[k + 1:]
+                rooms, slots = copy()
+                self._offer(rooms[i])
+                emit((event, i), rooms, slots, peers=halted, halt="peer-wait")
+                after = self._peer_step(after, "connected")
+            peers = peers_t[:k] + (after,) + peers_t[k + 1:]
+            rooms, slots = copy()
+            ro = rooms[i]
+            self._offer(ro)
+            rs = ro[RS]
+            ro[RS] = self._room_step(rs, "add_receiver", ro[REG] >= self.N)
+            violation = None
+            if rs == "parked" and ro[RS] == "transferring":
+                violation = self._issue_writes(rooms, slots, i, peers)
+            emit((event, i), rooms, slots, peers=peers, violation=violation)
 
     # -- the ring ---------------------------------------------------------------------
     def _stage(self, rooms: list, slots: list, i: int) -> Iterator[tuple[list, list, str | None]]:
@@ -317,13 +405,14 @@ class Spec:
 
     # -- events -----------------------------------------------------------------------
     def successors(self, state: tuple) -> list[Step]:
-        rooms_t, slots_t, deferred, faults, halt = state
+        rooms_t, slots_t, deferred, faults, halt, peers_t = state
         if halt is not None:
             return []
         out: list[Step] = []
         N = self.N
 
-        def emit(event, rooms, slots, deferred=deferred, faults=faults, violation=None, detail="", halt=None):
+        def emit(event, rooms, slots, deferred=deferred, faults=faults, violation=None, detail="", halt=None,
+                 peers=peers_t):
             # A slot no room uses holds nothing that matters any more: forget whose bytes it had,
             # so states that differ only in stale bytes are one state.
             used = None
@@ -343,7 +432,7 @@ class Spec:
                     if x[RCV].__class__ is not tuple:
                         x = rooms[k] = list(x)
                         x[RCV] = tuple(sorted(x[RCV]))
-            st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), deferred, faults, halt)
+            st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), deferred, faults, halt, peers)
             out.append(Step(event, st, violation, detail))
 
         def copy():
@@ -359,7 +448,9 @@ class Spec:
                 rooms[i][SND] = 1
                 emit(("register", i), rooms, slots)
             # a receiver registers (early, late, after the room concluded)
-            if r[REG] < N:
+            if r[REG] < N and peers_t and rs not in CONCLUDED:
+                self._frame_with_peer(i, r, rooms_t, slots_t, peers_t, emit, copy)
+            elif r[REG] < N:
                 rooms, slots = copy()
                 ro = rooms[i]
                 ro[REG] += 1
@@ -437,7 +528,7 @@ class Spec:
                             self._slot_step(sl, "park")
                         ro[CH] = CH_HELD
                     else:
-                        violation = self._issue_writes(rooms, slots, i)
+                        violation = self._issue_writes(rooms, slots, i, peers_t)
                 emit(("copied", i), rooms, slots, violation=violation)
             # a write completes, or reports failure / timeout (it may still land)
             for k in self._choices(r, W_FLIGHT, r[INFL]):
@@ -527,6 +618,23 @@ class Spec:
                 self._fail(rooms, slots, i)
                 emit(("abort", i), rooms, slots, faults=faults - 1)
 
+        # the edge reports first contact with a peer, or its connect deadline passes
+        for k, ps in enumerate(peers_t):
+            if ps != "connecting":
+                continue
+            up = peers_t[:k] + (self._peer_step(ps, "connected"),) + peers_t[k + 1:]
+            rooms, slots = copy()
+            violation = None
+            for i, r in enumerate(rooms):
+                if r[RS] == "transferring" and r[CH] == CH_HELD:
+                    violation = self._issue_writes(rooms, slots, i, up) or violation
+            emit(("connected", k), rooms, slots, peers=up, violation=violation)
+            if faults:
+                for ev in ("refused", "connect_expired"):
+                    down = peers_t[:k] + (self._peer_step(ps, ev),) + peers_t[k + 1:]
+                    rooms, slots = copy()
+                    self._peer_down(rooms, slots, k)
+                    emit((ev, k), rooms, slots, faults=faults - 1, peers=down)
         # the loop serves deferred sends when slots free up
         if deferred and self._leasable([list(x) for x in rooms_t], slots_t):
             rooms, slots = copy()
@@ -582,11 +690,13 @@ class Spec:
             total += v
         for sl in state[1]:
             total += sl[SS] != "quarantined"
+        for ps in state[5]:
+            total += _PEER_RANK[ps]
         return total + (state[4] is not None)
 
     def describe_parts(self, state: tuple) -> list[str]:
         """One short description per room and slot (and the deferred queue), for traces and diagrams."""
-        rooms, slots, deferred, faults, halt = state
+        rooms, slots, deferred, faults, halt, peers = state
         parts = []
         for i, r in enumerate(rooms):
             extra = f" slot{r[SLOTI]}" if r[SLOTI] >= 0 else ""
@@ -600,6 +710,8 @@ class Spec:
             parts.append(f"slot{s}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
         if deferred:
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
+        for k, ps in enumerate(peers):
+            parts.append(f"peer{k}={ps}")
         if halt:
             parts.append(f"HALT={halt}")
         return parts

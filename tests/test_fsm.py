@@ -8,10 +8,10 @@ import itertools
 import pytest
 from transitions import MachineError
 
-from epd_ring.fsm import REGION, ROOM, SLOT, InvalidTransition, build_machine
+from epd_ring.fsm import PEER, REGION, ROOM, SLOT, InvalidTransition, build_machine
 from epd_ring.fsm.core import CompiledMachine
 
-MACHINES = [SLOT, ROOM, REGION]
+MACHINES = [SLOT, ROOM, REGION, PEER]
 
 
 class Subject:
@@ -120,3 +120,18 @@ def test_every_state_has_a_doc_and_a_tag():
         for state in machine.states:
             assert machine.docs.get(state), (machine.name, state)
             assert machine.tags[state], (machine.name, state)
+
+
+def test_peer_takes_writes_only_when_up_and_comes_back_only_through_contact():
+    # Only a successful contact (first contact, or the re-check of a suspect peer) leads to `up`.
+    into_up = {(e.source, e.event) for e in PEER.edges if e.dest == "up" and e.source != "up"}
+    assert into_up == {("connecting", "connected"), ("suspect", "connected")}
+    # A down peer leaves `down` only for `connecting`, and only once its backoff passed.
+    out_of_down = {(e.event, e.dest, e.guards) for e in PEER.edges if e.source == "down" and e.dest != "down"}
+    assert out_of_down == {("contact", "connecting", (("backing_off", False),))}
+    # A missed connect deadline takes the peer down from wherever contact was running.
+    assert {e.source for e in PEER.edges if e.event == "connect_expired"} == {"connecting", "suspect"}
+    assert PEER.destinations("up", "write_failed", {"at_threshold": True, "backing_off": False}) == "suspect"
+    assert PEER.destinations("up", "write_failed", {"at_threshold": False, "backing_off": False}) == "up"
+    with pytest.raises(InvalidTransition, match="peer machine.*'connected' is not allowed in state 'up'"):
+        PEER.step(Subject("up", {}), "connected")

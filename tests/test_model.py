@@ -69,6 +69,40 @@ def test_named_historical_bugs_are_caught(variant, kind):
     assert list(r.violations) == [kind]
 
 
+@pytest.mark.parametrize("cfg", [Config(1, 2, 1, 1, peers=True), Config(2, 3, 1, 2, peers=True),
+                                 Config(2, 2, 2, 1, peers=True)], ids=str)
+def test_project_with_peers_is_clean_and_reaches_every_peer_state(cfg):
+    """No write to a peer that is not up, a down peer's rooms all fail and are told, no loop step waits."""
+    r = explore(cfg)
+    assert r.violations == {}
+    spec = Spec(cfg)
+    seen = set()
+    stack = [spec.initial()]
+    visited = set()
+    while stack:  # the peer states the model reaches, and the peer events it takes
+        state = stack.pop()
+        if state in visited:
+            continue
+        visited.add(state)
+        seen.update(state[5])
+        for step in spec.successors(state):
+            seen.add(step.event[0])
+            stack.append(step.state)
+    assert {"unknown", "connecting", "up", "down", "connected", "refused", "connect_expired",
+            "frame_after_backoff"} <= seen
+    assert r.represented == explore(cfg, symmetry=False).states
+
+
+@pytest.mark.parametrize("variant, kind", [
+    ("blocking-contact", "loop-waits-on-peer"),
+    ("write-before-up", "write-to-peer-not-up"),
+])
+def test_peer_hazards_are_caught(variant, kind):
+    r = explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant, peers=True))
+    assert list(r.violations) == [kind]
+    assert explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant)).violations == {}
+
+
 def test_traces_are_shortest_and_printed_one_event_per_line():
     cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed")
     r = explore(cfg)
@@ -125,7 +159,8 @@ def test_cli_check_exit_codes(capsys):
 class Lockstep(RuleBasedStateMachine):
     """The implementation and the model take the same events; their states must match."""
 
-    @initialize(cfg=st.sampled_from([Config(1, 2, 1, 1), Config(1, 3, 1, 2), Config(2, 3, 2, 2), Config(3, 3, 2, 3)]))
+    @initialize(cfg=st.sampled_from([Config(1, 2, 1, 1), Config(1, 3, 1, 2), Config(2, 3, 2, 2), Config(3, 3, 2, 3),
+                                     Config(1, 2, 1, 1, peers=True), Config(2, 3, 2, 2, peers=True)]))
     def start(self, cfg):
         self.h = Harness(cfg)
 

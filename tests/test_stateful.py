@@ -21,10 +21,12 @@ from helpers import TableTower  # noqa: E402
 
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
                                Outcome, ReceiverFrame, shard_rows)
+from epd_ring.executor.core.loopback import Notice  # noqa: E402
 from epd_ring.fsm import InvalidTransition  # noqa: E402
 from epd_ring.fsm.core import CompiledMachine  # noqa: E402
 
-PARK, ANNOUNCE, WRITE_T, QUARANTINE = 10.0, 12.0, 20.0, 5.0
+PARK, ANNOUNCE, WRITE_T, QUARANTINE, CONNECT_T, BACKOFF = 10.0, 12.0, 20.0, 5.0, 6.0, 2.0
+PEERS = ("peer0", "peer1", "peer2")  # receiver k of a room is on peer (room + k) % 3: peers are shared
 MAX_ROOMS, MAX_TOMBSTONES, HIDDEN = 12, 6, 8
 SENTINEL = -7.0
 
@@ -38,14 +40,24 @@ class RecordingTransport(LoopbackTransport):
         self.submits: list[tuple[int, int, str]] = []  # (handle, room, room status at submit)
         self.region_of: dict[int, tuple[int, str]] = {}  # handle -> (room, session) it writes into
         self.submitted_at: dict[int, float] = {}  # handle -> when it was submitted
+        self.peer_at_submit: list[tuple[str, str]] = []  # (session, its peer's state at submit)
 
     def submit_write(self, session, bufs):
+        peer = self.owner.manager.peers.get(session)
+        self.peer_at_submit.append((session, peer.state if peer is not None else "none"))
         handle = super().submit_write(session, bufs)
         room = self.owner.room_of_dst.get(bufs[0][1])
         self.submits.append((handle, room, self.owner.manager.room_status(room)))
         self.region_of[handle] = (room, session)
         self.submitted_at[handle] = self.clock.now()
         return handle
+
+    def notify(self, frame, room, status, reason=""):
+        # Status goes over the control plane, which here outlives a peer whose data path died:
+        # the receiver keeps every notice, so the checks on what it was told apply to it too.
+        r = self.receivers.get(frame.session)
+        if r is not None:
+            r.notices.append(Notice(room, status, reason, self.clock.now()))
 
 
 class Room:
@@ -64,8 +76,9 @@ class Room:
 
 
 class EncodeWorker(RuleBasedStateMachine):
-    @initialize(slots=st.integers(1, 3), deep=st.booleans())
-    def start(self, slots, deep):
+    @initialize(slots=st.integers(1, 3), deep=st.booleans(), peer_faults=st.booleans())
+    def start(self, slots, deep, peer_faults):
+        self.peer_faults = peer_faults  # half the runs keep every peer healthy
         self.invalid: list[InvalidTransition] = []
         original = CompiledMachine.step
 
@@ -84,7 +97,8 @@ class EncodeWorker(RuleBasedStateMachine):
         self.transport.inject("hold", count=1 << 30)
         self.manager = EncodeManager(self.transport, self.clock, park_timeout=PARK, announce_timeout=ANNOUNCE,
                                      write_timeout=WRITE_T, quarantine_s=QUARANTINE,
-                                     max_tombstones=MAX_TOMBSTONES, tombstone_ttl=1e6)
+                                     max_tombstones=MAX_TOMBSTONES, tombstone_ttl=1e6, connect_timeout=CONNECT_T,
+                                     peer_backoff=BACKOFF, peer_fail_threshold=2)
         self.tower = TableTower(hidden=HIDDEN, n_deep=1 if deep else 0)
         self.slot_tokens = 6
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=slots,
@@ -106,7 +120,7 @@ class EncodeWorker(RuleBasedStateMachine):
 
     # -- helpers ----------------------------------------------------------------------
     def _frame(self, room: Room, k: int) -> ReceiverFrame:
-        session = f"p{room.id}.{k}"
+        session = PEERS[(room.id + k) % len(PEERS)]
         rcv = self.transport.receivers.get(session) or self.transport.add_receiver(session)
         span = room.item.n_tokens
         start, rows = shard_rows(span, k, room.n) if room.shard else (0, span)
@@ -247,6 +261,24 @@ class EncodeWorker(RuleBasedStateMachine):
             self.transport.complete(handle, Outcome.TIMED_OUT, land=False, land_later=True)
             self.ghosts[handle] = self.clock.now()
 
+    # -- peers: first contact hangs, is refused or answers late; a peer dies and recovers --
+    # One rule for all of them, so the peer faults do not crowd out the rest of the suite.
+    @precondition(lambda self: getattr(self, "peer_faults", False))
+    @rule(session=st.sampled_from(PEERS),
+          kind=st.sampled_from(["hang", "refuse", "slow", "answer", "dies", "recovers"]),
+          delay=st.sampled_from([0.0, 1.0, CONNECT_T + 1]), ok=st.booleans())
+    def peer_misbehaves(self, session, kind, delay, ok):
+        t = self.transport
+        rcv = t.receivers.get(session) or t.add_receiver(session)
+        if kind in ("hang", "refuse", "slow"):  # the next contact with the peer
+            t.inject_contact(kind, session=session, delay=delay)
+        elif kind == "answer":  # a hung contact answers after all, maybe after its deadline
+            t.answer(session, ok=ok)
+        elif kind == "dies":
+            rcv.kill()
+        else:
+            rcv.revive()
+
     @precondition(lambda self: hasattr(self, "ghosts") and self.ghosts)
     @rule(data=st.data())
     def late_write_lands(self, data):
@@ -263,7 +295,8 @@ class EncodeWorker(RuleBasedStateMachine):
         self.ghosts = {h: t for h, t in self.ghosts.items() if now < t + QUARANTINE}
 
     @precondition(lambda self: hasattr(self, "clock"))
-    @rule(dt=st.sampled_from([0.5, 3.0, 4.0, QUARANTINE + 0.1, PARK + 0.1, WRITE_T + 0.1, 3 * WRITE_T]))
+    @rule(dt=st.sampled_from([0.5, 3.0, 4.0, QUARANTINE + 0.1, CONNECT_T + 0.1, PARK + 0.1, WRITE_T + 0.1,
+                              3 * WRITE_T]))
     def clock_advances(self, dt):
         self._advance(dt)
 
@@ -364,6 +397,24 @@ class EncodeWorker(RuleBasedStateMachine):
         if hasattr(self, "transport"):
             for handle, room, status in self.transport.submits:
                 assert status == "transferring", f"write {handle} for room {room} issued while {status}"
+
+    @invariant()
+    def writes_only_to_peers_that_are_up(self):
+        if hasattr(self, "transport"):
+            for session, state in self.transport.peer_at_submit:
+                assert state == "up", f"a write went to {session} while its peer was {state}"
+            # A write to a session never reached is first contact inside the submit call: on
+            # Mooncake, a handshake that holds the loop up to a minute.
+            assert self.transport.unreached_writes == 0, "a write went to a peer that was never contacted"
+
+    @invariant()
+    def rooms_of_down_peers_are_concluded(self):
+        if not hasattr(self, "manager"):
+            return
+        down = {s for s, p in self.manager.peers.by_session.items() if p.state == "down"}
+        if down:
+            for room in self.manager.rooms.values():
+                assert not down & set(room.frames), f"room {room.id} is {room.state} with a down peer"
 
     @invariant()
     def slot_accounting_adds_up(self):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from epd_ring.fsm import ROOM_CONCLUDED
+from epd_ring.fsm import ROOM_CONCLUDED, SLOT
 
 from . import settings
 from .drain import DRAINING, Drain, DrainReport
@@ -526,7 +526,28 @@ class EncodeExecutor:
         self._concluded = kept
         return reaped
 
-    # debugging ---------------------------------------------------------------
+    # health and debugging ------------------------------------------------------
+    def health(self) -> dict:
+        """A cheap view for health checks and metrics (O(slots + peers + writes); not for the hot path).
+
+        `loop_lag_s`: seconds since the last `poll()` read the clock (None before the
+        first); a loop stuck on anything shows here. `oldest_write_age_s`: age of the
+        oldest write still in flight (0 if none).
+        """
+        m = self.manager
+        now = m.clock.now()
+        slots = self.ring.counts()
+        return {
+            "loop_lag_s": None if m.polled_at is None else max(0.0, now - m.polled_at),
+            "oldest_write_age_s": m.oldest_write_age(),
+            "writes_in_flight": m.writes_in_flight,
+            "peers": m.peers.counts(),
+            "slots": {s: slots.get(s, 0) for s in SLOT.states},
+            "quarantined": slots.get("quarantined", 0),
+            "deferred": len(self._deferred),
+            "rooms": len(m.rooms),
+        }
+
     def dump_state(self, format: str = "text") -> str:
         """Each slot with its state and room, each live room with its state and receivers.
 
@@ -534,7 +555,7 @@ class EncodeExecutor:
         """
         if format == "dot":
             from epd_ring.fsm.diagrams import live_dot
-            return live_dot(self.ring.slots, self.manager.snapshot())
+            return live_dot(self.ring.slots, self.manager.snapshot(), self.manager.peers.snapshot())
         if format != "text":
             raise ValueError(f"format must be 'text' or 'dot', got {format!r}")
         lines = [f"ring: {self.ring.n_slots} slots x {self.ring.slot_bytes} B, "
@@ -547,4 +568,9 @@ class EncodeExecutor:
         for rid, info in sorted(self.manager.snapshot().items()):
             lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
                          + (f" slot={info['slot']}" if info["slot"] is not None else ""))
+        for session, info in self.manager.peers.snapshot().items():
+            extra = f" fails={info['fails']}" if info["fails"] else ""
+            if info["reason"]:
+                extra += f" ({info['reason']})"
+            lines.append(f"  peer {session}: {info['state']} rooms={info['rooms']}{extra}")
         return "\n".join(lines)

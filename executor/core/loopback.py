@@ -5,7 +5,9 @@ one-sided engine checks them (source and destination must lie inside registered
 regions, a dead receiver fails the write). Faults can be scripted per session
 or chosen by a policy: fail, delay, time out (and never land), time out and
 land later (the Mooncake hazard: bytes are read from the source when they land,
-not when the write was submitted), and hold until completed by hand.
+not when the write was submitted), and hold until completed by hand. First contact with a peer can be made to
+hang (answered by hand, or never), be refused, or answer late; a receiver can
+die and recover.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from .transport import Buf, Outcome, Transport, TransportError
 
 _OUTCOMES = frozenset(("success", "failed"))
 FAULT_KINDS = ("fail", "delay", "timeout", "timeout_land_later", "hold")
+# Faults of first contact with a peer: never answers (a host that accepts TCP and
+# sleeps), answers "refused" (after `delay`), answers "ok" only after `delay`.
+CONTACT_FAULTS = ("hang", "refuse", "slow")
 
 
 @dataclass
@@ -38,6 +43,14 @@ class Fault:
 @dataclass
 class _Rule:
     fault: Fault
+    session: str | None
+    remaining: int
+
+
+@dataclass
+class _ContactRule:
+    kind: str
+    delay: float
     session: str | None
     remaining: int
 
@@ -114,6 +127,10 @@ class LoopbackReceiver:
     def kill(self) -> None:
         self.alive = False
 
+    def revive(self) -> None:
+        """The peer recovers: writes land and contact succeeds again."""
+        self.alive = True
+
 
 class LoopbackTransport(Transport):
     def __init__(self, clock: Clock | None = None):
@@ -129,6 +146,16 @@ class LoopbackTransport(Transport):
         self._held: dict[int, tuple[str, Sequence[Buf]]] = {}
         self._ghosts: dict[int, tuple[str, Sequence[Buf]]] = {}
         self._order = itertools.count()
+        self._contact_rules: list[_ContactRule] = []
+        self._reports: list[tuple[str, int, bool, str]] = []
+        # (due time, order, session, attempt, ok) for contacts answered later
+        self._contacts: list[tuple[float, int, str, int, bool]] = []
+        self.hung: dict[str, int] = {}  # session -> attempt of a contact that never answers
+        self.contacts = 0
+        # Sessions whose contact answered ok. A write to any other session is where a real
+        # engine would open the segment itself, inside the submit call: counted, never waited on.
+        self.reached: set[str] = set()
+        self.unreached_writes = 0
         self.submitted = 0
         self.closed = False
         self.bytes_landed = 0
@@ -156,6 +183,72 @@ class LoopbackTransport(Transport):
                delay: float = 0.0, land_after: float = 0.0) -> None:
         """Apply a fault to the next `count` writes (to `session`, or to any)."""
         self._rules.append(_Rule(Fault(kind, delay, land_after), session, count))
+
+    def inject_contact(self, kind: str, *, session: str | None = None, count: int = 1,
+                       delay: float = 0.0) -> None:
+        """Apply a contact fault to the next `count` contacts (with `session`, or with any)."""
+        if kind not in CONTACT_FAULTS:
+            raise ValueError(f"unknown contact fault {kind!r}; expected one of {CONTACT_FAULTS}")
+        self._contact_rules.append(_ContactRule(kind, delay, session, count))
+
+    # peers ----------------------------------------------------------------
+    def connect(self, session: str, attempt: int) -> bool | None:
+        """Contact answers at once unless a contact fault applies: refused if the receiver is dead.
+
+        A session with no receiver here is not refused: its writes fail, as before peers existed.
+        """
+        self.contacts += 1
+        r = self.receivers.get(session)
+        alive = r is None or r.alive
+        rule = None
+        for x in self._contact_rules:
+            if x.session is None or x.session == session:
+                rule = x
+                x.remaining -= 1
+                if x.remaining <= 0:
+                    self._contact_rules.remove(x)
+                break
+        if rule is None:
+            if alive:
+                self.reached.add(session)
+            return alive
+        kind, delay = rule.kind, rule.delay
+        if kind == "hang":
+            self.hung[session] = attempt
+            return None
+        ok = alive if kind == "slow" else False
+        if delay <= 0:
+            if ok:
+                self.reached.add(session)
+            return ok
+        heapq.heappush(self._contacts, (self.clock.now() + delay, next(self._order), session, attempt, ok))
+        return None
+
+    def answer(self, session: str, ok: bool | None = None) -> bool:
+        """A hung contact answers after all (ok defaults to the receiver's liveness)."""
+        attempt = self.hung.pop(session, None)
+        if attempt is None:
+            return False
+        if ok is None:
+            r = self.receivers.get(session)
+            ok = r is not None and r.alive
+        if ok:
+            self.reached.add(session)
+        self._reports.append((session, attempt, ok, "" if ok else "refused"))
+        return True
+
+    def peer_reports(self) -> list[tuple[str, int, bool, str]]:
+        if self._contacts:
+            now = self.clock.now()
+            while self._contacts and self._contacts[0][0] <= now:
+                _, _, session, attempt, ok = heapq.heappop(self._contacts)
+                if ok:
+                    self.reached.add(session)
+                self._reports.append((session, attempt, ok, "" if ok else "refused"))
+        if not self._reports:
+            return []
+        out, self._reports = self._reports, []
+        return out
 
     # data path ----------------------------------------------------------
     def _fault_for(self, session: str, bufs: Sequence[Buf]) -> Fault | None:
@@ -194,6 +287,8 @@ class LoopbackTransport(Transport):
             raise TransportError("transport is closed")
         handle = next(self._ids)
         self.submitted += 1
+        if session not in self.reached:
+            self.unreached_writes += 1
         fault = self._fault_for(session, bufs) if (self._rules or self.policy) else None
         if fault is None:
             ok = self._land(session, bufs)

@@ -16,6 +16,7 @@ from epd_ring.fsm import ROOM, ROOM_CONCLUDED
 
 from . import settings
 from .clock import Clock, MonotonicClock
+from .peers import Peer, PeerTable, down_reason
 from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree, check_tiling
 from .regions import RegionBook, Reply
 from .ring import Slot
@@ -128,6 +129,10 @@ class EncodeManager:
         max_announced: int = 4096,
         max_announced_per_peer: int = 1024,
         max_sessions_per_peer: int = 256,
+        connect_timeout: float = 5.0,
+        peer_backoff: float = 5.0,
+        peer_fail_threshold: int = 3,
+        max_peers: int = 4096,
     ):
         self.transport = transport
         self.clock = clock or getattr(transport, "clock", None) or MonotonicClock()
@@ -159,9 +164,13 @@ class EncodeManager:
         self.sources: list[Callable[[], int]] = []
         # Receive regions of failed rooms that a write may still land in (release notices).
         self.regions = RegionBook(self._tell, self.unbind_sender)
+        self.polled_at: float | None = None  # clock reading of the last poll (health: loop lag)
         self.stats: Counter = Counter()
         # An `observe.Observer` (metrics); None costs one test per hook point.
         self.observer: Any = None
+        self.peers = PeerTable(transport, self.clock, self.deadlines, connect_timeout=connect_timeout,
+                               backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
+                               on_up=self._peer_up, on_down=self._peer_down)
 
     # queries --------------------------------------------------------------
     def room_status(self, room_id: int) -> str | None:
@@ -387,6 +396,14 @@ class EncodeManager:
         except FrameError as exc:
             self._fail(room, str(exc), extra=frame)
             return False
+        peer = self.peers.by_session.get(frame.session)
+        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup
+            peer = self.peers.contact(frame.session)
+        if peer is None or peer.state == "down":
+            why = down_reason(peer) if peer is not None else f"too many peers to add {frame.session}"
+            self._fail(room, why, extra=frame)
+            return False
+        peer.rooms.add(room.id)
         room.frames[frame.session] = frame
         room.n = frame.n_receivers
         was = room.state
@@ -413,7 +430,12 @@ class EncodeManager:
         for handle, outcome in done:
             self._on_outcome(handle, outcome)
         n += len(done)
-        now = self.clock.now()
+        reports = self.transport.peer_reports()
+        if reports:
+            for session, attempt, ok, detail in reports:
+                self.peers.report(session, attempt, ok, detail)
+            n += len(reports)
+        now = self.polled_at = self.clock.now()
         if self.deadlines.any_due(now):
             for kind, obj in self.deadlines.due(now):
                 n += 1
@@ -422,6 +444,8 @@ class EncodeManager:
                 elif kind == "quarantine":
                     obj.ring.fire(obj, "release")
                     self.regions.slot_released(obj)
+                elif kind == "connect":
+                    self.peers.expired(obj)
                 elif kind == "park":
                     got = f"only {len(obj.frames)} of {obj.n}" if obj.n else "no"
                     self._expire(obj, f"{got} receivers registered within {self.park_timeout} s of parking")
@@ -447,6 +471,15 @@ class EncodeManager:
         self._expire(room, f"deadline fired early by the driver ({room.state})")
         return True
 
+    def expire_peer_now(self, session: str) -> bool:
+        """Fire a peer's connect deadline now (see `expire_room_now`); False if it has none."""
+        peer = self.peers.get(session)
+        if peer is None or not peer.timer:
+            return False
+        self.deadlines.cancel(peer)
+        self.peers.expired(peer)
+        return True
+
     def release_slot_now(self, slot: Slot) -> bool:
         """End a slot's quarantine now (see `expire_room_now`)."""
         if slot.state != "quarantined" or not slot.timer:
@@ -469,6 +502,17 @@ class EncodeManager:
                 return
         if room.timer:
             self.deadlines.cancel(room)
+        peers = self.peers.by_session
+        for session in room.frames:
+            peer = peers.get(session)
+            if peer is None or peer.state != "up":
+                if peer is None or peer.state == "down":
+                    self._fail(room, down_reason(peer) if peer else f"peer {session} is unknown")
+                else:
+                    # Still being contacted: the chunk waits in its staged slot. The contact
+                    # deadline bounds the wait (`_peer_up` or `_peer_down` ends it).
+                    self.stats["waits_for_peer"] += 1
+                return
         writes = []
         rb, drb = chunk.row_bytes, chunk.deep_row_bytes
         for f in frames:
@@ -513,6 +557,9 @@ class EncodeManager:
         self.stats["write_deadlines"] += 1
         w.overdue = True
         w.slot.unsure = True
+        peer = self.peers.get(w.frame.session)
+        if peer is not None:
+            self.peers.write_failed(peer)
         room = self.rooms.get(w.room)
         if room is not None and room.state == "transferring":
             self._fail(room, f"write to receiver {w.frame.session} got no report within {self.write_timeout} s")
@@ -531,6 +578,13 @@ class EncodeManager:
             slot.unsure = True
         if slot.ring.fire(slot, "settle") == "quarantined":
             self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
+        peer = self.peers.by_session.get(w.frame.session)
+        if peer is not None:
+            if outcome is Outcome.DONE:
+                if peer.fails or peer.state != "up":
+                    self.peers.write_ok(peer)
+            elif not w.overdue:  # an overdue write was counted at its deadline
+                self.peers.write_failed(peer)
         room = self.rooms.get(w.room)
         if room is None or room.state != "transferring":
             self.stats["completions_dropped"] += 1
@@ -580,7 +634,11 @@ class EncodeManager:
         self.deadlines.cancel(room)
         state = room.state
         self.stats[state] += 1
+        peers = self.peers.by_session
         for f in room.frames.values():
+            peer = peers.get(f.session)
+            if peer is not None:
+                peer.rooms.discard(room.id)
             self._tell(f, room.id, state, room.reason)
         if state == "failed" and room.frames:
             self._failed_regions(room)
@@ -610,6 +668,21 @@ class EncodeManager:
         """Failed, for a receiver no write was ever issued to: its region is free at once."""
         self._tell(frame, room_id, "failed", reason)
         self._tell(frame, room_id, "released")
+    def _peer_up(self, peer: Peer) -> None:
+        """Contact succeeded: rooms whose chunk waited for this peer start their writes."""
+        for rid in sorted(peer.rooms):
+            room = self.rooms.get(rid)
+            if room is not None and room.state == "transferring" and room.chunk is not None:
+                self._start_writes(room)
+
+    def _peer_down(self, peer: Peer) -> None:
+        """Every live room with a receiver on this peer fails now, and all its receivers are told."""
+        reason = down_reason(peer)
+        for rid in sorted(peer.rooms):
+            room = self.rooms.get(rid)
+            if room is not None:
+                self._fail(room, reason)
+        peer.rooms.clear()
 
     def _trim_tombstones(self, now: float) -> None:
         tombs = self.tombstones
@@ -682,6 +755,12 @@ class EncodeManager:
             return
         self._warned[key] = (now, 0)
         log.warning(msg + (" (and %d more like it)" if held else ""), *args, *((held,) if held else ()))
+
+    def oldest_write_age(self) -> float:
+        """Seconds since the oldest write still in flight was submitted (0 if none)."""
+        if not self._writes:
+            return 0.0
+        return max(0.0, self.clock.now() - (min(w.due for w in self._writes.values()) - self.write_timeout))
 
     def snapshot(self) -> dict:
         """Rooms with their state and receivers, for debugging dumps."""

@@ -25,7 +25,8 @@ class Transport(ABC):
     """What the controller needs from a transfer engine.
 
     None of these may block: `submit_write` returns a handle at once and the
-    outcome arrives through a later `poll`. `notify` tells one receiver the
+    outcome arrives through a later `poll`; `connect` starts first contact with
+    a peer and its answer arrives through a later `peer_reports`. `notify` tells one receiver the
     final status of its room.
     """
 
@@ -40,6 +41,19 @@ class Transport(ABC):
     @abstractmethod
     def poll(self) -> list[tuple[int, Outcome]]:
         """Outcomes of writes that finished since the last poll."""
+
+    def connect(self, session: str, attempt: int) -> bool | None:
+        """Start first contact with the peer `session` (segment open, handshake) without blocking.
+
+        Return True if the peer is usable now, False if it refused now, or None
+        if the answer comes later from `peer_reports` under the same `attempt`.
+        A transport with nothing to open (in-process) answers True.
+        """
+        return True
+
+    def peer_reports(self) -> list[tuple[str, int, bool, str]]:
+        """(session, attempt, ok, detail) for contacts that finished since the last call."""
+        return []
 
     @abstractmethod
     def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:

@@ -44,6 +44,7 @@ _REASON_RULES: list[tuple[str, re.Pattern]] = [(k, re.compile(p)) for k, p in [
     ("deferred_full", r"^deferred queue full"),
     ("protocol", r"sent a second item|got a second chunk"),
     ("frame", r"^malformed receiver frame|^receiver .* registered twice|^room \d+: |too many rooms waiting"),
+    ("peer_down", r"^peer .* is (down|unknown)|^too many peers"),
 ]]
 REASON_KINDS = ("tower",) + tuple(k for k, _ in _REASON_RULES) + ("other",)
 

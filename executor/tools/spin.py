@@ -101,6 +101,9 @@ def _children_cpu() -> float:
 
 def run(args, out=print) -> int:
     """`epd-ring check --engine spin`: the same report as the explorer's, from SPIN."""
+    if getattr(args, "peers", False):
+        out("--engine spin does not model peers; check them with the explorer: epd-ring check --peers")
+        return 2
     # Both ends by default, as the explorer; --spin-no-regions checks the encode side alone (bigger bounds).
     regions = not getattr(args, "spin_no_regions", False)
     cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant, regions=regions)

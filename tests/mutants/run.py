@@ -57,7 +57,7 @@ INVARIANTS = ("delivered_bytes_are_the_rooms_own", "no_undeclared_transition", "
               "receivers_of_concluded_rooms_are_told", "records_stay_bounded", "slot_accounting_adds_up",
               "writes_only_for_transferring_rooms", "unsure_writes_keep_their_slot", "live_senders_find_their_room",
               "receivers_told_one_outcome", "released_regions_take_no_more_writes", "write_deadlines_are_their_value",
-              "teardown")
+              "writes_only_to_peers_that_are_up", "rooms_of_down_peers_are_concluded", "teardown")
 
 
 def falsifying(output: str, lines: int = 4) -> str:

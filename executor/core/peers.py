@@ -1,0 +1,181 @@
+"""The peer table: one `peer` machine per receiver session, and the rules around it.
+
+Sans-I/O like the rest of the core. First contact with a peer runs at the edge:
+`contact` asks the transport to start it (`Transport.connect`, which must not
+block) and arms a connect deadline; the outcome comes back through the
+transport's `peer_reports()`, read in the manager's `poll()`. Every report carries
+the attempt number it answers, so a report that arrives after its deadline
+(a handshake that hung for a minute) cannot revive a later attempt.
+
+The manager asks one O(1) question on the write path: is this session's peer
+`up`? Everything else here runs on frames, reports and deadlines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Callable
+
+from epd_ring.fsm import PEER
+
+from . import settings
+from .clock import Clock
+from .timers import Deadlines
+from .transport import Transport
+
+_CONTACTING = frozenset(("connecting", "suspect"))
+
+
+class Peer:
+    __slots__ = ("session", "state", "fails", "attempt", "timer", "due", "retry_at", "rooms", "reason", "table")
+
+    def __init__(self, session: str, table: "PeerTable"):
+        self.session = session
+        self.state = PEER.initial
+        self.fails = 0  # consecutive failed or overdue writes
+        self.attempt = 0  # number of the contact whose report we wait for
+        self.timer = 0
+        self.due = 0.0
+        self.retry_at = 0.0
+        self.rooms: set[int] = set()  # live rooms with a frame from this session
+        self.reason = ""
+        self.table = table
+
+    # guards named in the peer declaration
+    def backing_off(self) -> bool:
+        return self.table.clock.now() < self.retry_at
+
+    def at_threshold(self) -> bool:
+        return self.fails >= self.table.fail_threshold
+
+    def __repr__(self) -> str:
+        return f"peer {self.session}"
+
+
+class PeerTable:
+    """Peers by session, bounded by `max_peers` (idle peers are forgotten oldest first)."""
+
+    def __init__(self, transport: Transport, clock: Clock, deadlines: Deadlines, *,
+                 connect_timeout: float = 5.0, backoff: float = 5.0, fail_threshold: int = 3,
+                 max_peers: int = 4096,
+                 on_up: Callable[[Peer], None] | None = None, on_down: Callable[[Peer], None] | None = None):
+        if settings.seconds("connect_timeout", connect_timeout) == 0:
+            raise ValueError("connect_timeout must be > 0 seconds, got 0")
+        self.transport = transport
+        self.clock = clock
+        self.deadlines = deadlines
+        self.connect_timeout = float(connect_timeout)
+        self.backoff = settings.seconds("peer_backoff", backoff)
+        self.fail_threshold = settings.count("peer_fail_threshold", fail_threshold, 1)
+        self.max_peers = settings.count("max_peers", max_peers, 1)
+        self.on_up = on_up
+        self.on_down = on_down
+        self.by_session: OrderedDict[str, Peer] = OrderedDict()
+        self.stats: Counter = Counter()
+
+    def get(self, session: str) -> Peer | None:
+        return self.by_session.get(session)
+
+    def snapshot(self) -> dict[str, dict]:
+        """Each peer's state, consecutive failures, live rooms and last reason, for dumps."""
+        return {s: {"state": p.state, "fails": p.fails, "rooms": len(p.rooms), "reason": p.reason}
+                for s, p in self.by_session.items()}
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(p.state for p in self.by_session.values())
+        return {s: c.get(s, 0) for s in PEER.states}
+
+    # a frame names the peer -------------------------------------------------
+    def contact(self, session: str) -> Peer | None:
+        """The peer a frame from `session` will be written through; None if the table is full.
+
+        Starts first contact (or a retry of a down peer whose backoff passed).
+        The returned peer may be `up`, `connecting`, `suspect` or `down`.
+        """
+        peer = self.by_session.get(session)
+        if peer is None:
+            if len(self.by_session) >= self.max_peers and not self._forget_one():
+                self.stats["peers_refused"] += 1
+                return None
+            peer = self.by_session[session] = Peer(session, self)
+        was = peer.state
+        if was == "up":
+            return peer  # the declared up -> up self-loop; nothing to do on the frame path
+        if PEER.step(peer, "contact") == "connecting" and was != "connecting":
+            self._start(peer)
+        return peer
+
+    def _forget_one(self) -> bool:
+        for session, peer in self.by_session.items():
+            if not peer.rooms and peer.state not in _CONTACTING:
+                self.deadlines.cancel(peer)
+                del self.by_session[session]
+                self.stats["peers_forgotten"] += 1
+                return True
+        return False
+
+    def _start(self, peer: Peer) -> None:
+        """Ask the edge to contact the peer; it answers now (True/False) or later (None)."""
+        peer.attempt += 1
+        self.stats["contacts"] += 1
+        self.deadlines.arm(self.clock.now() + self.connect_timeout, "connect", peer)
+        try:
+            answer = self.transport.connect(peer.session, peer.attempt)
+        except Exception as exc:  # a transport must not raise here; treat it as a refusal
+            answer, detail = False, f"{type(exc).__name__}: {exc}"
+        else:
+            detail = "refused"
+        if answer is not None:
+            self.report(peer.session, peer.attempt, bool(answer), detail)
+
+    # the edge reports ------------------------------------------------------
+    def report(self, session: str, attempt: int, ok: bool, detail: str = "") -> None:
+        peer = self.by_session.get(session)
+        if peer is None or attempt != peer.attempt or peer.state not in _CONTACTING:
+            self.stats["reports_stale"] += 1  # answers a contact whose deadline already passed
+            return
+        self.deadlines.cancel(peer)
+        if ok:
+            PEER.step(peer, "connected")
+            peer.fails = 0
+            peer.reason = ""
+            self.stats["connected"] += 1
+            if self.on_up is not None:
+                self.on_up(peer)
+        else:
+            PEER.step(peer, "refused")
+            self._down(peer, f"contact failed ({detail or 'refused'})")
+
+    def expired(self, peer: Peer) -> None:
+        """The connect deadline passed with no report."""
+        PEER.step(peer, "connect_expired")
+        self._down(peer, f"no answer to contact within the connect deadline of {self.connect_timeout} s")
+
+    def _down(self, peer: Peer, reason: str) -> None:
+        peer.reason = reason
+        peer.retry_at = self.clock.now() + self.backoff
+        self.stats["down"] += 1
+        if self.on_down is not None:
+            self.on_down(peer)
+
+    # write reports ---------------------------------------------------------
+    def write_ok(self, peer: Peer) -> None:
+        if peer.fails:
+            peer.fails = 0
+        if peer.state != "up":
+            PEER.step(peer, "write_ok")
+
+    def write_failed(self, peer: Peer) -> None:
+        peer.fails += 1
+        was = peer.state
+        if PEER.step(peer, "write_failed") == "suspect" and was == "up":
+            # Re-check at the edge; until it answers no new write goes to the peer.
+            self.stats["suspect"] += 1
+            self._start(peer)
+
+
+def down_reason(peer: Peer) -> str:
+    return f"peer {peer.session} is down: {peer.reason}"
+
+
+__all__ = ["Peer", "PeerTable", "down_reason"]

@@ -1,0 +1,57 @@
+"""The peer machine, declared once: one per receiver session the encode worker writes to.
+
+First contact with a peer (segment open, handshake, probe) can take a minute
+against a host that accepts TCP and never answers, so it never runs on the
+encode loop: the transport does it at the edge, under a connect deadline, and
+reports back through `poll()`. Writes go to a peer only while it is `up`.
+Guards name predicate methods of the stepped object (`Peer` in
+executor/core/peers.py, and its twin in the model).
+"""
+
+from __future__ import annotations
+
+from .core import CompiledMachine
+
+PEER_DECLARATION = {
+    "name": "peer",
+    "initial": "unknown",
+    "states": [
+        {"name": "unknown", "tags": ["waiting"]},
+        {"name": "connecting", "tags": ["in_flight"]},
+        {"name": "up", "tags": ["free"]},
+        {"name": "suspect", "tags": ["unsure"]},
+        {"name": "down", "tags": ["down"]},
+    ],
+    "transitions": [
+        # A receiver frame names the peer: first contact starts at the edge.
+        {"trigger": "contact", "source": "unknown", "dest": "connecting"},
+        {"trigger": "contact", "source": "down", "dest": "down", "conditions": ["backing_off"]},
+        {"trigger": "contact", "source": "down", "dest": "connecting", "unless": ["backing_off"]},
+        {"trigger": "contact", "source": ["connecting", "up", "suspect"], "dest": "="},
+        # The edge reports first contact (or the re-check of a suspect peer).
+        {"trigger": "connected", "source": ["connecting", "suspect"], "dest": "up"},
+        {"trigger": "refused", "source": ["connecting", "suspect"], "dest": "down"},
+        # No report within the connect deadline: the edge may still be waiting; we are not.
+        {"trigger": "connect_expired", "source": ["connecting", "suspect"], "dest": "down"},
+        # Write reports. Consecutive failures (or write deadlines) past the threshold make
+        # the peer suspect: no new writes until a fresh contact says it answers.
+        {"trigger": "write_ok", "source": ["up", "suspect", "down"], "dest": "="},
+        {"trigger": "write_failed", "source": "up", "dest": "suspect", "conditions": ["at_threshold"]},
+        {"trigger": "write_failed", "source": "up", "dest": "up", "unless": ["at_threshold"]},
+        {"trigger": "write_failed", "source": ["suspect", "down"], "dest": "="},
+    ],
+    "docs": {
+        "unknown": "record created for a session no frame has named before",
+        "connecting": "first contact runs at the edge under the connect deadline; its rooms wait",
+        "up": "contact succeeded; writes may be submitted",
+        "suspect": "consecutive writes failed; re-checked at the edge, no new writes meanwhile",
+        "down": "contact failed or timed out; its rooms fail at once, a later frame retries after the backoff",
+    },
+    "guard_docs": {
+        "backing_off": "the backoff since the peer went down has not passed",
+        "at_threshold": "consecutive failed or overdue writes reached the configured threshold",
+    },
+}
+
+PEER = CompiledMachine("peer", PEER_DECLARATION)
+PEER_WRITABLE = "up"
