@@ -76,9 +76,8 @@ class Room:
 
 
 class EncodeWorker(RuleBasedStateMachine):
-    @initialize(slots=st.integers(1, 3), deep=st.booleans(), peer_faults=st.booleans())
-    def start(self, slots, deep, peer_faults):
-        self.peer_faults = peer_faults  # half the runs keep every peer healthy
+    @initialize(slots=st.integers(1, 3), deep=st.booleans())
+    def start(self, slots, deep):
         self.invalid: list[InvalidTransition] = []
         original = CompiledMachine.step
 
@@ -120,7 +119,7 @@ class EncodeWorker(RuleBasedStateMachine):
 
     # -- helpers ----------------------------------------------------------------------
     def _frame(self, room: Room, k: int) -> ReceiverFrame:
-        session = PEERS[(room.id + k) % len(PEERS)]
+        session = self._session(room, k)
         rcv = self.transport.receivers.get(session) or self.transport.add_receiver(session)
         span = room.item.n_tokens
         start, rows = shard_rows(span, k, room.n) if room.shard else (0, span)
@@ -135,6 +134,9 @@ class EncodeWorker(RuleBasedStateMachine):
         return ReceiverFrame(room.id, session, main.data_ptr(), deep.data_ptr() if deep is not None else 0, rows,
                              start, span, HIDDEN, str(self.tower.dtype), room.deep, room.n,
                              deep_levels=1 if room.deep else 0)
+
+    def _session(self, room: Room, k: int) -> str:
+        return f"p{room.id}.{k}"  # every receiver its own peer, always reachable (EncodeWorkerWithPeers shares them)
 
     def _register_next(self, room: Room) -> None:
         k = len(room.frames)
@@ -260,24 +262,6 @@ class EncodeWorker(RuleBasedStateMachine):
         else:
             self.transport.complete(handle, Outcome.TIMED_OUT, land=False, land_later=True)
             self.ghosts[handle] = self.clock.now()
-
-    # -- peers: first contact hangs, is refused or answers late; a peer dies and recovers --
-    # One rule for all of them, so the peer faults do not crowd out the rest of the suite.
-    @precondition(lambda self: getattr(self, "peer_faults", False))
-    @rule(session=st.sampled_from(PEERS),
-          kind=st.sampled_from(["hang", "refuse", "slow", "answer", "dies", "recovers"]),
-          delay=st.sampled_from([0.0, 1.0, CONNECT_T + 1]), ok=st.booleans())
-    def peer_misbehaves(self, session, kind, delay, ok):
-        t = self.transport
-        rcv = t.receivers.get(session) or t.add_receiver(session)
-        if kind in ("hang", "refuse", "slow"):  # the next contact with the peer
-            t.inject_contact(kind, session=session, delay=delay)
-        elif kind == "answer":  # a hung contact answers after all, maybe after its deadline
-            t.answer(session, ok=ok)
-        elif kind == "dies":
-            rcv.kill()
-        else:
-            rcv.revive()
 
     @precondition(lambda self: hasattr(self, "ghosts") and self.ghosts)
     @rule(data=st.data())
@@ -543,3 +527,32 @@ class EncodeWorker(RuleBasedStateMachine):
 
 
 TestEncodeWorker = EncodeWorker.TestCase
+
+
+class EncodeWorkerWithPeers(EncodeWorker):
+    """The same suite on receivers that share three peers, with peer faults: first contact hangs,
+    is refused or answers late, a hung contact answers (maybe after its deadline), a peer dies and
+    recovers. A separate machine, so the base suite's sequences (and its mutant kills) stay as they are."""
+
+    def _session(self, room: Room, k: int) -> str:
+        return PEERS[(room.id + k) % len(PEERS)]
+
+    # -- peers: first contact hangs, is refused or answers late; a peer dies and recovers --
+    @precondition(lambda self: hasattr(self, "transport"))
+    @rule(session=st.sampled_from(PEERS),
+          kind=st.sampled_from(["hang", "refuse", "slow", "answer", "dies", "recovers"]),
+          delay=st.sampled_from([0.0, 1.0, CONNECT_T + 1]), ok=st.booleans())
+    def peer_misbehaves(self, session, kind, delay, ok):
+        t = self.transport
+        rcv = t.receivers.get(session) or t.add_receiver(session)
+        if kind in ("hang", "refuse", "slow"):  # the next contact with the peer
+            t.inject_contact(kind, session=session, delay=delay)
+        elif kind == "answer":  # a hung contact answers after all, maybe after its deadline
+            t.answer(session, ok=ok)
+        elif kind == "dies":
+            rcv.kill()
+        else:
+            rcv.revive()
+
+
+TestEncodeWorkerWithPeers = EncodeWorkerWithPeers.TestCase
