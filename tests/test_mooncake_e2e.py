@@ -445,7 +445,7 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline()
     enc = EncodeSide(False, slots=8)
     connect_timeout = 8.0
     enc.manager.peers.connect_timeout = connect_timeout
-    a = Receiver(enc.control.endpoint)
+    a = enc.receiver()
     silent = SilentPeer()
     threads = torch.get_num_threads()
     try:
@@ -531,7 +531,7 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
     enc = EncodeSide(False, slots=8, quarantine_s=0.5)
     write_timeout = 10.0
     enc.manager.write_timeout = write_timeout
-    a, b = Receiver(enc.control.endpoint), Receiver(enc.control.endpoint)
+    a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
         for k in range(44):
