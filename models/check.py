@@ -18,7 +18,8 @@ class CheckInputError(ValueError):
     """Bad input to `check` (a flag or a trace file): a usage error, not a finding."""
 
 
-def _count(low: int):
+def count_at_least(low: int, what: str = ""):
+    """An argparse type: an integer >= `low`, refused with a one-line reason (the CLI uses it too)."""
     def parse(text: str) -> int:
         import argparse
 
@@ -27,19 +28,20 @@ def _count(low: int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be >= {low}{what}, got {value}")
         return value
 
+    parse.__name__ = f"integer >= {low}"
     return parse
 
 
 def add_arguments(p) -> None:
     d = DEFAULTS
-    p.add_argument("--slots", type=_count(1), default=None, help=f"ring slots in the model (default: {d['slots']})")
-    p.add_argument("--rooms", type=_count(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
-    p.add_argument("--receivers", type=_count(1), default=None,
+    p.add_argument("--slots", type=count_at_least(1), default=None, help=f"ring slots in the model (default: {d['slots']})")
+    p.add_argument("--rooms", type=count_at_least(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
+    p.add_argument("--receivers", type=count_at_least(1), default=None,
                    help=f"receivers per room (default: {d['receivers']})")
-    p.add_argument("--faults", type=_count(0), default=None,
+    p.add_argument("--faults", type=count_at_least(0), default=None,
                    help=f"transport faults the model may inject (default: {d['faults']})")
     p.add_argument("--variant", default=None, choices=sorted(VARIANTS),
                    help=f"whose rules to explore (default: {d['variant']})")
@@ -56,8 +58,8 @@ def add_arguments(p) -> None:
                    "states' worth of bound, else -O2: compiling at -O2 takes ~30 s)")
     p.add_argument("--spin-collapse", action="store_true", help="spin only: pan -DCOLLAPSE, lossless state "
                    "compression")
-    p.add_argument("--spin-hash", type=_count(1), default=None, help="spin only: pan -w, log2 of the hash table size")
-    p.add_argument("--spin-memlim", type=_count(1), default=None, help="spin only: pan -DMEMLIM, in MB "
+    p.add_argument("--spin-hash", type=count_at_least(1), default=None, help="spin only: pan -w, log2 of the hash table size")
+    p.add_argument("--spin-memlim", type=count_at_least(1), default=None, help="spin only: pan -DMEMLIM, in MB "
                    "(default: 8192)")
     p.add_argument("--spin-keep", metavar="DIR", help="spin only: keep the Promela model, pan.c and trails in DIR")
     p.add_argument("--spin-no-regions", action="store_true", help="spin only: the encode side alone, without "

@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from epd_ring.models.check import count_at_least as _int_at_least
+
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 70, 130
 PROG = "epd-ring"
 
@@ -46,20 +48,6 @@ def version() -> str:
 
 
 # argument types: each refuses a bad value with a one-line reason -------------
-def _int_at_least(low: int, what: str = ""):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}{what}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
