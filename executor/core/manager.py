@@ -396,14 +396,16 @@ class EncodeManager:
         except FrameError as exc:
             self._fail(room, str(exc), extra=frame)
             return False
-        peer = self.peers.by_session.get(frame.session)
-        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup
-            peer = self.peers.contact(frame.session)
-        if peer is None or peer.state == "down":
-            why = down_reason(peer) if peer is not None else f"too many peers to add {frame.session}"
+        # `link` is the session's transport peer (the peer machine); `peer` stays the
+        # authenticated identity that the announce caps and room ownership count by.
+        link = self.peers.by_session.get(frame.session)
+        if link is None or link.state != "up":  # per-frame cost for a known peer: one dict lookup
+            link = self.peers.contact(frame.session)
+        if link is None or link.state == "down":
+            why = down_reason(link) if link is not None else f"too many peers to add {frame.session}"
             self._fail(room, why, extra=frame)
             return False
-        peer.rooms.add(room.id)
+        link.rooms.add(room.id)
         room.frames[frame.session] = frame
         room.n = frame.n_receivers
         was = room.state
