@@ -360,6 +360,28 @@ def child_env(encoder_key: Any = None, keypair: tuple[bytes, bytes] | None = Non
     return env, public
 
 
+def spawn_json_child(module_args: list[str], env: dict, what: str) -> tuple[Any, dict]:
+    """Start `python -m MODULE ARGS` speaking JSON lines on stdin/stdout; return it and its hello line."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", *module_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{what} process failed to start")
+    return proc, json.loads(line)
+
+
+def ask_json_child(proc: Any, cmd: dict, what: str) -> dict:
+    """One JSON-line command to a child started by `spawn_json_child`, and its one-line answer."""
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{what} process died")
+    return json.loads(line)
+
+
 class ReceiverProcess:
     """A receiver in its own process, driven by the JSON-line commands of `serve`."""
 
@@ -367,24 +389,12 @@ class ReceiverProcess:
                  keypair: tuple[bytes, bytes] | None = None):
         """With `encoder_key`, the process runs with CURVE under `keypair` (a fresh one if
         None; its public half is `public_key`, for the encoder's allow-list)."""
-        import subprocess
-
         env, self.public_key = child_env(encoder_key, keypair)
-        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.drivers.receiver", encode_endpoint],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("receiver process failed to start")
-        hello = json.loads(line)
+        self.proc, hello = spawn_json_child(["epd_ring.executor.drivers.receiver", encode_endpoint], env, "receiver")
         self.session, self.status_endpoint = hello["session"], hello["status_endpoint"]
 
     def ask(self, **cmd: Any) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("receiver process died")
-        return json.loads(line)
+        return ask_json_child(self.proc, cmd, "receiver")
 
     def close(self) -> None:
         import signal

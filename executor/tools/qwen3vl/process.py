@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from epd_ring.executor import ReferenceReceiver
-from epd_ring.executor.drivers.receiver import child_env, receiver_from_env
+from epd_ring.executor.drivers.receiver import ask_json_child, child_env, receiver_from_env, spawn_json_child
 from epd_ring.executor.core.frames import frame_to_parts
 
 from . import ArrivalError, Placement, PrefillWorker, hf
@@ -93,28 +93,17 @@ class PrefillProcess:
 
     def __init__(self, encode_endpoint: str, dtype: str, seed: int, out_dir: str, *, encoder_key: Any = None,
                  keypair: Any = None):
-        import subprocess
-
         env, self.public_key = child_env(encoder_key, keypair)
-        self.proc = subprocess.Popen([sys.executable, "-m", "epd_ring.executor.tools.qwen3vl.process",
-                                      encode_endpoint, dtype, str(seed), out_dir],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("prefill process failed to start")
-        self.session = json.loads(line)["session"]
+        self.proc, hello = spawn_json_child(["epd_ring.executor.tools.qwen3vl.process", encode_endpoint, dtype,
+                                             str(seed), out_dir], env, "prefill")
+        self.session = hello["session"]
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def ask(self, **cmd: Any) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("prefill process died")
-        return json.loads(line)
+        return ask_json_child(self.proc, cmd, "prefill")
 
     def kill(self) -> None:
         self.proc.kill()
