@@ -21,6 +21,8 @@ settings.register_profile(
 # The mutation runner needs the first falsifying example fast, not the smallest one.
 settings.register_profile("mutants", settings.get_profile("ci"),
                           phases=[Phase.explicit, Phase.reuse, Phase.generate])
+# mutmut's runs: the stateful suites on a few examples, as one fast detector among the unit tests.
+settings.register_profile("mutmut", settings.get_profile("mutants"), max_examples=40)
 # The same, from random seeds: how robustly the suite kills each mutant.
 settings.register_profile("mutants-random", settings.get_profile("mutants"), derandomize=False)
 settings.load_profile(os.environ.get("EPD_RING_HYPOTHESIS", "ci"))
