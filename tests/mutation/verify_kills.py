@@ -1,4 +1,4 @@
-"""Re-run chosen survivors of a finished mutmut run against given test files (run in $MUTMUT_WORK).
+"""Re-run chosen survivors (and mutants no selected test reached) of a finished mutmut run against given test files (run in $MUTMUT_WORK).
 
     cd /tmp/epd-ring-mutmut && python tests/mutation/verify_kills.py PREFIX TEST_FILE...
 
@@ -42,7 +42,7 @@ def main(prefix: str, files: list[str]) -> int:
         m = SourceFileMutationData(path=path)
         m.load()
         survivors += [k for k, v in m.exit_code_by_key.items()
-                      if status_by_exit_code[v] == "survived" and k.startswith(prefix)]
+                      if status_by_exit_code[v] in ("survived", "no tests") and k.startswith(prefix)]
     killed = 0
     for name in survivors:
         rc = run(tests, name)
