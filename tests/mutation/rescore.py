@@ -1,0 +1,142 @@
+"""Re-check a finished mutmut run's survivors against tests written after it, and give the score.
+
+    cd $MUTMUT_WORK && python /path/to/tests/mutation/rescore.py [--write] TEST_FILE...
+
+A full mutmut run takes about 40 minutes on two cores; tests written for its survivors only need
+to be run against those survivors. For each mutant the run left "survived" or "no tests", this
+forks a child of one warm process (torch and the package imported once), switches the mutant on
+with mutmut's MUTANT_UNDER_TEST and runs the given test files with pytest -x; a failing test (or a
+crash, or a hang past --timeout) kills it. The files are copied into mutants/tests first and must
+pass with no mutant active.
+
+The score is killed / (all mutants - equivalent), where the equivalent ones are the names listed
+in tests/mutation/equivalent.md. With --write, the new verdicts go into mutmut's own result files,
+so `mutmut results` and `tests/mutation/survivors.py` show what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# mutmut's verdicts that count as killed: a test failed, the mutant hung, or it crashed the process
+KILLED = ("killed", "timeout", "segfault")
+
+
+def equivalent_names() -> set[str]:
+    text = (HERE / "equivalent.md").read_text()
+    return set(re.findall(r"`(epd_ring\.[^`]+__mutmut_\d+)`", text))
+
+
+def run_child(files: list[str], mutant: str, timeout: float) -> str:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.environ["MUTANT_UNDER_TEST"] = mutant
+            import pytest
+
+            code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *files])
+        except BaseException:  # noqa: BLE001 - any escape from the mutant is a kill
+            code = 99
+        os._exit(int(code))
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.WIFSIGNALED(status):
+                return "killed"  # a crash under the mutant
+            return "killed" if os.WEXITSTATUS(status) != 0 else "survived"
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(0.01)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="test files written after the run")
+    ap.add_argument("--write", action="store_true", help="record the new verdicts in mutmut's results")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a mutant counts as hung")
+    ap.add_argument("--prefix", default="", help="only re-check mutants whose name starts with this")
+    ap.add_argument("--json", metavar="FILE", help="write the totals and the names still alive as JSON")
+    args = ap.parse_args()
+
+    os.environ.setdefault("EPD_RING_HYPOTHESIS", "mutmut")
+    os.chdir("mutants")
+    sys.path.insert(0, "src")
+    os.environ["EPD_RING_EXPECT_ROOT"] = str(Path("src").resolve())
+    tests = []
+    for f in args.files:
+        shutil.copy(f, Path("tests") / Path(f).name)
+        tests.append(f"tests/{Path(f).name}")
+
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.stats import status_by_exit_code
+    from mutmut.utils.file_utils import walk_source_files
+
+    import epd_ring.executor  # noqa: F401 - warm the children: torch and the package load once
+
+    if run_child(tests, "", args.timeout) != "survived":
+        print("the tests fail with no mutant active: not usable against this tree")
+        return 2
+
+    equivalent = equivalent_names()
+    totals: dict[str, int] = {}
+    rechecked = {"killed": 0, "timeout": 0, "survived": 0}
+    alive = []
+    os.chdir("..")
+    datas = []
+    for path in walk_source_files():
+        m = SourceFileMutationData(path=path)
+        m.load()
+        datas.append(m)
+    os.chdir("mutants")
+    for m in datas:
+        changed = False
+        for name, code in sorted(m.exit_code_by_key.items()):
+            status = status_by_exit_code[code] if code is not None else "not checked"
+            if name in equivalent:
+                continue
+            if status in ("survived", "no tests") and name.startswith(args.prefix):
+                verdict = run_child(tests, name, args.timeout)
+                rechecked[verdict] += 1
+                print(f"{verdict:8} {name}", flush=True)
+                if verdict != "survived":
+                    status = "killed" if verdict == "killed" else "timeout"
+                    if args.write:
+                        m.exit_code_by_key[name] = 1 if verdict == "killed" else -24
+                        changed = True
+            if status not in KILLED:
+                alive.append(name)
+            totals[status] = totals.get(status, 0) + 1
+        if changed:
+            os.chdir("..")
+            m.save()
+            os.chdir("mutants")
+    counted = sum(totals.values())
+    killed = sum(n for status, n in totals.items() if status in KILLED)
+    score = killed / counted if counted else 1.0
+    print(f"rechecked {sum(rechecked.values())}: {rechecked}")
+    print(f"by status, equivalent ones left out: {totals}")
+    print(f"mutants {counted + len(equivalent)}, equivalent {len(equivalent)}, killed {killed}, "
+          f"alive {len(alive)}: score {100 * score:.1f}% of the non-equivalent mutants")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"totals": totals, "equivalent": len(equivalent),
+                                               "score": score, "alive": alive}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
