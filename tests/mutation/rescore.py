@@ -68,7 +68,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", help="test files written after the run")
     ap.add_argument("--write", action="store_true", help="record the new verdicts in mutmut's results")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a mutant counts as hung")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds before a mutant counts as hung (generous: a loaded machine is slow, not hung)")
     ap.add_argument("--prefix", default="", help="only re-check mutants whose name starts with this")
     ap.add_argument("--json", metavar="FILE", help="write the totals and the names still alive as JSON")
     args = ap.parse_args()

@@ -40,12 +40,12 @@ def main(prefix: str, files: list[str]) -> int:
     sys.path.insert(0, "src")
     import epd_ring.executor  # noqa: F401 - loaded once, shared by every forked run
 
-    if run_child(tests, "", 120.0) != "survived":
+    if run_child(tests, "", 300.0) != "survived":
         print("the tests fail with no mutant active: not usable against this tree")
         return 2
     killed = 0
     for name in targets:
-        verdict = run_child(tests, name, 60.0)
+        verdict = run_child(tests, name, 300.0)
         killed += verdict != "survived"
         print(f"{'killed  ' if verdict != 'survived' else 'survived'} {name}", flush=True)
     print(f"{killed} of {len(targets)} survivors under {prefix!r} killed by {', '.join(tests)}")
