@@ -774,3 +774,42 @@ def test_frames_to_unreachable_or_too_many_peers_fail_their_room():
     assert b.notices("dead") == [(2, "failed", reason), (2, "released", "")]
     assert m.register_receiver(b.frame(3, "dead")) is False  # down and backing off: fails at once
     assert m.failure_reason(3) == reason
+
+
+def test_a_down_peer_is_contacted_again_once_its_backoff_is_over():
+    b = Bench(peer_backoff=5.0)
+    m = b.m
+    b.t.inject_contact("refuse", session="p1")  # the first contact only
+    assert m.register_receiver(b.frame(1, "p1")) is False
+    reason = m.failure_reason(1)
+    b.clock.advance(1.0)
+    assert m.register_receiver(b.frame(2, "p1")) is False  # still backing off: no new contact
+    assert m.failure_reason(2) == reason and b.t.contacts == 1
+    b.clock.advance(4.0)
+    assert m.register_receiver(b.frame(3, "p1"))  # contacted again, and it answers now
+    assert m.room_status(3) == "announced" and b.t.contacts == 2
+
+
+def test_announcements_are_counted_per_peer():
+    b = Bench(max_announced_per_peer=2)
+    m = b.m
+    assert m.register_receiver(b.frame(1, "a1", peer="A"))
+    assert m.register_receiver(b.frame(2, "a1", peer="A"))
+    assert m.register_receiver(b.frame(3, "a1", peer="A")) is False
+    assert m.register_receiver(b.frame(4, "b1", peer="B"))
+    assert m.fail_room(1, "x")  # concluding gives the announcement back
+    assert m.register_receiver(b.frame(5, "a1", peer="A"))
+    assert m.register_receiver(b.frame(6, "a1", peer="A")) is False
+
+
+def test_a_malformed_frame_with_no_valid_address_gets_no_reply():
+    b = Bench()
+    m = b.m
+    f = b.frame(3, "p3")
+    assert m.register_receiver(f._replace(session=5)) is False
+    assert m.register_receiver(f._replace(status_endpoint=7)) is False
+    assert m.register_receiver(f._replace(status_endpoint="ipc:///tmp/x")) is False  # a string: answered
+    assert [x[2:] for x in b.t.told] == [
+        ("failed", "malformed receiver frame: room 3: status_endpoint must be a printable tcp:// address, "
+                   "got 'ipc:///tmp/x'"), ("released", "")]
+    assert m.stats["frames_refused"] == 3 and m.rooms == {}
