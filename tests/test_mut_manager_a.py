@@ -813,3 +813,23 @@ def test_a_malformed_frame_with_no_valid_address_gets_no_reply():
         ("failed", "malformed receiver frame: room 3: status_endpoint must be a printable tcp:// address, "
                    "got 'ipc:///tmp/x'"), ("released", "")]
     assert m.stats["frames_refused"] == 3 and m.rooms == {}
+
+
+def test_a_reopened_room_releases_regions_it_never_wrote_at_once():
+    # Room 5 fails with A's write still in flight; A's session s1 is then released (A's
+    # session cap of one) and claimed by B, whose request reopens room 5. When that room
+    # fails before any write of its own, s1's region is free at once: the old write in
+    # flight belongs to the previous room, not to this one.
+    b = Bench(max_sessions_per_peer=1)
+    m = b.m
+    assert m.bind_sender(5, receiver="A") == "registered"
+    b.t.inject("hold")
+    assert m.register_receiver(b.frame(5, "s1", peer="A"))
+    assert m.submit_chunk(5, b.chunk()) and m.writes_in_flight == 1
+    assert m.fail_room(5, "x")
+    assert b.notices("s1") == [(5, "failed", "x")]  # its release waits for the write
+    assert m.register_receiver(b.frame(6, "s2", n=2, peer="A"))  # A's oldest session, s1, is let go
+    assert m.bind_sender(5, receiver="B") == "registered"
+    assert m.register_receiver(b.frame(5, "s1", peer="B"))
+    assert m.fail_room(5, "y")
+    assert b.notices("s1") == [(5, "failed", "x"), (5, "failed", "y"), (5, "released", "")]
