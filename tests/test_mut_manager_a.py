@@ -610,6 +610,9 @@ def test_a_room_announced_by_another_peer_fails_for_it_and_opens_anew():
     with pytest.raises(RoomConflict):
         m.bind_sender(4, receiver="B")
     assert m.stats["foreign_announcements"] == 1
+    assert m.register_receiver(b.frame(8, "a8", n=2, peer="A"))
+    assert m.bind_sender(8, receiver="C") == "registered"  # each such room is counted
+    assert m.stats["foreign_announcements"] == 2 and m.stats["failed"] == 2
 
 
 # register_receiver ---------------------------------------------------------------------------
