@@ -35,10 +35,12 @@ PEER_DECLARATION = {
         {"trigger": "connect_expired", "source": ["connecting", "suspect"], "dest": "down"},
         # Write reports. Consecutive failures (or write deadlines) past the threshold make
         # the peer suspect: no new writes until a fresh contact says it answers.
-        {"trigger": "write_ok", "source": ["up", "suspect", "down"], "dest": "="},
+        # A write issued before the peer went down may report while a later contact runs:
+        # it changes nothing there (that contact decides), and must not stop the loop.
+        {"trigger": "write_ok", "source": ["up", "suspect", "down", "connecting"], "dest": "="},
         {"trigger": "write_failed", "source": "up", "dest": "suspect", "conditions": ["at_threshold"]},
         {"trigger": "write_failed", "source": "up", "dest": "up", "unless": ["at_threshold"]},
-        {"trigger": "write_failed", "source": ["suspect", "down"], "dest": "="},
+        {"trigger": "write_failed", "source": ["suspect", "down", "connecting"], "dest": "="},
     ],
     "docs": {
         "unknown": "record created for a session no frame has named before",
