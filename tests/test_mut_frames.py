@@ -12,6 +12,7 @@ from epd_ring.executor.core.frames import (
     MAX_DEEP_LEVELS,
     MAX_RECEIVERS,
     WIRE_MAGIC,
+    _plainly_valid,
     check_against_chunk,
     check_frame,
     check_tiling,
@@ -121,6 +122,7 @@ REFUSED = [
     (dict(dst_ptr=U64_MAX + 1), f"room 7: dst_ptr must be a 64-bit unsigned integer, got {U64_MAX + 1}"),
     (dict(dst_ptr=-1), "room 7: dst_ptr must be a 64-bit unsigned integer, got -1"),
     (dict(dst_ptr=True), "room 7: dst_ptr must be a 64-bit unsigned integer, got True"),
+    (dict(dst_ptr=4096.0), "room 7: dst_ptr must be a 64-bit unsigned integer, got 4096.0"),
     (dict(dst_ptr="4096"), "room 7: dst_ptr must be a 64-bit unsigned integer, got '4096'"),
     (dict(dst_deep_ptr=U64_MAX + 1),
      f"room 7: dst_deep_ptr must be a 64-bit unsigned integer, got {U64_MAX + 1}"),
@@ -136,6 +138,8 @@ REFUSED = [
     (dict(span=None), "room 7: span must be a non-negative integer, got None"),
     (dict(hidden=-1), "room 7: hidden must be a non-negative integer, got -1"),
     (dict(hidden=False), "room 7: hidden must be a non-negative integer, got False"),
+    (dict(hidden=64.0), "room 7: hidden must be a non-negative integer, got 64.0"),
+    (dict(span=10.0), "room 7: span must be a non-negative integer, got 10.0"),
     (dict(n_receivers=-1), "room 7: n_receivers must be a non-negative integer, got -1"),
     (dict(n_receivers=1.0), "room 7: n_receivers must be a non-negative integer, got 1.0"),
     # span and hidden at least 1; N in 1..1024
@@ -153,6 +157,8 @@ REFUSED = [
     # has_deepstack: a bool
     (dict(has_deepstack=1), "room 7: has_deepstack must be a bool"),
     (dict(has_deepstack="False"), "room 7: has_deepstack must be a bool"),
+    (dict(has_deepstack=0), "room 7: has_deepstack must be a bool"),
+    (dict(has_deepstack=1, dst_deep_ptr=0x9000, deep_levels=3), "room 7: has_deepstack must be a bool"),
     # deep_levels: 1..64 with a deepstack buffer, 0 without
     (dict(deep_levels=1), "room 7: deep_levels must be in 1..64 with a deepstack buffer and 0 without, got 1"),
     (dict(deep_levels=-1), "room 7: deep_levels must be in 1..64 with a deepstack buffer and 0 without, got -1"),
@@ -186,6 +192,17 @@ def test_the_first_broken_field_is_the_one_named():
     assert refused(worst) == "room must be a non-negative integer, got -3"
     assert refused(worst._replace(room=3)) == "room 3: session must be a non-empty string"
     assert refused(worst._replace(room=3, session="s")) == "room 3: dst_ptr must be a 64-bit unsigned integer, got -1"
+
+
+def test_the_common_case_shortcut_agrees_with_the_full_check():
+    # check_frame answers plain-typed frames with one expression (the per-frame hot path) and sends
+    # whatever it doubts to the field-by-field checks: two statements of one contract, which must
+    # agree. A valid frame the shortcut doubts silently takes the slow path; a broken one it passes
+    # skips the checks (the refusal tests above catch that side through check_frame too).
+    for name, f in ACCEPTED.items():
+        assert _plainly_valid(f), name
+    for change, message in REFUSED:
+        assert not _plainly_valid(FLAT._replace(**change)), message
 
 
 # -- check_against_chunk ---------------------------------------------------------------------
