@@ -251,3 +251,152 @@ def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing
     transport.complete(held)
     ex1.poll()
     assert ex1.closed is True and transport.closed
+
+
+# -- the deadline heap's bounds and order ------------------------------------------------------------
+
+def test_deadlines_at_the_same_instant_fire_in_the_order_they_were_armed():
+    d = Deadlines()
+    objs = [_Waiter() for _ in range(4)]
+    for k, o in enumerate(objs):
+        d.arm(1.0, f"k{k}", o)
+    assert [o for _, o in d.due(1.0)] == objs
+
+
+def test_the_heap_is_rebuilt_only_past_the_floor_once_dead_entries_outnumber_live_ones_four_to_one():
+    from epd_ring.executor.core.timers import _COMPACT_FLOOR as floor
+
+    d = Deadlines()
+    live = [_Waiter() for _ in range(floor // 4 + 1)]  # 1025 live deadlines
+    for o in live:
+        d.arm(10.0, "park", o)
+    # Re-arming leaves the earlier entry dead in the heap: the heap grows, the live count does not.
+    while d.heap_size < 4 * len(live):
+        d.arm(5.0, "park", live[0])
+    assert d.heap_size == 4 * len(live) and len(d) == len(live)  # past the floor, but not past 4x live
+    d.arm(5.0, "park", live[0])  # one more dead entry: now over 4x live, so only live entries remain
+    assert d.heap_size == len(live) and len(d) == len(live)
+    assert len(list(d.due(10.0))) == len(live)  # every live deadline survived the rebuild
+
+    small = Deadlines()
+    one = _Waiter()
+    while small.heap_size < floor:  # 4096 entries, 1 live: at the floor, not past it
+        small.arm(1.0, "park", one)
+    assert small.heap_size == floor
+    small.arm(1.0, "park", one)
+    assert small.heap_size == 1 and list(small.due(1.0)) == [("park", one)]
+
+
+# -- configuration numbers -------------------------------------------------------------------------
+
+def test_seconds_accepts_every_finite_non_negative_number_as_a_float():
+    from epd_ring.executor.core.settings import seconds
+
+    for value, want in ((0, 0.0), (0.5, 0.5), (3, 3.0), (1e9, 1e9)):
+        got = seconds("park_timeout", value)
+        assert got == want and type(got) is float
+
+
+@pytest.mark.parametrize("value, message", [
+    (True, "park_timeout must be a number of seconds, got True"),
+    ("5", "park_timeout must be a number of seconds, got '5'"),
+    (None, "park_timeout must be a number of seconds, got None"),
+    (float("nan"), "park_timeout must be finite and >= 0 seconds, got nan"),
+    (float("inf"), "park_timeout must be finite and >= 0 seconds, got inf"),
+    (-0.001, "park_timeout must be finite and >= 0 seconds, got -0.001"),
+    (-1, "park_timeout must be finite and >= 0 seconds, got -1"),
+])
+def test_seconds_refuses_with_a_message_naming_the_setting(value, message):
+    from epd_ring.executor.core.settings import seconds
+
+    with pytest.raises(ValueError) as err:
+        seconds("park_timeout", value)
+    assert str(err.value) == message
+
+
+def test_count_accepts_integers_at_or_above_the_minimum_which_defaults_to_zero():
+    from epd_ring.executor.core.settings import count
+
+    assert count("max_deferred", 0) == 0 and count("max_deferred", 7) == 7
+    assert count("max_tombstones", 1, 1) == 1
+
+
+@pytest.mark.parametrize("value, minimum, message", [
+    (False, 0, "max_deferred must be an integer, got False"),
+    ("3", 0, "max_deferred must be an integer, got '3'"),
+    (2.0, 0, "max_deferred must be an integer, got 2.0"),
+    (-1, 0, "max_deferred must be >= 0, got -1"),
+    (0, 1, "max_deferred must be >= 1, got 0"),
+])
+def test_count_refuses_with_a_message_naming_the_setting(value, minimum, message):
+    from epd_ring.executor.core.settings import count
+
+    with pytest.raises(ValueError) as err:
+        count("max_deferred", value, minimum)
+    assert str(err.value) == message
+
+
+# -- the fake clock --------------------------------------------------------------------------------
+
+def test_a_fake_clock_starts_at_zero_and_moves_only_forward_by_what_it_is_told():
+    clock = FakeClock()
+    assert clock.now() == 0.0 and type(clock.now()) is float
+    assert clock.advance(0.25) == 0.25 and clock.advance(0.5) == 0.75 and clock.now() == 0.75
+    assert clock.advance(0) == 0.75  # standing still is allowed
+    assert FakeClock(3).now() == 3.0 and type(FakeClock(3).now()) is float
+    with pytest.raises(ValueError, match=r"^a clock cannot go back \(-0\.5 s\)$"):
+        clock.advance(-0.5)
+    assert clock.now() == 0.75
+
+
+# -- tenancy: who owns which receiver session --------------------------------------------------------
+
+def test_a_session_belongs_to_the_first_peer_that_names_it():
+    from epd_ring.executor.core.tenancy import Tenancy
+
+    t = Tenancy()
+    assert t.session_owner("a:1") is None and len(t) == 0
+    assert t.claim("alice", "a:1") == "" and t.session_owner("a:1") == "alice"
+    assert t.claim("alice", "a:1") == ""  # already hers: fine
+    assert t.claim("bob", "a:1") == "session belongs to another receiver"
+    assert t.session_owner("a:1") == "alice" and len(t) == 1
+    assert t.claim("bob", "b:1") == "" and t.session_owner("b:1") == "bob" and len(t) == 2
+
+
+def test_a_peer_at_its_session_cap_gives_up_its_own_least_recently_named_session():
+    from epd_ring.executor.core.tenancy import Tenancy
+
+    t = Tenancy(max_sessions_per_peer=2)
+    assert t.claim("alice", "a:1") == "" and t.claim("alice", "a:2") == "" and t.claim("bob", "b:1") == ""
+    assert t.claim("alice", "a:1") == ""  # named again: a:2 is now her least recently named
+    assert t.claim("alice", "a:3") == ""
+    assert [t.session_owner(s) for s in ("a:1", "a:2", "a:3", "b:1")] == ["alice", None, "alice", "bob"]
+    assert len(t) == 3
+    assert t.claim("bob", "a:2") == ""  # released, so anyone may claim it now
+    assert t.claim("alice", "a:4") == ""  # her oldest is a:1 now; bob's sessions are never touched
+    assert [t.session_owner(s) for s in ("a:1", "a:2", "a:3", "a:4", "b:1")] == [None, "bob", "alice", "alice", "bob"]
+
+
+def test_sessions_in_all_are_bounded_and_a_claim_past_the_bound_is_refused():
+    from epd_ring.executor.core.tenancy import Tenancy
+
+    t = Tenancy(max_sessions_per_peer=10, max_sessions=2)
+    assert t.claim("alice", "a:1") == "" and t.claim("bob", "b:1") == ""
+    assert t.claim("carol", "c:1") == "too many receiver sessions (2)"
+    assert t.session_owner("c:1") is None and len(t) == 2
+    assert t.claim("alice", "a:1") == ""  # an existing session is still fine
+
+
+def test_tenancy_default_bounds():
+    from epd_ring.executor.core.tenancy import Tenancy
+
+    t = Tenancy()  # 256 sessions per peer: the 257th releases the peer's first
+    for k in range(257):
+        assert t.claim("alice", f"a:{k}") == ""
+    assert t.session_owner("a:0") is None and t.session_owner("a:1") == "alice" and len(t) == 256
+    t.announced["alice"] = 1023  # 1024 rooms announced per peer
+    assert t.may_announce("alice") and t.may_announce("bob")
+    t.announced["alice"] += 1
+    assert not t.may_announce("alice") and t.may_announce("bob")
+    # 65536 sessions in all: the bound enforced as shown above (filling it here would take too long).
+    assert t.max_sessions == 65536
