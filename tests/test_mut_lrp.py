@@ -310,9 +310,14 @@ def test_close_retires_free_slots_and_counts_the_busy_ones():
 # -- peers --------------------------------------------------------------------------------
 
 def table(**kw):
+    clock, t, manager = managed(**kw)
+    return clock, t, manager.peers
+
+
+def managed(**kw):
     clock = FakeClock()
     t = LoopbackTransport(clock)
-    return clock, t, EncodeManager(t, clock, **kw).peers
+    return clock, t, EncodeManager(t, clock, **kw)
 
 
 def test_idle_peers_forgotten_to_stay_bounded_are_counted():
@@ -328,12 +333,73 @@ def test_each_refused_contact_puts_the_peer_down_once():
     clock, t, peers = table(peer_backoff=1.0)
     t.add_receiver("x")
     t.inject_contact("refuse", session="x", count=2)
-    assert peers.contact("x").state == "down"
+    peer = peers.contact("x")
+    assert peer.state == "down" and peer.reason == "contact failed (refused)"
+    assert peers.snapshot() == {"x": {"state": "down", "fails": 0, "rooms": 0, "reason": "contact failed (refused)"}}
     clock.advance(1.0)
     assert peers.contact("x").state == "down"
     clock.advance(1.0)
     assert peers.contact("x").state == "up"
     assert dict(peers.stats) == {"contacts": 3, "down": 2, "connected": 1}
+
+
+def test_a_transport_that_raises_on_contact_counts_as_a_refusal():
+    _, t, peers = table()
+
+    def connect(session, attempt):
+        raise RuntimeError("boom")
+
+    t.connect = connect
+    peer = peers.contact("x")
+    assert peer.state == "down" and peer.reason == "contact failed (RuntimeError: boom)"
+    assert peers.snapshot()["x"]["fails"] == 0
+    assert dict(peers.stats) == {"contacts": 1, "down": 1}
+
+
+def test_a_full_table_of_busy_peers_refuses_new_ones_and_counts_each():
+    _, t, peers = table(max_peers=1)
+    t.inject_contact("hang", session="p0")  # a peer being contacted is never forgotten
+    assert peers.contact("p0").state == "connecting"
+    assert peers.contact("p1") is None and peers.contact("p2") is None
+    assert list(peers.by_session) == ["p0"]
+    assert dict(peers.stats) == {"contacts": 1, "peers_refused": 2}
+
+
+def test_one_contact_at_a_time_each_attempt_numbered_and_one_deadline_armed():
+    clock, t, m = managed(connect_timeout=2.0, peer_backoff=1.0)
+    peers = m.peers
+    t.add_receiver("x")
+    t.inject_contact("hang", session="x")
+    peer = peers.contact("x")
+    assert peer.state == "connecting" and t.hung == {"x": 1} and len(peers.deadlines) == 1
+    assert peers.snapshot() == {"x": {"state": "connecting", "fails": 0, "rooms": 0, "reason": ""}}
+    assert peers.contact("x") is peer  # a second frame while contacting starts nothing new
+    assert t.contacts == 1 and t.hung == {"x": 1} and len(peers.deadlines) == 1
+    clock.advance(2.0)
+    m.poll()
+    assert peer.state == "down" and len(peers.deadlines) == 0
+    assert peer.reason == "no answer to contact within the connect deadline of 2.0 s"
+    t.answer("x", ok=True)  # answers attempt 1, whose deadline passed: stale
+    m.poll()
+    assert peer.state == "down"
+    clock.advance(1.0)
+    t.inject_contact("hang", session="x")
+    assert peers.contact("x").state == "connecting" and t.hung == {"x": 2}
+    peers.report("x", 1, True)  # the old attempt again, now while attempt 2 is in flight: stale
+    peers.report("nobody", 1, True)  # a session the table does not know: stale
+    assert peer.state == "connecting" and len(peers.deadlines) == 1
+    t.answer("x")
+    m.poll()
+    assert peer.state == "up" and peer.reason == "" and len(peers.deadlines) == 0
+    assert dict(peers.stats) == {"contacts": 2, "down": 1, "reports_stale": 3, "connected": 1}
+
+
+def test_a_refusal_reported_without_detail_reads_refused():
+    _, t, peers = table()
+    t.inject_contact("hang", session="y")
+    peer = peers.contact("y")
+    peers.report("y", 1, False)
+    assert peer.state == "down" and peer.reason == "contact failed (refused)"
 
 
 def test_threshold_failures_make_an_up_peer_suspect_and_recheck_it_each_time():
