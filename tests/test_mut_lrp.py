@@ -299,6 +299,26 @@ def test_slot_views_cover_exactly_their_slot():
     assert ring.deep[256:356].eq(9).all() and not ring.deep[:256].any() and not ring.deep[356:].any()
 
 
+def test_a_slot_back_on_the_free_list_forgets_its_room_and_is_reused_last():
+    ring = Ring(LoopbackTransport(), 2, 64)
+    a = ring.lease()
+    a.room = 7  # the executor names the room a leased slot holds
+    assert ring.fire(a, "abandon") == "free"
+    assert a.room is None and ring.free_count == 2
+    b = ring.lease()
+    assert b is ring.slots[1] and ring.lease() is a  # FIFO: the slot freed longest ago first
+    b.room, b.unsure, b.writes_in_flight = 8, True, 0  # its write failed: it may still land
+    for event in ("copied", "send"):
+        ring.fire(b, event)
+    assert ring.fire(b, "settle") == "quarantined" and b.room == 8 and ring.free_count == 0
+    assert ring.fire(b, "release") == "free"
+    assert b.room is None and b.unsure is False and ring.free_count == 1
+    assert ring.lease() is b
+    for event in ("copied", "send"):
+        ring.fire(b, event)
+    assert ring.fire(b, "settle") == "free"  # its next, clean write needs no quarantine
+
+
 def test_close_retires_free_slots_and_counts_the_busy_ones():
     ring = Ring(LoopbackTransport(), 3, 64)
     busy = ring.lease()
