@@ -461,6 +461,81 @@ def test_a_write_report_for_a_peer_never_contacted_is_an_undeclared_transition()
     assert str(e.value) == "peer machine (peer z): event 'write_ok' is not allowed in state 'unknown'"
 
 
+# -- construction: settings, defaults, fresh objects ---------------------------------------
+
+def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
+    from epd_ring.executor.core.peers import PeerTable
+    from epd_ring.executor.core.timers import Deadlines
+
+    clock = FakeClock()
+    t = LoopbackTransport(clock)
+    plain = PeerTable(t, clock, Deadlines())
+    m = EncodeManager(LoopbackTransport(clock), clock).peers
+    # one set of defaults, whether the table is built alone or by the manager
+    assert (plain.connect_timeout, plain.backoff, plain.fail_threshold, plain.max_peers) == \
+        (m.connect_timeout, m.backoff, m.fail_threshold, m.max_peers) == (5.0, 5.0, 3, 4096)
+    bad = [(dict(connect_timeout=0), "connect_timeout must be > 0 seconds, got 0"),
+           (dict(connect_timeout="soon"), "connect_timeout must be a number of seconds, got 'soon'"),
+           (dict(backoff=-1.0), "peer_backoff must be finite and >= 0 seconds, got -1.0"),
+           (dict(fail_threshold=0), "peer_fail_threshold must be >= 1, got 0"),
+           (dict(max_peers=0), "max_peers must be >= 1, got 0")]
+    for kw, msg in bad:
+        with pytest.raises(ValueError) as e:
+            PeerTable(t, clock, Deadlines(), **kw)
+        assert str(e.value) == msg
+    one = PeerTable(t, clock, Deadlines(), fail_threshold=1, max_peers=1)  # 1 is allowed for both
+    assert (one.fail_threshold, one.max_peers) == (1, 1)
+
+
+def test_a_fresh_peer_is_idle_and_not_backing_off():
+    _, _, peers = table()
+    peer = Peer("z", peers)
+    assert (peer.state, peer.fails, peer.attempt, peer.timer, peer.due, peer.retry_at, peer.reason) == \
+        ("unknown", 0, 0, 0, 0.0, 0.0, "")
+    assert peer.backing_off() is False and peer.rooms == set()
+
+
+def test_ring_settings_are_checked_with_clear_errors():
+    t = LoopbackTransport()
+    bad = [((0, 64), {}, "a ring needs at least one slot, got 0"),
+           ((1, 0), {}, "slot bytes must be a positive multiple of 64, got 0"),
+           ((1, 100), {}, "slot bytes must be a positive multiple of 64, got 100"),
+           ((1, 64), dict(deep_slot_bytes=32), "deepstack slot bytes must be a multiple of 64, got 32")]
+    for args, kw, msg in bad:
+        with pytest.raises(ValueError) as e:
+            Ring(t, *args, **kw)
+        assert str(e.value) == msg
+    assert len(t.local) == 0  # nothing registered by a refused ring
+
+
+def test_a_ring_without_deepstack_registers_one_byte_region_per_slot_on_its_device():
+    t = LoopbackTransport()
+    ring = Ring(t, 3, 128)
+    assert ring.device == torch.device("cpu") and ring.main.device == ring.device
+    assert ring.main.dtype == torch.uint8 and ring.main.numel() == 3 * 128
+    assert ring.deep is None and ring.deep_base == 0 and ring.deep_slot_bytes == 0
+    assert len(t.local) == 3 and all(t.local.covers(ring.main_ptr(s), 128) for s in ring.slots)
+    assert not t.local.covers(ring.main_base, 129)  # one region per slot, never one across two
+    deep = Ring(t, 2, 64, deep_slot_bytes=192)
+    assert deep.deep.dtype == torch.uint8 and deep.deep.numel() == 2 * 192 and deep.deep.device == deep.device
+    assert len(t.local) == 3 + 4 and all(t.local.covers(deep.deep_ptr(s), 192) for s in deep.slots)
+    # the meta device holds no memory but keeps placement visible: the ring lives where asked
+    anywhere = SimpleNamespace(register_memory=lambda regions, owner=None: None)  # meta pointers are all 0
+    meta = Ring(anywhere, 2, 64, device="meta", deep_slot_bytes=64)
+    assert meta.device.type == meta.main.device.type == meta.deep.device.type == "meta"
+
+
+def test_fresh_slots_are_free_empty_and_have_no_deadline():
+    from epd_ring.executor.core.timers import Deadlines
+
+    ring = Ring(LoopbackTransport(), 2, 64)
+    for s in ring.slots:
+        assert (s.state, s.room, s.unsure, s.writes_in_flight, s.timer, s.due) == ("free", None, False, 0, 0, 0.0)
+    deadlines = Deadlines()
+    deadlines.arm(1.0, "quarantine", ring.slots[0])
+    assert len(deadlines) == 1 and list(deadlines.due(1.0)) == [("quarantine", ring.slots[0])]
+
+
 def room_for(rig, room, session, n_tokens=3):
     rig.executor.register(f"req-{room}", "prefill", 1, room)
     rig.manager.register_receiver(rig.frame(room, session, n_tokens))
