@@ -570,3 +570,26 @@ def test_a_write_reported_while_its_peer_is_contacted_again_leaves_the_contact_t
     rig.executor.execute([third])
     rig.executor.poll()
     assert rig.manager.room_status(3) == "success" and rig.delivered_ok(3, "b", third[1])
+
+
+def test_a_fresh_loopback_transport_and_its_registrations():
+    t = LoopbackTransport()
+    assert (t.policy, t.closed, t.bytes_landed, t.late_landings, t.submitted, t.contacts, t.unreached_writes) == \
+        (None, False, 0, 0, 0, 0, 0)
+    rcv = t.add_receiver("r")
+    assert rcv.session == "r" and t.receivers == {"r": rcv}
+    with pytest.raises(ValueError) as e:
+        t.add_receiver("r")
+    assert str(e.value) == "receiver session 'r' already exists"
+    assert rcv.register(0x5000, 1) == 0x5000  # one byte is a region
+    assert rcv.register(0x5001, 63) == 0x5001  # adjacent: allowed
+    with pytest.raises(TransportError) as e:
+        rcv.register(0x6000, 0)
+    assert str(e.value) == "cannot register 0 bytes at 0x6000"
+    buf = torch.zeros(4)
+    assert rcv.register(buf) == buf.data_ptr()
+    assert rcv.regions.covers(0x5000, 64) is False and rcv.regions.covers(0x5001, 63)
+    assert rcv.regions.remove_owner(buf) == 1 and len(rcv.regions) == 2  # a tensor owns its region
+    src = torch.ones(4)
+    t.register_memory([(src.data_ptr(), 16)], owner=src)
+    assert t.submit_write("r", [(src.data_ptr(), 0x5000, 0)]) == 1  # handles count from 1
