@@ -8,6 +8,7 @@ slot states, stats counters and observer calls.
 
 from __future__ import annotations
 
+import enum
 import sys
 from pathlib import Path
 
@@ -570,6 +571,11 @@ def test_an_item_without_a_token_count_fails_its_batch_naming_its_type():
     assert m.failure_reason(1) == "cannot count tokens of Uncounted: no n_tokens or offsets"
 
 
+class EngineModality(enum.Enum):
+    IMAGE = "Image"
+    VIDEO = "Video"
+
+
 def test_modalities_are_matched_by_value_and_case_insensitively():
     rig = make_rig()
     ex, m = rig.executor, rig.manager
@@ -588,6 +594,12 @@ def test_modalities_are_matched_by_value_and_case_insensitively():
 
         def __repr__(self):
             return "<unprintable>"
+
+    # An engine's own enum (not a str): matched by its value, whatever modality strings
+    # this process has seen before.
+    ex.register("engine", "prefill-host", 8998, 5)
+    assert ex.execute([("engine", EncodeItem(EngineModality.VIDEO, 2, meta={"seed": 5}))]) == 1
+    assert rig.tower.calls[-1] == ("video", 1)
 
     ex.register("odd", "prefill-host", 8998, 4)
     assert ex.execute([("odd", EncodeItem(Unprintable(), 2))]) == 0
