@@ -639,6 +639,21 @@ def test_an_embedding_that_fills_its_slots_exactly_is_shipped():
     assert m.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
 
 
+def test_a_lazily_negated_embedding_ships_its_values_not_its_storage():
+    # torch keeps some negations as a flag on a view of the same storage; raw bytes would be
+    # the un-negated numbers
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    ex.register("r", "prefill-host", 8998, 1)
+    m.register_receiver(rig.frame(1, "p1", 2))
+    lazy = torch._neg_view(torch.arange(16.0).reshape(2, 8))
+    assert lazy.is_neg() and lazy.is_contiguous()
+    ex.send_item("r", EncodeItem("image", 2, encoded=lazy))
+    ex.poll()
+    assert m.room_status(1) == "success"
+    assert torch.equal(rig.buffers[(1, "p1")][0], -torch.arange(16.0).reshape(2, 8))
+
+
 def test_an_empty_deepstack_half_counts_as_none():
     rig = make_rig()
     ex, m = rig.executor, rig.manager

@@ -374,7 +374,8 @@ class EncodeExecutor:
     def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor,
               nbytes: int) -> None:
         if self._host_copy and src.is_cpu:
-            src = src.contiguous()
+            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes.
+            src = src.resolve_neg().contiguous()
             ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
