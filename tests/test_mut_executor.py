@@ -315,6 +315,21 @@ def test_close_stops_polling_once_its_timeout_has_passed():
 
 # --------------------------------------------------------------- reaping ---
 
+def test_a_sender_concluded_twice_through_a_shared_manager_is_reaped_once():
+    # Two executors on one manager: a request bound to peer A's failed room 5 is concluded
+    # again when peer B's new room 5 (opened by the other executor) fails too.
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    ex2 = EncodeExecutor(m, TableTower(), "cpu", ring_slots=2, ring_bytes=4096)
+    assert m.register_receiver(rig.frame(5, "a1", 2, peer="A"))
+    assert m.fail_room(5, "a fails")
+    ex.register("x", "prefill-host", 8998, 5)
+    ex2.register("y", "prefill-host", 8998, 5, receiver="B")
+    m.fail_room(5, "b fails")
+    assert ex.reap_concluded_senders() == 1 and "x" not in ex.senders
+    assert ex2.reap_concluded_senders() == 1 and "y" not in ex2.senders
+
+
 def test_a_reused_request_id_is_not_reaped_when_an_old_room_id_concludes_again():
     rig = make_rig(max_tombstones=1, announce_timeout=5.0)
     ex, m = rig.executor, rig.manager

@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="record the new verdicts in mutmut's results")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds before a mutant counts as hung (generous: a loaded machine is slow, not hung)")
+    ap.add_argument("--deselect", action="append", default=[], metavar="NODEID",
+                    help="leave out a test, e.g. one that tests a fix made after the run (repeatable)")
     ap.add_argument("--prefix", default="", help="only re-check mutants whose name starts with this")
     ap.add_argument("--json", metavar="FILE", help="write the totals and the names still alive as JSON")
     args = ap.parse_args()
@@ -82,6 +84,8 @@ def main() -> int:
     for f in args.files:
         shutil.copy(f, Path("tests") / Path(f).name)
         tests.append(f"tests/{Path(f).name}")
+    for nodeid in args.deselect:
+        tests += ["--deselect", nodeid]
 
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.stats import status_by_exit_code
@@ -90,7 +94,8 @@ def main() -> int:
     import epd_ring.executor  # noqa: F401 - warm the children: torch and the package load once
 
     if run_child(tests, "", args.timeout) != "survived":
-        print("the tests fail with no mutant active: not usable against this tree")
+        print("the tests fail with no mutant active: not usable against this tree (see which with "
+              f"`cd mutants && python -m pytest {' '.join(tests)}`; --deselect tests of later fixes)")
         return 2
 
     equivalent = equivalent_names()
