@@ -487,12 +487,12 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     assert (one.fail_threshold, one.max_peers) == (1, 1)
 
 
-def test_a_fresh_peer_is_idle_and_not_backing_off():
+def test_a_fresh_peer_is_idle():
     _, _, peers = table()
     peer = Peer("z", peers)
-    assert (peer.state, peer.fails, peer.attempt, peer.timer, peer.due, peer.retry_at, peer.reason) == \
-        ("unknown", 0, 0, 0, 0.0, 0.0, "")
-    assert peer.backing_off() is False and peer.rooms == set()
+    # timer, due and retry_at are read only once armed or down; a fresh peer has no deadline
+    assert (peer.state, peer.fails, peer.attempt, peer.reason) == ("unknown", 0, 0, "")
+    assert not peer.timer and peer.rooms == set()
 
 
 def test_ring_settings_are_checked_with_clear_errors():
@@ -530,7 +530,7 @@ def test_fresh_slots_are_free_empty_and_have_no_deadline():
 
     ring = Ring(LoopbackTransport(), 2, 64)
     for s in ring.slots:
-        assert (s.state, s.room, s.unsure, s.writes_in_flight, s.timer, s.due) == ("free", None, False, 0, 0, 0.0)
+        assert (s.state, s.room, s.unsure, s.writes_in_flight) == ("free", None, False, 0) and not s.timer
     deadlines = Deadlines()
     deadlines.arm(1.0, "quarantine", ring.slots[0])
     assert len(deadlines) == 1 and list(deadlines.due(1.0)) == [("quarantine", ring.slots[0])]

@@ -36,7 +36,7 @@ def equivalent_names() -> set[str]:
     return set(re.findall(r"`(epd_ring\.[^`]+__mutmut_\d+)`", text))
 
 
-def run_child(files: list[str], mutant: str, timeout: float) -> str:
+def start_child(files: list[str], mutant: str) -> int:
     pid = os.fork()
     if pid == 0:
         try:
@@ -50,18 +50,46 @@ def run_child(files: list[str], mutant: str, timeout: float) -> str:
         except BaseException:  # noqa: BLE001 - any escape from the mutant is a kill
             code = 99
         os._exit(int(code))
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            if os.WIFSIGNALED(status):
-                return "killed"  # a crash under the mutant
-            return "killed" if os.WEXITSTATUS(status) != 0 else "survived"
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout"
-        time.sleep(0.01)
+    return pid
+
+
+def verdict_of(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return "killed"  # a crash under the mutant
+    return "killed" if os.WEXITSTATUS(status) != 0 else "survived"
+
+
+def run_many(work: list[tuple[str, list[str]]], timeout: float, jobs: int, report=None) -> dict[str, str]:
+    """Run (mutant, test files) pairs, `jobs` at a time; a verdict per mutant."""
+    verdicts: dict[str, str] = {}
+    todo = list(reversed(work))
+    running: dict[int, tuple[str, float]] = {}
+    while todo or running:
+        while todo and len(running) < jobs:
+            name, files = todo.pop()
+            running[start_child(files, name)] = (name, time.monotonic() + timeout)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid and pid in running:
+            name, _ = running.pop(pid)
+            verdicts[name] = verdict_of(status)
+        else:
+            now = time.monotonic()
+            for pid, (name, deadline) in list(running.items()):
+                if now > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    running.pop(pid)
+                    verdicts[name] = "timeout"
+            if not pid:
+                time.sleep(0.005)
+            continue
+        if report:
+            report(name, verdicts[name])
+    return verdicts
+
+
+def run_child(files: list[str], mutant: str, timeout: float) -> str:
+    return run_many([(mutant, files)], timeout, 1)[mutant]
 
 
 def main() -> int:
@@ -72,6 +100,10 @@ def main() -> int:
                     help="seconds before a mutant counts as hung (generous: a loaded machine is slow, not hung)")
     ap.add_argument("--deselect", action="append", default=[], metavar="NODEID",
                     help="leave out a test, e.g. one that tests a fix made after the run (repeatable)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants checked at once")
+    ap.add_argument("--route", action="append", default=[], metavar="PREFIX=FILE[,FILE]",
+                    help="try these test files first for mutants under PREFIX; the ones they leave alive "
+                         "are then run against every file (repeatable)")
     ap.add_argument("--prefix", default="", help="only re-check mutants whose name starts with this")
     ap.add_argument("--json", metavar="FILE", help="write the totals and the names still alive as JSON")
     args = ap.parse_args()
@@ -109,21 +141,42 @@ def main() -> int:
         m.load()
         datas.append(m)
     os.chdir("mutants")
+    targets = [name for m in datas for name, code in m.exit_code_by_key.items()
+               if name not in equivalent and name.startswith(args.prefix)
+               and code is not None and status_by_exit_code[code] in ("survived", "no tests")]
+    routes = []
+    for r in args.route:
+        prefix, _, names = r.partition("=")
+        routes.append((prefix, [t for t in tests if Path(t).name in {Path(n).name for n in names.split(",")}]))
+
+    def first_files(name: str) -> list[str]:
+        for prefix, files in routes:
+            if name.startswith(prefix) and files:
+                return files + [t for i, t in enumerate(tests) if t == "--deselect" or
+                                (i and tests[i - 1] == "--deselect")]
+        return tests
+
+    def report(name, verdict):
+        print(f"{verdict:8} {name}", flush=True)
+
+    verdicts = run_many([(n, first_files(n)) for n in targets], args.timeout, args.jobs)
+    again = [(n, tests) for n in targets if verdicts[n] == "survived" and first_files(n) != tests]
+    verdicts.update(run_many(again, args.timeout, args.jobs))
+    for name in targets:
+        report(name, verdicts[name])
+        rechecked[verdicts[name]] += 1
     for m in datas:
         changed = False
         for name, code in sorted(m.exit_code_by_key.items()):
             status = status_by_exit_code[code] if code is not None else "not checked"
             if name in equivalent:
                 continue
-            if status in ("survived", "no tests") and name.startswith(args.prefix):
-                verdict = run_child(tests, name, args.timeout)
-                rechecked[verdict] += 1
-                print(f"{verdict:8} {name}", flush=True)
-                if verdict != "survived":
-                    status = "killed" if verdict == "killed" else "timeout"
-                    if args.write:
-                        m.exit_code_by_key[name] = 1 if verdict == "killed" else -24
-                        changed = True
+            verdict = verdicts.get(name, "survived")
+            if verdict != "survived":
+                status = "killed" if verdict == "killed" else "timeout"
+                if args.write:
+                    m.exit_code_by_key[name] = 1 if verdict == "killed" else -24
+                    changed = True
             if status not in KILLED:
                 alive.append(name)
             totals[status] = totals.get(status, 0) + 1
