@@ -108,3 +108,16 @@ def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep:
     executor = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes,
                               max_deferred=max_deferred)
     return Rig(clock, transport, manager, executor, tower)
+
+
+def loopback_setup(at: float = 0.0):
+    """A loopback transport at time `at` with one 64-byte source region and receiver "r" on a zeroed buffer."""
+    clock = FakeClock()
+    clock.advance(at)
+    t = LoopbackTransport(clock)
+    src = torch.arange(16, dtype=torch.float32)
+    t.register_memory([(src.data_ptr(), 64)], owner=src)
+    rcv = t.add_receiver("r")
+    dst = torch.zeros(16)
+    rcv.register(dst)
+    return clock, t, src, dst, rcv

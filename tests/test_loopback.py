@@ -5,17 +5,10 @@ from __future__ import annotations
 import torch
 
 from epd_ring.executor import FakeClock, LoopbackTransport, Outcome, TransportError
+from helpers import loopback_setup
 
 
-def setup():
-    clock = FakeClock()
-    t = LoopbackTransport(clock)
-    src = torch.arange(16, dtype=torch.float32)
-    t.register_memory([(src.data_ptr(), 64)], owner=src)
-    rcv = t.add_receiver("r")
-    dst = torch.zeros(16)
-    rcv.register(dst)
-    return clock, t, src, dst, rcv
+setup = loopback_setup
 
 
 def test_write_lands_and_reports_done_on_next_poll():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import loopback_setup, make_rig  # noqa: E402
 
 from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, Outcome, Ring, TransportError  # noqa: E402
 from epd_ring.executor.core.loopback import CONTACT_FAULTS, FAULT_KINDS, Fault, Notice, Regions  # noqa: E402
@@ -20,16 +20,7 @@ from epd_ring.executor.core.peers import Peer  # noqa: E402
 from epd_ring.fsm.core import InvalidTransition  # noqa: E402
 
 
-def setup(at: float = 0.0):
-    clock = FakeClock()
-    clock.advance(at)
-    t = LoopbackTransport(clock)
-    src = torch.arange(16, dtype=torch.float32)
-    t.register_memory([(src.data_ptr(), 64)], owner=src)
-    rcv = t.add_receiver("r")
-    dst = torch.zeros(16)
-    rcv.register(dst)
-    return clock, t, src, dst, rcv
+setup = loopback_setup
 
 
 def whole(src, dst):
