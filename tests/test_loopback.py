@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from epd_ring.executor import FakeClock, LoopbackTransport, Outcome, TransportError
+from epd_ring.executor import Outcome, TransportError
 from helpers import loopback_setup
 
 
