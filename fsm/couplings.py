@@ -1,0 +1,51 @@
+"""How the machines move each other, declared once.
+
+A change of state in one machine obliges work elsewhere: a room that parks arms
+its deadline and parks its slot; a room that concludes tells its receivers; a
+peer that goes down fails its rooms. Those couplings are listed here, by name,
+and nowhere else. The core (executor/core/), the spec (models/spec.py) and the
+Promela generator (models/promela.py) each implement every action once and run
+them through this table; a test checks that each implements exactly these.
+
+`ON_ENTER[(machine, state)]`: actions run, in order, when the machine's object
+enters `state` from another state (a self-loop enters nothing).
+`ON_EVENT[(machine, event)]`: actions run after that event, whatever the states.
+"""
+
+from __future__ import annotations
+
+ON_ENTER: dict[tuple[str, str], tuple[str, ...]] = {
+    ("room", "announced"): ("arm_announce_deadline",),
+    ("room", "parked"): ("park_slot", "arm_park_deadline"),
+    ("room", "transferring"): ("start_writes",),
+    ("room", "success"): ("conclude",),
+    ("room", "failed"): ("abandon_slot", "conclude"),
+    ("slot", "quarantined"): ("arm_quarantine_deadline",),
+    ("peer", "up"): ("resume_rooms",),
+    ("peer", "down"): ("fail_rooms",),
+}
+
+ON_EVENT: dict[tuple[str, str], tuple[str, ...]] = {
+    # The last write that could land into a failed room's regions is gone with the quarantine.
+    ("slot", "release"): ("release_regions",),
+}
+
+ACTION_DOCS: dict[str, str] = {
+    "arm_announce_deadline": "receivers came before the sender: the room fails if no sender binds in time",
+    "park_slot": "the staged chunk waits in its slot (slot: staged -> parked)",
+    "arm_park_deadline": "armed once at park time; partial registrations never extend it",
+    "start_writes": "check the receivers tile the rows, cancel the room's deadline, issue one write per "
+                    "receiver from the slot (slot -> sending); waits while a receiver's peer is connecting",
+    "conclude": "cancel the room's deadlines, tell every receiver the outcome, hand failed rooms' regions "
+                "to the region book, keep a tombstone",
+    "abandon_slot": "a slot holding a chunk no write was issued from goes back free",
+    "arm_quarantine_deadline": "a write that failed or timed out may still land: the slot is held",
+    "resume_rooms": "rooms whose chunk waited for this peer's contact start their writes",
+    "fail_rooms": "every live room with a receiver on this peer fails; all its receivers are told",
+    "release_regions": "failed rooms' regions that waited on this slot are released",
+}
+
+
+def actions() -> frozenset[str]:
+    """Every action named by the table: what each implementation must provide."""
+    return frozenset(a for acts in (*ON_ENTER.values(), *ON_EVENT.values()) for a in acts)
