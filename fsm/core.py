@@ -124,6 +124,10 @@ class CompiledMachine:
     def states_tagged(self, tag: str) -> tuple[str, ...]:
         return tuple(s for s in self.states if tag in self.tags[s])
 
+    def sources(self, event: str) -> frozenset[str]:
+        """The states `event` is declared from (whatever its guards)."""
+        return frozenset(e.source for e in self.edges if e.event == event)
+
 
 def build_machine(declaration: dict, cls: type = TaggedMachine, **extra) -> Machine:
     """Instantiate a `transitions` machine class from a declaration dict."""

@@ -133,9 +133,9 @@ class Harness:
                 self.armed.setdefault(key, now)
             else:
                 self.armed.pop(key, None)
-        for h in m._writes:
+        for h in m.writes.by_handle:
             self.armed.setdefault(("write", h, ""), now)
-        for h, w in self.manager._writes.items():
+        for h, w in self.manager.writes.by_handle.items():
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
@@ -166,7 +166,7 @@ class Harness:
     def write_state(self, i: int, session: str) -> int:
         """Where the write into the session's region is, read from the manager and the transport."""
         rid = self.room(i)
-        if any(w.room == rid and w.frame.session == session for w in self.manager._writes.values()):
+        if any(w.room == rid and w.frame.session == session for w in self.manager.writes.by_handle.values()):
             return W_FLIGHT
         ghosts = self.transport._ghosts
         if any(r == i and h in ghosts and ghosts[h][0] == session for h, r in self.ghosts.items()):
@@ -180,7 +180,7 @@ class Harness:
         deferred = tuple(int(rid[1:]) for rid, _ in ex._deferred)
         slot_of = {s.room - self.ROOM_BASE: s for s in ex.ring.slots if s.room is not None}
         infl = [0] * self.cfg.rooms
-        for w in m._writes.values():
+        for w in m.writes.values():
             infl[w.room - self.ROOM_BASE] += 1
         rooms = []
         for i in range(self.cfg.rooms):
@@ -297,7 +297,7 @@ class Harness:
             assert m.expire_peer_now(f"p.{i}")
             self.faults -= 1
         elif name == "drain":
-            ex.drain_deferred()
+            ex.serve_deferred()
         elif name == "reap":
             pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
             ex.reap_concluded_senders(pending)
@@ -332,7 +332,7 @@ class Harness:
                 assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
                 if k < self.frames_sent[i] and self.region(i, self.session(i, k)) == "written":
                     assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
-        for h, w in m._writes.items():
+        for h, w in m.writes.by_handle.items():
             want = self.armed[("write", h, "")] + m.write_timeout
             assert w.timer and w.due == want, f"write {h} due at {w.due}, not {want}"
         for s in self.executor.ring.slots:

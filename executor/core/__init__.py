@@ -3,16 +3,20 @@
 Code here is deterministic and single-threaded: it changes only through explicit
 calls (tower output, a receiver frame, a transfer report, a clock reading) and
 never opens a socket, starts a thread or process, or sleeps. Time comes from an
-injected clock. `executor` owns items and slots (tower, scatter, lease, stage,
-defer, reap); `manager` owns rooms and writes (frames, parking, deadlines,
-outcomes); `ring` the slots; `transport` the seam every transport implements;
-`loopback` the in-process transport with fault injection. It may import only
+injected clock. `executor` owns items and senders (tower, scatter, reap) and
+`staging` gets items into slots (lease, copy, defer); `manager` owns rooms
+(its public calls, the tick), `lifecycle` how rooms, slots and peers move each
+other (through fsm/couplings.py), `admission` the frames and withdraws,
+`writes` the writes in flight, `tombstones` what is kept of concluded rooms;
+`reasons` why a room failed; `ring` the slots; `transport` the seam every
+transport implements; `loopback` the in-process transport with fault injection. It may import only
 `epd_ring.fsm`, torch and the standard library.
 """
 
 from .clock import FakeClock, MonotonicClock
-from .executor import (EncodeExecutor, EncodeItem, Modality, StagingError, assign_encoded_embeddings,
-                       item_token_count)
+from .executor import EncodeExecutor, EncodeItem, Modality, assign_encoded_embeddings, item_token_count
+from .reasons import Reason, ReasonKind
+from .staging import StagingError
 from .frames import FrameError, ReceiverFrame, shard_rows
 from .loopback import Fault, LoopbackReceiver, LoopbackTransport
 from .manager import Chunk, EncodeManager, RoomConflict
@@ -26,6 +30,6 @@ __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Outcome", "ReceiverFrame",
     "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError", "TowerModel", "DrainReport",
-    "Observer",
+    "Observer", "Reason", "ReasonKind",
     "assign_encoded_embeddings", "item_token_count", "shard_rows",
 ]

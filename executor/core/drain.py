@@ -22,13 +22,15 @@ freeing memory a write may still read is not. Later polls carry on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .reasons import Reason, ReasonKind
 
 if TYPE_CHECKING:
     from .executor import EncodeExecutor
 
-DRAINING = "encode worker is draining (shutting down); no new transfers"
-DEADLINE = "encode worker drain deadline passed with the room's writes in flight"
+DRAINING = Reason(ReasonKind.DRAINING, "encode worker is draining (shutting down); no new transfers")
+DEADLINE = Reason(ReasonKind.DRAIN_DEADLINE, "encode worker drain deadline passed with the room's writes in flight")
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Drain:
         if self._counting:
             self.rooms_finished += 1
 
-    def fail(self, room: int, reason: str) -> None:
+    def fail(self, room: int, reason: Reason) -> None:
         self._counting = False
         try:
             if self.executor.manager.fail_room(room, reason):
@@ -78,11 +80,9 @@ class Drain:
                 self.fail(room_id, DRAINING)
             elif past:
                 self.fail(room_id, DEADLINE)
-        if ex._deferred:
-            ex.stats["deferred_dropped"] += len(ex._deferred)  # their rooms just failed
-            ex._deferred.clear()
+        ex.drop_deferred()  # their rooms just failed
         ring = ex.ring
-        if manager.rooms or manager.writes_in_flight or ex._copies or ring.free_count != ring.n_slots:
+        if manager.rooms or manager.writes_in_flight or ex.copies_pending or ring.free_count != ring.n_slots:
             return False
         ring.close()
         manager.transport.unregister_memory(ring)

@@ -9,7 +9,6 @@ interleaving.
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import logging
 from collections import deque
@@ -23,7 +22,9 @@ from epd_ring.fsm import ROOM_CONCLUDED, SLOT
 from . import settings
 from .drain import DRAINING, Drain, DrainReport
 from .manager import Chunk, EncodeManager
-from .ring import Ring, Slot
+from .reasons import Reason, ReasonKind, as_reason
+from .staging import Sender, Staging
+from .ring import Ring
 from .tower import TowerModel
 
 log = logging.getLogger("epd_ring.executor")
@@ -58,10 +59,6 @@ class EncodeItem:
     meta: dict = field(default_factory=dict)
     encoded: torch.Tensor | None = None
     encoded_deepstack: torch.Tensor | None = None
-
-
-class StagingError(ValueError):
-    """An item that cannot be staged (too large, wrong shape); fails only its room."""
 
 
 def item_token_count(item: Any) -> int:
@@ -124,32 +121,13 @@ def _modality_name(m: Any) -> str:
         return name
 
 
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype)
-    return name
-
-
 def _cuda_fence() -> Any:
     ev = torch.cuda.Event()
     ev.record()
     return ev
 
 
-@dataclass(slots=True)
-class Sender:
-    request_id: Any
-    room: int
-    bootstrap_host: str
-    bootstrap_port: int
-    offered: bool = False  # its one item reached the ring path (staged, deferred or dropped)
-
-
-class EncodeExecutor:
+class EncodeExecutor(Staging):
     def __init__(
         self,
         manager: EncodeManager,
@@ -173,7 +151,7 @@ class EncodeExecutor:
         # The deepstack ring is n_deep times wider per slot, so it holds as many
         # tokens per slot as the main ring (deepstack rows are n_deep * hidden wide).
         self.ring = Ring(manager.transport, ring_slots, ring_bytes, self.device,
-                         deep_slot_bytes=ring_bytes * n_deep)
+                         deep_slot_bytes=ring_bytes * n_deep, actions=manager.actions)
         self.max_deferred = 8 * ring_slots if max_deferred is None else max_deferred
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
@@ -192,7 +170,7 @@ class EncodeExecutor:
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,
                  receiver: str | None = None) -> None:
-        """Bind a request to its room; `receiver` names the peer whose frames it takes (see
+        """Bind a request to its room; `receiver` names the identity whose frames it takes (see
         `EncodeManager.bind_sender`): name it whenever the control plane authenticates."""
         if request_id in self.senders:
             raise ValueError(f"request {request_id!r} is already registered")
@@ -254,7 +232,8 @@ class EncodeExecutor:
             if self.manager.observer is not None:
                 self.manager.observer.tower_failed(
                     [self.senders[rid].room for rid, _ in request_items if rid in self.senders])
-            n = self.fail_rooms([rid for rid, _ in request_items], exc)
+            n = self.fail_rooms([rid for rid, _ in request_items],
+                                Reason(ReasonKind.TOWER, str(exc) or type(exc).__name__))
             self.stats["tower_errors"] += 1
             log.error("encode batch of %d items failed (%d rooms failed): %s", len(request_items), n, exc)
             return 0
@@ -269,9 +248,10 @@ class EncodeExecutor:
     def _refuse_item(self, rid: Any, item: Any) -> None:
         self.stats["items_refused"] += 1
         modality = getattr(item, "modality", "<none>")
-        self._fail_request(rid, f"bad item {type(item).__name__}: unsupported modality {modality!r}")
+        self._fail_request(rid, Reason(ReasonKind.ITEM,
+                                       f"bad item {type(item).__name__}: unsupported modality {modality!r}"))
 
-    def _fail_request(self, rid: Any, reason: str) -> None:
+    def _fail_request(self, rid: Any, reason: Reason) -> None:
         try:
             sender = self.senders.get(rid)
         except TypeError:  # an unhashable request id names no room
@@ -290,164 +270,7 @@ class EncodeExecutor:
             self._offer(rid, item)
         except Exception as exc:
             self.stats["items_refused"] += 1
-            self._fail_request(rid, f"item could not be sent: {type(exc).__name__}: {exc}")
-
-    # lease, stage, defer ---------------------------------------------------
-    def _offer(self, rid: Any, item: Any) -> None:
-        sender = self.senders.get(rid)
-        if sender is None:
-            self.stats["items_without_sender"] += 1
-            log.error("dropping item for unregistered request %r", rid)
-            return
-        room = sender.room
-        manager = self.manager
-        if sender.offered:
-            manager.fail_room(room, f"request {sender.request_id!r} sent a second item; a room carries exactly one")
-            return
-        sender.offered = True
-        # Settle what can be settled now, before the item waits for a slot.
-        if not manager.accepts_chunk(room):
-            self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
-            return
-        try:
-            checked = self._check(item)
-        except Exception as exc:  # StagingError, or an item without the attributes
-            manager.fail_room(room, f"staging failed: {exc}")
-            return
-        if self._deferred:
-            self.drain_deferred()  # deferred sends are served before new ones
-        if self._deferred or not self.ring.has_free():
-            if len(self._deferred) >= self.max_deferred:
-                manager.fail_room(room, f"deferred queue full ({self.max_deferred} sends)")
-                return
-            enc = item.encoded
-            if isinstance(enc, torch.Tensor):
-                # The tower may reuse its output buffer for the next batch.
-                item.encoded = enc.clone()
-                if isinstance(item.encoded_deepstack, torch.Tensor):
-                    item.encoded_deepstack = item.encoded_deepstack.clone()
-            self._deferred.append((rid, item))
-            self.stats["deferred"] += 1
-            if manager.observer is not None:
-                manager.observer.deferred(room)
-            return
-        self._stage(sender, item, checked)
-
-    def drain_deferred(self) -> None:
-        """Stage deferred sends, oldest first, while the ring has free slots."""
-        dq = self._deferred
-        while dq and self.ring.has_free():
-            rid, item = dq.popleft()
-            sender = self.senders.get(rid)
-            if sender is None:
-                self.stats["deferred_dropped"] += 1  # its sender was reaped
-                continue
-            self._stage(sender, item)
-
-    def has_deferred(self) -> bool:
-        return bool(self._deferred)
-
-    def _check(self, item: Any) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
-        """The item's embedding (and deepstack half) with their byte sizes, or StagingError."""
-        ring = self.ring
-        enc = item.encoded
-        if not isinstance(enc, torch.Tensor) or enc.dim() != 2:
-            raise StagingError(f"item.encoded must be a 2-D tensor, got {type(enc).__name__}"
-                               f"{tuple(enc.shape) if isinstance(enc, torch.Tensor) else ''}")
-        nbytes = enc.numel() * enc.element_size()
-        if nbytes > ring.slot_bytes:
-            raise StagingError(f"embedding of {nbytes} B exceeds the ring slot of {ring.slot_bytes} B; "
-                               f"raise ring_bytes")
-        deep = item.encoded_deepstack
-        if deep is None or deep.numel() == 0:
-            return enc, nbytes, None, 0
-        if ring.deep is None:
-            raise StagingError("item has deepstack rows but the model declares no deepstack ring")
-        if deep.dim() != 2 or deep.shape[0] != enc.shape[0]:
-            raise StagingError(f"deepstack shape {tuple(deep.shape)} does not match {enc.shape[0]} rows")
-        dbytes = deep.numel() * deep.element_size()
-        if dbytes > ring.deep_slot_bytes:
-            raise StagingError(f"deepstack embedding of {dbytes} B exceeds the deepstack slot of "
-                               f"{ring.deep_slot_bytes} B")
-        return enc, nbytes, deep, dbytes
-
-    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor,
-              nbytes: int) -> None:
-        if self._host_copy and src.is_cpu:
-            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes.
-            src = src.resolve_neg().contiguous()
-            ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
-        else:
-            view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
-
-    def _stage(self, sender: Sender, item: Any, checked: tuple | None = None) -> None:
-        room = sender.room
-        manager = self.manager
-        if checked is None:  # from the deferred queue: the room may have concluded meanwhile
-            if manager.observer is not None:
-                manager.observer.undeferred(room)
-            if not manager.accepts_chunk(room):
-                self.stats["items_for_concluded_rooms"] += 1
-                return
-            try:
-                # It passed before it was deferred, but the caller may have changed
-                # the item since (dropped `encoded`, say): fail its room, not the loop.
-                checked = self._check(item)
-            except Exception as exc:
-                manager.fail_room(room, f"staging failed for a deferred send: {exc}")
-                return
-        enc, nbytes, deep, dbytes = checked
-        ring = self.ring
-        slot = ring.lease()
-        obs = manager.observer
-        if obs is not None:
-            obs.copy_started(room)
-        try:
-            src = ring.main_ptr(slot)
-            self._copy(src, ring.main_view, slot, enc, nbytes)
-            deep_src = deep_rb = levels = 0
-            if deep is not None:
-                deep_src = ring.deep_ptr(slot)
-                self._copy(deep_src, ring.deep_view, slot, deep, dbytes)
-                deep_rb = deep.shape[1] * deep.element_size()
-                levels, rest = divmod(deep.shape[1], enc.shape[1]) if enc.shape[1] else (-1, 0)
-                if rest or deep.dtype != enc.dtype:
-                    levels = -1
-        except Exception as exc:
-            ring.fire(slot, "abandon")
-            manager.fail_room(room, f"staging failed: {exc}")
-            return
-        rows, hidden = enc.shape
-        chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
-                      src, deep_src, deep_rb, levels)
-        slot.room = room
-        if self._copy_fence is not None:
-            # The write must not read the slot before the copy into it has finished.
-            self._copies.append((self._copy_fence(), sender, chunk))
-            return
-        ring.fire(slot, "copied")
-        if obs is not None:
-            obs.copy_finished(room)
-        manager.submit_chunk(room, chunk)
-
-    def finish_copies(self) -> int:
-        """Hand every staged chunk whose copy has finished to the manager (part of `poll`).
-
-        Exposed for drivers that step finer than a tick, such as the model's lockstep test.
-        """
-        # Any finished copy goes on, not only the oldest: copies on different
-        # streams may finish out of order. At most one copy per slot is pending.
-        done = [c for c in self._copies if c[0].query()]
-        if not done:
-            return 0
-        self._copies = deque(c for c in self._copies if not any(c is d for d in done))
-        obs = self.manager.observer
-        for _, sender, chunk in done:
-            self.ring.fire(chunk.slot, "copied")
-            if obs is not None:
-                obs.copy_finished(sender.room)
-            self.manager.submit_chunk(sender.room, chunk)
-        return len(done)
+            self._fail_request(rid, Reason(ReasonKind.ITEM, f"item could not be sent: {type(exc).__name__}: {exc}"))
 
     # the tick --------------------------------------------------------------
     def poll(self) -> int:
@@ -455,7 +278,7 @@ class EncodeExecutor:
         n = self.finish_copies() if self._copies else 0
         n += self.manager.poll()
         if self._deferred:
-            self.drain_deferred()
+            self.serve_deferred()
         if self._drain is not None:
             self._drain.step()
         return n
@@ -496,7 +319,9 @@ class EncodeExecutor:
 
     # failure and reaping -----------------------------------------------------
     def fail_rooms(self, request_ids: Iterable[Any], exc: BaseException | str) -> int:
-        """Fail the rooms of these requests, each once; return how many this call failed."""
+        """Fail the rooms of these requests, each once; return how many this call failed.
+
+        A plain string or exception is the engine's own reason (kind `caller`)."""
         rooms = []
         seen = set()
         for rid in request_ids:
@@ -504,7 +329,7 @@ class EncodeExecutor:
             if sender is not None and sender.room not in seen:
                 seen.add(sender.room)
                 rooms.append(sender.room)
-        reason = str(exc) or type(exc).__name__
+        reason = as_reason(str(exc) or type(exc).__name__) if not isinstance(exc, Reason) else exc
         return sum(1 for room in rooms if self.manager.fail_room(room, reason))
 
     def reap_concluded_senders(self, pending_request_ids: Any = ()) -> int:

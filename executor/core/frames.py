@@ -69,10 +69,11 @@ class ReceiverFrame(NamedTuple):
     deep_levels: int = 0
     # The authenticated identity that sent the frame, set by the control plane from
     # the connection (never read off the wire); "" without authentication.
-    peer: str = ""
+    identity: str = ""
 
     @property
-    def identity(self) -> bool:
+    def whole(self) -> bool:
+        """The receiver takes every row of the chunk (no shard)."""
         return self.row_start == 0 and self.n_tokens == self.span
 
 
@@ -82,9 +83,9 @@ def _is_int(v: Any) -> bool:
 
 def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, peer = f
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity = f
     return (
-        type(peer) is str and type(endpoint) is str and _plain_text(session) and (not endpoint or _endpoint_ok(endpoint))
+        type(identity) is str and type(endpoint) is str and _plain_text(session) and (not endpoint or _endpoint_ok(endpoint))
         and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
         and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
@@ -119,8 +120,8 @@ def check_frame(f: ReceiverFrame) -> None:
     if not isinstance(f.status_endpoint, str) or (f.status_endpoint and not _endpoint_ok(f.status_endpoint)):
         raise FrameError(f"room {f.room}: status_endpoint must be a printable tcp:// address, "
                          f"got {str(f.status_endpoint)[:64]!r}")
-    if not isinstance(f.peer, str):
-        raise FrameError(f"room {f.room}: peer must be a string")
+    if not isinstance(f.identity, str):
+        raise FrameError(f"room {f.room}: identity must be a string")
     for name in ("dst_ptr", "dst_deep_ptr"):
         v = getattr(f, name)
         if not _is_int(v) or not 0 <= v < _U64:
@@ -182,7 +183,7 @@ def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str
 
 def check_tiling(frames: list[ReceiverFrame]) -> None:
     """All identity copies, or non-empty shards tiling one contiguous row range."""
-    if len(frames) == 1 or all(f.identity for f in frames):
+    if len(frames) == 1 or all(f.whole for f in frames):
         return
     # Otherwise shards: a full-span frame beside others overlaps them, and a
     # zero-row frame (span smaller than the shard count) carries nothing.
@@ -234,10 +235,10 @@ def _wire_text(part: bytes, name: str, limit: int = 256) -> str:
     return text
 
 
-def frame_from_parts(parts: list[bytes], peer: str = "") -> ReceiverFrame:
+def frame_from_parts(parts: list[bytes], identity: str = "") -> ReceiverFrame:
     """Parse a multipart frame; raise FrameError naming the first bad part.
 
-    `peer` is the identity the control plane authenticated for the connection
+    `identity` is the key the control plane authenticated for the connection
     it came on; it is never read from the parts."""
     if len(parts) != _WIRE_PARTS:
         raise FrameError(f"expected {_WIRE_PARTS} parts, got {len(parts)}")
@@ -255,4 +256,4 @@ def frame_from_parts(parts: list[bytes], peer: str = "") -> ReceiverFrame:
         span=_wire_int(parts[7], "span"), hidden=_wire_int(parts[8], "hidden"),
         dtype=_wire_text(parts[9], "dtype", 32), has_deepstack=parts[10] == b"1",
         n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"),
-        deep_levels=_wire_int(parts[13], "deep_levels"), peer=peer)
+        deep_levels=_wire_int(parts[13], "deep_levels"), identity=identity)

@@ -14,16 +14,19 @@ The manager asks one O(1) question on the write path: is this session's peer
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from epd_ring.fsm import PEER
+from epd_ring.fsm.couplings import ON_ENTER
 
 from . import settings
 from .clock import Clock
 from .timers import Deadlines
 from .transport import Transport
 
-_CONTACTING = frozenset(("connecting", "suspect"))
+# Derived from the declaration: where a contact is under way and its report awaited.
+_CONTACTING = PEER.sources("connected")
 
 
 class Peer:
@@ -57,8 +60,7 @@ class PeerTable:
 
     def __init__(self, transport: Transport, clock: Clock, deadlines: Deadlines, *,
                  connect_timeout: float = 5.0, backoff: float = 5.0, fail_threshold: int = 3,
-                 max_peers: int = 4096,
-                 on_up: Callable[[Peer], None] | None = None, on_down: Callable[[Peer], None] | None = None):
+                 max_peers: int = 4096, actions: Mapping[str, Callable[[Any], None]] | None = None):
         if settings.seconds("connect_timeout", connect_timeout) == 0:
             raise ValueError("connect_timeout must be > 0 seconds, got 0")
         self.transport = transport
@@ -68,10 +70,19 @@ class PeerTable:
         self.backoff = settings.seconds("peer_backoff", backoff)
         self.fail_threshold = settings.count("peer_fail_threshold", fail_threshold, 1)
         self.max_peers = settings.count("max_peers", max_peers, 1)
-        self.on_up = on_up
-        self.on_down = on_down
+        # The coupling actions (fsm/couplings.py) a peer's step runs: the manager's.
+        self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
         self.by_session: OrderedDict[str, Peer] = OrderedDict()
         self.stats: Counter = Counter()
+
+    def step(self, peer: Peer, event: str) -> str:
+        """The one place a peer is stepped: its machine, then the actions of the state entered."""
+        was = peer.state
+        now = PEER.step(peer, event)
+        if now != was:
+            for action in ON_ENTER.get(("peer", now), ()):
+                self.actions[action](peer)
+        return now
 
     def get(self, session: str) -> Peer | None:
         return self.by_session.get(session)
@@ -101,7 +112,7 @@ class PeerTable:
         was = peer.state
         if was == "up":
             return peer  # the declared up -> up self-loop; nothing to do on the frame path
-        if PEER.step(peer, "contact") == "connecting" and was != "connecting":
+        if self.step(peer, "contact") == "connecting" and was != "connecting":
             self._start(peer)
         return peer
 
@@ -136,39 +147,35 @@ class PeerTable:
             return
         self.deadlines.cancel(peer)
         if ok:
-            PEER.step(peer, "connected")
             peer.fails = 0
             peer.reason = ""
             self.stats["connected"] += 1
-            if self.on_up is not None:
-                self.on_up(peer)
+            self.step(peer, "connected")
         else:
-            PEER.step(peer, "refused")
-            self._down(peer, f"contact failed ({detail or 'refused'})")
+            self._down(peer, "refused", f"contact failed ({detail or 'refused'})")
 
     def expired(self, peer: Peer) -> None:
         """The connect deadline passed with no report."""
-        PEER.step(peer, "connect_expired")
-        self._down(peer, f"no answer to contact within the connect deadline of {self.connect_timeout} s")
+        self._down(peer, "connect_expired",
+                   f"no answer to contact within the connect deadline of {self.connect_timeout} s")
 
-    def _down(self, peer: Peer, reason: str) -> None:
+    def _down(self, peer: Peer, event: str, reason: str) -> None:
         peer.reason = reason
         peer.retry_at = self.clock.now() + self.backoff
         self.stats["down"] += 1
-        if self.on_down is not None:
-            self.on_down(peer)
+        self.step(peer, event)
 
     # write reports ---------------------------------------------------------
     def write_ok(self, peer: Peer) -> None:
         if peer.fails:
             peer.fails = 0
         if peer.state != "up":
-            PEER.step(peer, "write_ok")
+            self.step(peer, "write_ok")
 
     def write_failed(self, peer: Peer) -> None:
         peer.fails += 1
         was = peer.state
-        if PEER.step(peer, "write_failed") == "suspect" and was == "up":
+        if self.step(peer, "write_failed") == "suspect" and was == "up":
             # Re-check at the edge; until it answers no new write goes to the peer.
             self.stats["suspect"] += 1
             self._start(peer)

@@ -22,7 +22,7 @@ class Reply(NamedTuple):
     room: int
     session: str
     status_endpoint: str = ""
-    peer: str = ""  # the authenticated sender, set by the control plane (see ReceiverFrame.peer)
+    identity: str = ""  # the authenticated sender, set by the control plane (see ReceiverFrame.identity)
 
 
 class RegionBook:
@@ -38,6 +38,11 @@ class RegionBook:
 
     def __len__(self) -> int:
         return len(self._open)
+
+    @property
+    def rooms_open(self) -> int:
+        """Failed rooms with a region that a write may still land in."""
+        return len(self._per_room)
 
     def is_open(self, room: int, session: str) -> bool:
         return (room, session) in self._open

@@ -11,11 +11,13 @@ ring cannot hand out a slot that is not free.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from epd_ring.fsm import SLOT
+from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
 _ALIGN = 64
 
@@ -48,7 +50,7 @@ class Ring:
     """Main ring plus, for deepstack models, a second ring sharing slot indices."""
 
     def __init__(self, transport: Any, n_slots: int, slot_bytes: int, device: Any = "cpu",
-                 deep_slot_bytes: int = 0):
+                 deep_slot_bytes: int = 0, actions: Mapping[str, Callable[[Any], None]] | None = None):
         if n_slots < 1:
             raise ValueError(f"a ring needs at least one slot, got {n_slots}")
         if slot_bytes < 1 or slot_bytes % _ALIGN:
@@ -69,6 +71,8 @@ class Ring:
             self.deep_base = self.deep.data_ptr()
             regions += [(self.deep_base + i * deep_slot_bytes, deep_slot_bytes) for i in range(n_slots)]
         transport.register_memory(regions, owner=self)
+        # The coupling actions (fsm/couplings.py) a slot's step runs: the manager's.
+        self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
         self.slots = [Slot(i, self) for i in range(n_slots)]
         self._free: deque[Slot] = deque(self.slots)
 
@@ -83,16 +87,24 @@ class Ring:
         if not self._free:
             return None
         slot = self._free.popleft()
-        SLOT.step(slot, "lease")
+        self.fire(slot, "lease")
         return slot
 
     def fire(self, slot: Slot, event: str) -> str:
-        """Step a slot; a slot that lands in `free` goes back on the free list."""
+        """The one place a slot is stepped: its machine, then the actions the couplings name.
+
+        A slot that lands in `free` goes back on the free list."""
+        was = slot.state
         dest = SLOT.step(slot, event)
         if dest == "free":
             slot.room = None
             slot.unsure = False
             self._free.append(slot)
+        if dest != was:
+            for action in ON_ENTER.get(("slot", dest), ()):
+                self.actions[action](slot)
+        for action in ON_EVENT.get(("slot", event), ()):
+            self.actions[action](slot)
         return dest
 
     def main_ptr(self, slot: Slot) -> int:
@@ -115,5 +127,5 @@ class Ring:
     def close(self) -> int:
         """Retire every free slot; return how many are still busy (not yet retirable)."""
         while self._free:
-            SLOT.step(self._free.popleft(), "retire")
+            self.fire(self._free.popleft(), "retire")
         return sum(1 for s in self.slots if s.state != "retired")

@@ -10,19 +10,19 @@ ThreadAuthenticator: a thread would work, but the loop already polls, keeping it
 there means no lock around the allow-list and a handshake storm costs a bounded
 number of answers per tick. A connection whose key is not on the list is refused
 during the handshake, before any frame of it is read. Each frame then carries
-the key that sent it (ZMQ's User-Id) as `ReceiverFrame.peer`, which the core
+the key that sent it (ZMQ's User-Id) as `ReceiverFrame.identity`, which the core
 binds rooms and sessions to.
 
-Status pushes go out on a PUSH socket per (endpoint, peer), as a CURVE client
-whose server key is that peer's own key: only the receiver holding it can
+Status pushes go out on a PUSH socket per (endpoint, identity), as a CURVE client
+whose server key is that identity's own key: only the receiver holding it can
 accept them, and it knows they came from this encoder because it allow-lists
 our key. Sent with NOBLOCK over a small high-water mark: a dead or slow
 receiver costs a dropped, counted status, never a blocked loop (H4).
 
 Every edge is bounded: parts per message (counted before the rest is read;
 an oversized message is drained across polls, so one poll's work stays
-bounded), bytes per part (refused alone: the peer's following frames are kept),
-frames per poll and per peer per poll, the time one poll spends, ZAP answers per
+bounded), bytes per part (refused alone: the identity's following frames are kept),
+frames per poll and per identity per poll, the time one poll spends, ZAP answers per
 poll, the status-socket pool (below the context's socket limit), and log lines.
 """
 
@@ -40,13 +40,14 @@ import zmq.auth
 from zmq.utils import z85
 
 from ..core.frames import _WIRE_PARTS, FrameError, ReceiverFrame, frame_from_parts
+from ..core.ratelog import RateLimitedLog
 from ..core.regions import WITHDRAW_MAGIC, WithdrawError, withdraw_from_parts
 
 log = logging.getLogger("epd_ring.control")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ENV_SECRET = "EPD_RING_SECRET_KEY"  # this side's CURVE secret key (z85), or a path to a secret key file
-ENV_ALLOWED = "EPD_RING_ALLOWED_KEYS"  # peers' public keys: z85 keys, files or directories, comma-separated
+ENV_ALLOWED = "EPD_RING_ALLOWED_KEYS"  # receivers' public keys: z85 keys, files or directories, comma-separated
 ENV_ENCODER = "EPD_RING_ENCODER_KEY"  # a receiver's view: the encoder's public key (z85 or file)
 
 
@@ -97,38 +98,16 @@ def load_public_keys(spec: str | Iterable[Any]) -> set[bytes]:
 
 
 def keys_from_env() -> tuple[tuple[bytes, bytes] | None, set[bytes]]:
-    """This side's keypair and the allowed peer keys from EPD_RING_SECRET_KEY / EPD_RING_ALLOWED_KEYS."""
+    """This side's keypair and the allowed receiver keys from EPD_RING_SECRET_KEY / EPD_RING_ALLOWED_KEYS."""
     secret = os.environ.get(ENV_SECRET)
     allowed = os.environ.get(ENV_ALLOWED, "")
     return (load_keypair(secret) if secret else None), load_public_keys(allowed)
 
 
-class RateLimitedLog:
-    """At most one line per key per `interval` seconds; the next line says how many were held back."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 1.0):
-        self.logger, self.interval = logger, interval
-        self._last: dict[str, tuple[float, int]] = {}
-        self.suppressed = 0
-
-    def warning(self, key: str, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        last, held = self._last.get(key, (-1e300, 0))
-        if now - last < self.interval:
-            self._last[key] = (last, held + 1)
-            self.suppressed += 1
-            return
-        self._last[key] = (now, 0)
-        if held:
-            self.logger.warning(msg + " (and %d more like it)", *args, held)
-        else:
-            self.logger.warning(msg, *args)
-
-
 class ZmqControlPlane:
     def __init__(self, manager: Any = None, bind: str = "tcp://127.0.0.1:0", *,
                  keypair: tuple[bytes, bytes] | None = None, allowed_keys: Iterable[Any] = (),
-                 insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_peer: int = 256,
+                 insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_identity: int = 256,
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
                  max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
                  max_push_sockets: int = 512):
@@ -145,7 +124,7 @@ class ZmqControlPlane:
         self.ctx.MAX_SOCKETS = 2 * max_push_sockets + 64
         self.allowed: set[bytes] = set()
         self.stats: Counter = Counter()
-        self.log = RateLimitedLog(log)
+        self.log = RateLimitedLog(log, time.monotonic)
         self.zap = None
         if not self.insecure:
             self.public_key, self._secret = keypair
@@ -176,7 +155,7 @@ class ZmqControlPlane:
             log.warning("control plane at %s runs WITHOUT authentication (insecure=True): any process that "
                         "can reach it can register, fail or take rooms", self.endpoint)
         self.max_frames_per_poll = max_frames_per_poll
-        self.max_frames_per_peer = max_frames_per_peer
+        self.max_frames_per_identity = max_frames_per_identity
         self.max_backlog = max_backlog
         self.max_poll_s = max_poll_s
         self.max_part_bytes = max_part_bytes
@@ -240,12 +219,12 @@ class ZmqControlPlane:
         return n
 
     def _read(self) -> tuple[str, list[bytes] | None] | None:
-        """The next message as (peer, parts), parts None if refused; None when nothing is queued."""
+        """The next message as (identity, parts), parts None if refused; None when nothing is queued."""
         try:
             first = self.pull.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        peer = "" if self.insecure else first.get("User-Id")
+        identity = "" if self.insecure else first.get("User-Id")
         parts = [first]
         too_big = len(first) > self.max_part_bytes
         part = first
@@ -258,23 +237,23 @@ class ZmqControlPlane:
             self._draining = True
             self.stats["frames_refused"] += 1
             self.stats["frames_too_many_parts"] += 1
-            self.log.warning("parts", "refused a control message from %s with more than %d parts", peer[:8] or "?",
+            self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
                              _WIRE_PARTS)
-            return peer, None
+            return identity, None
         if too_big:
             self.stats["frames_refused"] += 1
             self.stats["frames_oversized"] += 1
-            self.log.warning("size", "refused a control message from %s with a part over %d bytes", peer[:8] or "?",
+            self.log.warning("size", "refused a control message from %s with a part over %d bytes", identity[:8] or "?",
                              self.max_part_bytes)
-            return peer, None
-        return peer, [p.bytes for p in parts]
+            return identity, None
+        return identity, [p.bytes for p in parts]
 
-    def _handle(self, peer: str, parts: list[bytes]) -> None:
+    def _handle(self, identity: str, parts: list[bytes]) -> None:
         if parts and parts[0] == WITHDRAW_MAGIC:
-            self._withdraw(peer, parts)
+            self._withdraw(identity, parts)
             return
         try:
-            frame = frame_from_parts(parts, peer=peer)
+            frame = frame_from_parts(parts, identity=identity)
         except FrameError as exc:
             # Refused alone: nothing in it can be trusted, not even its room.
             self.stats["frames_refused"] += 1
@@ -283,7 +262,7 @@ class ZmqControlPlane:
         self.stats["frames"] += 1
         self.manager.register_receiver(frame)
 
-    def _withdraw(self, peer: str, parts: list[bytes]) -> None:
+    def _withdraw(self, identity: str, parts: list[bytes]) -> None:
         try:
             w = withdraw_from_parts(parts)
         except WithdrawError as exc:
@@ -291,8 +270,8 @@ class ZmqControlPlane:
             self.log.warning("withdraw", "refused a withdraw: %s", exc)
             return
         self.stats["withdraws"] += 1
-        # Bound to its sender like a frame: a withdraw may only name its own peer's rooms and sessions.
-        self.manager.withdraw(w.room, w.session, w.status_endpoint, peer)
+        # Bound to its sender like a frame: a withdraw may only name its own identity's rooms and sessions.
+        self.manager.withdraw(w.room, w.session, w.status_endpoint, identity)
 
     def poll(self) -> int:
         t0 = time.perf_counter()
@@ -307,19 +286,19 @@ class ZmqControlPlane:
                 return 0
         seen: Counter = Counter()
         n = 0
-        cap = self.max_frames_per_peer
-        # Frames held back from earlier polls first, each peer still within its cap.
+        cap = self.max_frames_per_identity
+        # Frames held back from earlier polls first, each identity still within its cap.
         backlog = self._backlog
         for _ in range(len(backlog)):
             if n >= budget or (n & 7 == 7 and time.perf_counter() > deadline):
                 break
-            peer, parts = backlog.popleft()
-            if seen[peer] >= cap:
-                backlog.append((peer, parts))
+            identity, parts = backlog.popleft()
+            if seen[identity] >= cap:
+                backlog.append((identity, parts))
                 continue
-            seen[peer] += 1
+            seen[identity] += 1
             n += 1
-            self._handle(peer, parts)
+            self._handle(identity, parts)
         while n < budget:
             # A frame costs tens of microseconds when it reaches the manager: look at the
             # clock every few, so one poll stays within max_poll_s plus a few frames.
@@ -335,21 +314,21 @@ class ZmqControlPlane:
                 if self._draining:
                     break
                 continue
-            peer, parts = got
+            identity, parts = got
             if parts is None:
                 continue
-            if seen[peer] >= cap:
-                # This peer had its share of this poll: its frame waits, the others go on.
+            if seen[identity] >= cap:
+                # This identity had its share of this poll: its frame waits, the others go on.
                 if len(self._backlog) < self.max_backlog:
-                    self._backlog.append((peer, parts))
+                    self._backlog.append((identity, parts))
                     self.stats["frames_held_back"] += 1
                 else:
                     self.stats["frames_shed"] += 1
-                    self.log.warning("shed", "shed a control frame from %s: backlog of %d full", peer[:8] or "?",
+                    self.log.warning("shed", "shed a control frame from %s: backlog of %d full", identity[:8] or "?",
                                      self.max_backlog)
                 continue
-            seen[peer] += 1
-            self._handle(peer, parts)
+            seen[identity] += 1
+            self._handle(identity, parts)
         self._note(t0)
         return n
 
@@ -359,8 +338,8 @@ class ZmqControlPlane:
             self.max_poll_seconds = took
 
     # statuses out ------------------------------------------------------------------------
-    def _socket(self, endpoint: str, peer: str) -> zmq.Socket:
-        key = (endpoint, peer)
+    def _socket(self, endpoint: str, identity: str) -> zmq.Socket:
+        key = (endpoint, identity)
         sock = self._push.get(key)
         if sock is not None:
             self._push.move_to_end(key)
@@ -378,7 +357,7 @@ class ZmqControlPlane:
             # so nobody else can accept its statuses.
             sock.curve_secretkey = self._secret
             sock.curve_publickey = self.public_key
-            sock.curve_serverkey = peer.encode()
+            sock.curve_serverkey = identity.encode()
         sock.connect(endpoint)
         self._push[key] = sock
         return sock
@@ -388,12 +367,12 @@ class ZmqControlPlane:
         if not endpoint:
             self.stats["status_without_endpoint"] += 1
             return
-        peer = getattr(frame, "peer", "")
-        if not self.insecure and not peer:
-            self.stats["status_without_peer"] += 1  # a frame that did not come through this plane
+        identity = getattr(frame, "identity", "")
+        if not self.insecure and not identity:
+            self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
             return
         try:
-            self._socket(endpoint, peer).send_multipart(
+            self._socket(endpoint, identity).send_multipart(
                 [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]], zmq.NOBLOCK)
             self.stats["status_sent"] += 1
         except zmq.Again:

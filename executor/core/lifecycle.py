@@ -1,0 +1,292 @@
+"""How rooms, slots and peers move each other: the one place each room is stepped.
+
+`step_room` steps a room's declared machine and runs the actions that
+fsm/couplings.py lists for the state it enters; the slot's (`Ring.fire`) and
+the peer's (`PeerTable.step`) steps run theirs through the same table and the
+`actions` map built here. A room that fails, by whatever cause, takes one path:
+its reason is set, `step_room(room, "fail")`, then `abandon_slot` and
+`conclude`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from epd_ring.fsm import ROOM
+from epd_ring.fsm.couplings import ON_ENTER
+
+from .frames import FrameError, ReceiverFrame, check_tiling
+from .peers import Peer, down_reason
+from .reasons import Reason, ReasonKind
+from .ring import Slot
+from .rooms import Room
+from .tombstones import Tombstone
+from .transport import Buf, Outcome
+
+if TYPE_CHECKING:
+    from .admission import Admission
+    from .clock import Clock
+    from .peers import PeerTable
+    from .regions import RegionBook
+    from .timers import Deadlines
+    from .tombstones import Tombstones
+    from .transport import Transport
+    from .writes import Write, Writes
+
+log = logging.getLogger("epd_ring.manager")
+
+_TOLD = {"success": "told_success", "failed": "told_failed"}
+_TIMED_OUT = {"park": ReasonKind.PARK_TIMEOUT, "announce": ReasonKind.ANNOUNCE_TIMEOUT}
+
+
+class Lifecycle:
+    """The room steps, the coupling actions, write outcomes and notices (base of `EncodeManager`)."""
+
+    transport: Transport
+    clock: Clock
+    rooms: dict[int, Room]
+    tombs: Tombstones
+    deadlines: Deadlines
+    writes: Writes
+    regions: RegionBook
+    peers: PeerTable
+    admission: Admission
+    stats: Counter[str]
+    observer: Any
+    on_conclude: list[Callable[[int, str], None]]
+    park_timeout: float
+    announce_timeout: float
+    write_timeout: float
+    quarantine_s: float
+
+    def coupling_actions(self) -> dict[str, Callable[[Any], None]]:
+        """Each action fsm/couplings.py names, implemented once (the test checks the set)."""
+        return {
+            "arm_announce_deadline": self._arm_announce_deadline, "park_slot": self._park_slot,
+            "arm_park_deadline": self._arm_park_deadline, "start_writes": self._start_writes,
+            "conclude": self._conclude, "abandon_slot": self._abandon_slot,
+            "arm_quarantine_deadline": self._arm_quarantine_deadline,
+            "release_regions": self.regions.slot_released,
+            "resume_rooms": self._resume_rooms, "fail_rooms": self._fail_rooms,
+        }
+
+    # the room's one step ---------------------------------------------------
+    def step_room(self, room: Room, event: str) -> str:
+        was = room.state
+        now = ROOM.step(room, event)
+        if now != was:
+            for action in ON_ENTER.get(("room", now), ()):
+                self.actions[action](room)
+        return now
+
+    def open_room(self, room_id: int) -> Room:
+        room = self.rooms[room_id] = Room(room_id)
+        if self.observer is not None:
+            self.observer.room_opened(room_id)
+        return room
+
+    def fail(self, room: Room, reason: Reason, extra: ReceiverFrame | None = None) -> None:
+        """Fail a live room (its receivers are told); `extra`, a refused frame, is told too."""
+        room.reason = reason
+        log.info("room %s failed: %s", room.id, reason)
+        self.step_room(room, "fail")
+        if extra is not None:
+            self.tell_failed(extra, room.id, reason)
+
+    def _expire(self, room: Room, kind: str) -> None:
+        if kind == "park":
+            got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
+            detail = f"{got} receivers registered within {self.park_timeout} s of parking"
+        else:
+            detail = f"sender never registered within {self.announce_timeout} s"
+        room.reason = Reason(_TIMED_OUT[kind], detail)
+        self.stats["expired"] += 1
+        self.step_room(room, "expire")
+
+    # coupling actions (fsm/couplings.py) -------------------------------------
+    actions: dict[str, Callable[[Any], None]]
+
+    def _arm_announce_deadline(self, room: Room) -> None:
+        self.admission.announce(room)
+        self.deadlines.arm(self.clock.now() + self.announce_timeout, "announce", room)
+
+    def _park_slot(self, room: Room) -> None:
+        assert room.chunk is not None
+        room.chunk.slot.ring.fire(room.chunk.slot, "park")
+        if self.observer is not None:
+            self.observer.parked(room.id)
+
+    def _arm_park_deadline(self, room: Room) -> None:
+        self.deadlines.arm(self.clock.now() + self.park_timeout, "park", room)
+
+    def _abandon_slot(self, room: Room) -> None:
+        chunk = room.chunk
+        if chunk is not None:  # no write was issued from it
+            room.chunk = None
+            chunk.slot.ring.fire(chunk.slot, "abandon")
+
+    def _arm_quarantine_deadline(self, slot: Slot) -> None:
+        self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
+
+    def _start_writes(self, room: Room) -> None:
+        chunk = room.chunk
+        if chunk is None:
+            return
+        frames = list(room.frames.values())
+        if len(frames) > 1:
+            try:
+                check_tiling(frames)
+            except FrameError as exc:
+                self.fail(room, Reason(ReasonKind.FRAME, str(exc)))
+                return
+        if room.timer:
+            self.deadlines.cancel(room)
+        peers = self.peers.by_session
+        for session in room.frames:
+            peer = peers.get(session)
+            if peer is None or peer.state != "up":
+                if peer is None or peer.state == "down":
+                    self.fail(room, Reason(ReasonKind.PEER_DOWN,
+                                           down_reason(peer) if peer else f"peer {session} is unknown"))
+                else:
+                    # Still being contacted: the chunk waits in its staged slot. The contact
+                    # deadline bounds the wait (`resume_rooms` or `fail_rooms` ends it).
+                    self.stats["waits_for_peer"] += 1
+                return
+        writes: list[tuple[ReceiverFrame, list[Buf]]] = []
+        rb, drb = chunk.row_bytes, chunk.deep_row_bytes
+        for f in frames:
+            n = f.n_tokens
+            if not n:
+                continue  # a zero-row shard only counts toward N
+            bufs = [(chunk.src + f.row_start * rb, f.dst_ptr, n * rb)]
+            if drb:
+                bufs.append((chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb))
+            writes.append((f, bufs))
+        room.chunk = None
+        slot = chunk.slot
+        if not writes:
+            slot.ring.fire(slot, "abandon")
+            self.step_room(room, "written")
+            return
+        slot.ring.fire(slot, "send")
+        room.writes_left = len(writes)
+        if self.observer is not None:
+            self.observer.writes_started(room.id)
+        self.writes.issue(room.id, slot, writes)
+
+    def _conclude(self, room: Room) -> None:
+        if room.announced:
+            self.admission.unannounce(room)
+        self.deadlines.cancel(room)
+        state = room.state
+        self.stats[state] += 1
+        peers = self.peers.by_session
+        for f in room.frames.values():
+            peer = peers.get(f.session)
+            if peer is not None:
+                peer.rooms.discard(room.id)
+            self.tell(f, room.id, state, room.reason)
+        if state == "failed" and room.frames:
+            cause = room.cause
+            self.regions.room_failed(room.id, room.frames.values(),
+                                     self.writes.of_room(room.id) if room.writes_left else {},
+                                     {cause.frame.session: cause.slot} if cause is not None else {},
+                                     room.withdrawn)
+        del self.rooms[room.id]
+        # Held while its sender lives and while a write may land in one of its regions: a frame
+        # re-sent for it meanwhile must find the room, not open a new one under the same id.
+        pins = int(room.sender) + self.regions.room_open(room.id)
+        self.tombs.keep(Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins,
+                                  room.owner))
+        for cb in self.on_conclude:
+            cb(room.id, state)
+
+    def _resume_rooms(self, peer: Peer) -> None:
+        """Contact succeeded: rooms whose chunk waited for this peer start their writes."""
+        for rid in sorted(peer.rooms):
+            room = self.rooms.get(rid)
+            if room is not None and room.state == "transferring" and room.chunk is not None:
+                self._start_writes(room)
+
+    def _fail_rooms(self, peer: Peer) -> None:
+        """Every live room with a receiver on this peer fails now, and all its receivers are told."""
+        reason = Reason(ReasonKind.PEER_DOWN, down_reason(peer))
+        for rid in sorted(peer.rooms):
+            room = self.rooms.get(rid)
+            if room is not None:
+                self.fail(room, reason)
+        peer.rooms.clear()
+
+    # write outcomes ------------------------------------------------------------
+    def _write_overdue(self, w: Write) -> None:
+        """Our write deadline passed with no report from the transport.
+
+        The room fails now and its receivers are told. The slot does not: the
+        transport may still be reading it, so it stays `sending` until the write
+        reports, then serves a full quarantine like any unsure write.
+        """
+        self.stats["write_deadlines"] += 1
+        w.overdue = True
+        w.slot.unsure = True
+        peer = self.peers.get(w.frame.session)
+        if peer is not None:
+            self.peers.write_failed(peer)
+        room = self.rooms.get(w.room)
+        if room is not None and room.state == "transferring":
+            self.fail(room, Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got no "
+                                                              f"report within {self.write_timeout} s"))
+
+    def _on_outcome(self, handle: int, outcome: Outcome) -> None:
+        w = self.writes.reported(handle)
+        if w is None:
+            self.stats["completions_unknown"] += 1  # not a write of ours
+            return
+        if self.observer is not None:
+            self.observer.write_reported(w.room, outcome, self.writes.submitted_at(w))
+        slot = w.slot
+        slot.writes_in_flight -= 1
+        if outcome is not Outcome.DONE:
+            slot.unsure = True
+        slot.ring.fire(slot, "settle")
+        peer = self.peers.by_session.get(w.frame.session)
+        if peer is not None:
+            if outcome is Outcome.DONE:
+                if peer.fails or peer.state != "up":
+                    self.peers.write_ok(peer)
+            elif not w.overdue:  # an overdue write was counted at its deadline
+                self.peers.write_failed(peer)
+        room = self.rooms.get(w.room)
+        if room is None or room.state != "transferring":
+            self.stats["completions_dropped"] += 1
+            if self.regions:
+                self.regions.write_reported(handle, outcome is Outcome.DONE, slot)
+            return
+        if outcome is Outcome.DONE:
+            room.writes_left -= 1
+            if room.writes_left == 0:
+                self.step_room(room, "written")
+        else:
+            room.cause = w
+            kind = ReasonKind.WRITE_TIMED_OUT if outcome is Outcome.TIMED_OUT else ReasonKind.WRITE_FAILED
+            self.fail(room, Reason(kind, f"write to receiver {w.frame.session} {outcome.value}"))
+
+    # notices ---------------------------------------------------------------
+    def tell(self, frame: Any, room_id: int, status: str, reason: str = "") -> None:
+        try:
+            self.transport.notify(frame, room_id, status, reason)
+            self.stats[_TOLD.get(status) or "told_" + status] += 1
+        except Exception as exc:  # one unreachable receiver must not stop the others
+            self.stats["notify_errors"] += 1
+            log.warning("could not tell %s that room %s %s: %s", getattr(frame, "session", "?"), room_id, status, exc)
+
+    def tell_failed(self, frame: Any, room_id: int, reason: str) -> None:
+        """Failed, for a receiver no write was ever issued to: its region is free at once."""
+        self.tell(frame, room_id, "failed", reason)
+        self.tell(frame, room_id, "released")
+
+
+__all__ = ["Lifecycle"]

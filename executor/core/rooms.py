@@ -1,0 +1,78 @@
+"""A room (one request's transfer to its N receivers) and the chunk it carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epd_ring.fsm import ROOM
+
+from .reasons import Reason
+
+if TYPE_CHECKING:
+    from .frames import ReceiverFrame
+    from .ring import Slot
+    from .writes import Write
+
+# Derived from the declaration: where a chunk may be handed over, and where a room waits
+# with a deadline that a driver may fire early.
+ACCEPTS_CHUNK = ROOM.sources("stage")
+EXPIRABLE = ROOM.sources("expire")
+
+
+class RoomConflict(ValueError):
+    """A room id already in use (or concluded Success) was registered again."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One room's embedding, staged in a ring slot."""
+
+    slot: Slot
+    n_tokens: int
+    hidden: int
+    dtype: str
+    row_bytes: int
+    src: int
+    deep_src: int = 0
+    deep_row_bytes: int = 0
+    # Deepstack levels per row (its width over hidden); -1 when the width is no
+    # multiple of hidden, which no frame can match.
+    deep_levels: int = 0
+
+    @property
+    def has_deep(self) -> bool:
+        return self.deep_row_bytes > 0
+
+
+class Room:
+    __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
+                 "sender", "announced", "cause", "withdrawn", "owner")
+
+    def __init__(self, room_id: int):
+        self.id = room_id
+        self.state = ROOM.initial
+        self.n: int | None = None
+        self.frames: dict[str, ReceiverFrame] = {}
+        self.chunk: Chunk | None = None
+        self.timer = 0
+        self.due = 0.0
+        self.reason: Reason | str = ""
+        self.writes_left = 0
+        self.sender = False
+        self.announced = False
+        self.cause: Write | None = None  # the unsure write that failed it, if one did
+        self.withdrawn: str | None = None  # the receiver whose withdraw failed it, if one did
+        # The identity whose frames this room takes (None until the sender names one or
+        # the first frame claims it); frames from any other identity never touch it.
+        self.owner: str | None = None
+
+    # guard named in the room declaration
+    def all_receivers(self) -> bool:
+        return self.n is not None and len(self.frames) >= self.n
+
+    def __repr__(self) -> str:
+        return f"room {self.id}"
+
+
+__all__ = ["ACCEPTS_CHUNK", "Chunk", "EXPIRABLE", "Room", "RoomConflict"]

@@ -1,0 +1,234 @@
+"""Lease, stage, defer: how an encoded item gets into a slot (base of `EncodeExecutor`).
+
+An item takes a free slot at once, or waits in the deferred queue (bounded;
+served first, oldest first, whenever slots come free). Its embedding is copied
+into the slot's registered memory; on CUDA the copy is asynchronous, so the
+chunk goes to the manager only once its copy fence has passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .manager import Chunk, EncodeManager
+from .reasons import Reason, ReasonKind
+from .ring import Ring, Slot
+
+log = logging.getLogger("epd_ring.executor")
+
+
+class StagingError(ValueError):
+    """An item that cannot be staged (too large, wrong shape); fails only its room."""
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
+@dataclass(slots=True)
+class Sender:
+    request_id: Any
+    room: int
+    bootstrap_host: str
+    bootstrap_port: int
+    offered: bool = False  # its one item reached the ring path (staged, deferred or dropped)
+
+
+class Staging:
+    manager: EncodeManager
+    ring: Ring
+    senders: dict[Any, Sender]
+    stats: Counter[str]
+    max_deferred: int
+    _deferred: deque[tuple[Any, Any]]
+    _copies: deque[tuple[Any, Sender, Chunk]]
+    _copy_fence: Callable[[], Any] | None
+    _host_copy: bool
+
+    def _offer(self, rid: Any, item: Any) -> None:
+        sender = self.senders.get(rid)
+        if sender is None:
+            self.stats["items_without_sender"] += 1
+            log.error("dropping item for unregistered request %r", rid)
+            return
+        room = sender.room
+        manager = self.manager
+        if sender.offered:
+            manager.fail_room(room, Reason(ReasonKind.PROTOCOL, f"request {sender.request_id!r} sent a second item; "
+                                                                "a room carries exactly one"))
+            return
+        sender.offered = True
+        # Settle what can be settled now, before the item waits for a slot.
+        if not manager.accepts_chunk(room):
+            self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
+            return
+        try:
+            checked = self._check(item)
+        except Exception as exc:  # StagingError, or an item without the attributes
+            manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
+            return
+        if self._deferred:
+            self.serve_deferred()  # deferred sends are served before new ones
+        if self._deferred or not self.ring.has_free():
+            if len(self._deferred) >= self.max_deferred:
+                manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
+                                               f"deferred queue full ({self.max_deferred} sends)"))
+                return
+            enc = item.encoded
+            if isinstance(enc, torch.Tensor):
+                # The tower may reuse its output buffer for the next batch.
+                item.encoded = enc.clone()
+                if isinstance(item.encoded_deepstack, torch.Tensor):
+                    item.encoded_deepstack = item.encoded_deepstack.clone()
+            self._deferred.append((rid, item))
+            self.stats["deferred"] += 1
+            if manager.observer is not None:
+                manager.observer.deferred(room)
+            return
+        self._stage(sender, item, checked)
+
+    def serve_deferred(self) -> None:
+        """Stage deferred sends, oldest first, while the ring has free slots."""
+        dq = self._deferred
+        while dq and self.ring.has_free():
+            rid, item = dq.popleft()
+            sender = self.senders.get(rid)
+            if sender is None:
+                self.stats["deferred_dropped"] += 1  # its sender was reaped
+                continue
+            self._stage(sender, item)
+
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self._deferred)
+
+    @property
+    def copies_pending(self) -> int:
+        """Chunks whose copy into their slot has not finished (their fence has not passed)."""
+        return len(self._copies)
+
+    def drop_deferred(self) -> int:
+        """Forget every deferred send (their rooms failed, at a drain); return how many."""
+        n = len(self._deferred)
+        if n:
+            self.stats["deferred_dropped"] += n
+            self._deferred.clear()
+        return n
+
+    def _check(self, item: Any) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
+        """The item's embedding (and deepstack half) with their byte sizes, or StagingError."""
+        ring = self.ring
+        enc = item.encoded
+        if not isinstance(enc, torch.Tensor) or enc.dim() != 2:
+            raise StagingError(f"item.encoded must be a 2-D tensor, got {type(enc).__name__}"
+                               f"{tuple(enc.shape) if isinstance(enc, torch.Tensor) else ''}")
+        nbytes = enc.numel() * enc.element_size()
+        if nbytes > ring.slot_bytes:
+            raise StagingError(f"embedding of {nbytes} B exceeds the ring slot of {ring.slot_bytes} B; "
+                               f"raise ring_bytes")
+        deep = item.encoded_deepstack
+        if deep is None or deep.numel() == 0:
+            return enc, nbytes, None, 0
+        if ring.deep is None:
+            raise StagingError("item has deepstack rows but the model declares no deepstack ring")
+        if deep.dim() != 2 or deep.shape[0] != enc.shape[0]:
+            raise StagingError(f"deepstack shape {tuple(deep.shape)} does not match {enc.shape[0]} rows")
+        dbytes = deep.numel() * deep.element_size()
+        if dbytes > ring.deep_slot_bytes:
+            raise StagingError(f"deepstack embedding of {dbytes} B exceeds the deepstack slot of "
+                               f"{ring.deep_slot_bytes} B")
+        return enc, nbytes, deep, dbytes
+
+    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor,
+              nbytes: int) -> None:
+        if self._host_copy and src.is_cpu:
+            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes.
+            src = src.resolve_neg().contiguous()
+            ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
+        else:
+            view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+
+    def _stage(self, sender: Sender, item: Any, checked: tuple | None = None) -> None:
+        room = sender.room
+        manager = self.manager
+        if checked is None:  # from the deferred queue: the room may have concluded meanwhile
+            if manager.observer is not None:
+                manager.observer.undeferred(room)
+            if not manager.accepts_chunk(room):
+                self.stats["items_for_concluded_rooms"] += 1
+                return
+            try:
+                # It passed before it was deferred, but the caller may have changed
+                # the item since (dropped `encoded`, say): fail its room, not the loop.
+                checked = self._check(item)
+            except Exception as exc:
+                manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed for a deferred send: {exc}"))
+                return
+        enc, nbytes, deep, dbytes = checked
+        ring = self.ring
+        slot = ring.lease()
+        obs = manager.observer
+        if obs is not None:
+            obs.copy_started(room)
+        try:
+            src = ring.main_ptr(slot)
+            self._copy(src, ring.main_view, slot, enc, nbytes)
+            deep_src = deep_rb = levels = 0
+            if deep is not None:
+                deep_src = ring.deep_ptr(slot)
+                self._copy(deep_src, ring.deep_view, slot, deep, dbytes)
+                deep_rb = deep.shape[1] * deep.element_size()
+                levels, rest = divmod(deep.shape[1], enc.shape[1]) if enc.shape[1] else (-1, 0)
+                if rest or deep.dtype != enc.dtype:
+                    levels = -1
+        except Exception as exc:
+            ring.fire(slot, "abandon")
+            manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
+            return
+        rows, hidden = enc.shape
+        chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
+                      src, deep_src, deep_rb, levels)
+        slot.room = room
+        if self._copy_fence is not None:
+            # The write must not read the slot before the copy into it has finished.
+            self._copies.append((self._copy_fence(), sender, chunk))
+            return
+        ring.fire(slot, "copied")
+        if obs is not None:
+            obs.copy_finished(room)
+        manager.submit_chunk(room, chunk)
+
+    def finish_copies(self) -> int:
+        """Hand every staged chunk whose copy has finished to the manager (part of `poll`).
+
+        Exposed for drivers that step finer than a tick, such as the model's lockstep test.
+        """
+        # Any finished copy goes on, not only the oldest: copies on different
+        # streams may finish out of order. At most one copy per slot is pending.
+        done = [c for c in self._copies if c[0].query()]
+        if not done:
+            return 0
+        self._copies = deque(c for c in self._copies if not any(c is d for d in done))
+        obs = self.manager.observer
+        for _, sender, chunk in done:
+            self.ring.fire(chunk.slot, "copied")
+            if obs is not None:
+                obs.copy_finished(sender.room)
+            self.manager.submit_chunk(sender.room, chunk)
+        return len(done)
