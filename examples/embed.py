@@ -5,7 +5,7 @@
 The encode side is real (a tiny torch tower, the executor, its ring); the
 prefill side is played in-process by the loopback transport's receivers, so the
 example needs no engine. With Mooncake, swap `LoopbackTransport` for
-`MooncakeTransport` and feed frames from `ZmqControlPlane` (see the README).
+`MooncakeTransport` and feed frames from `ZmqControlPlane` (see docs/embedding.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Markdown tables of the declared machines, for the README (kept fresh by a test)."""
+"""Markdown tables of the declared machines, for the docs' machines page (kept fresh by a test).
+
+    python -m epd_ring.fsm.tables --write [PAGE]    # PAGE: docs/machines.md by default
+"""
 
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ def markdown() -> str:
 
 
 BEGIN, END = "<!-- machine-tables:begin -->", "<!-- machine-tables:end -->"
+# The page holding the markers, relative to the repository root.
+PAGE = "docs/machines.md"
 
 
 def refresh(text: str) -> str:
@@ -49,7 +54,7 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:2] == ["--write"]:
-        path = sys.argv[2]
+        path = sys.argv[2] if len(sys.argv) > 2 else PAGE
         with open(path) as f:
             text = f.read()
         with open(path, "w") as f:

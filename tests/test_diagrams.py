@@ -10,7 +10,7 @@ import pytest
 from epd_ring.fsm import PEER, REGION, ROOM, SLOT
 from epd_ring.fsm.diagrams import machine_dot, parse_edges
 from epd_ring.executor.tools.diagrams import main as render_main
-from epd_ring.executor.tools.diagrams import render, stale
+from epd_ring.executor.tools.diagrams import DIRECTORY, render, stale
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not installed")
@@ -46,7 +46,14 @@ def test_rendering_is_deterministic():
 
 
 def test_committed_diagrams_are_fresh():
-    assert stale(ROOT / "diagrams", render()) == []
+    assert stale(ROOT / DIRECTORY, render()) == []
+
+
+def test_the_command_writes_into_the_docs_site_by_default():
+    from epd_ring.executor.tools.cli import build_parser
+
+    assert build_parser().parse_args(["diagrams"]).dir == DIRECTORY
+    assert (ROOT / DIRECTORY).parent == ROOT / "docs"
 
 
 def test_check_names_stale_files(tmp_path):

@@ -1,4 +1,4 @@
-"""Direct tests of fsm/: the README tables, the diagrams (declared and live) and machine building.
+"""Direct tests of fsm/: the docs' machine tables, the diagrams (declared and live) and machine building.
 
 Expectations are derived from the declaration dicts themselves (not from the compiled
 machines the code under test reads), so a table or diagram that drops, renames or
@@ -40,7 +40,7 @@ def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in text.split("\n")]
 
 
-# ---------------------------------------------------------------- README tables (fsm/tables.py)
+# ---------------------------------------------------------------- docs' machine tables (fsm/tables.py)
 
 @pytest.mark.parametrize("machine,decl", DECLARED, ids=lambda x: getattr(x, "name", ""))
 def test_states_table_lists_every_declared_state_with_meaning_and_kind(machine, decl):
@@ -113,7 +113,7 @@ def test_refresh_replaces_only_the_generated_block():
 
 
 def test_refresh_keeps_later_mentions_of_the_markers():
-    # a README may quote the markers after the block (e.g. explaining how the tables are made):
+    # a page may quote the markers after the block (e.g. explaining how the tables are made):
     # only the first block is generated; everything after its end marker is kept byte for byte
     b, e = tables.BEGIN, tables.END
     tail = f"\n\nThe tables sit between `{b}` and `{e}`; quoted again: {b} {e} done.\n"

@@ -174,7 +174,7 @@ class MooncakeTransport(Transport):
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
-        # embedding or overwrite it); RDMA needs it registered (see README, trust model).
+        # embedding or overwrite it); RDMA needs it registered (see docs/trust.md).
         self.expose_ring = protocol != "tcp" if expose_ring is None else expose_ring
         if not self.expose_ring:
             os.environ.setdefault("MC_FORCE_TCP", "1")  # an RDMA NIC must not pick a transport needing it

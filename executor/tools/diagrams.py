@@ -1,4 +1,4 @@
-"""`epd-ring diagrams`: render every diagram into diagrams/, or check that they are fresh."""
+"""`epd-ring diagrams`: render every diagram into docs/diagrams/, or check that they are fresh."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import graphviz
 from epd_ring.fsm import PEER, REGION, ROOM, SLOT
 from epd_ring.fsm.diagrams import machine_dot
 from epd_ring.models.graphs import model_sources
+
+# Inside the docs site, so its pages show the diagrams; relative to the repository root.
+DIRECTORY = "docs/diagrams"
 
 
 def _svg(dot: str) -> bytes:
@@ -49,7 +52,7 @@ def stale(directory: Path, files: dict[str, bytes]) -> list[str]:
     return names
 
 
-def main(directory: str = "diagrams", check: bool = False, echo: Callable[[str], None] = print) -> int:
+def main(directory: str = DIRECTORY, check: bool = False, echo: Callable[[str], None] = print) -> int:
     d = Path(directory)
     files = render()
     if check:

@@ -17,17 +17,17 @@ CHILDREN="${MUTMUT_CHILDREN:-2}"
 
 mkdir -p "$WORK/src/epd_ring"
 # refresh sources and tests; keep mutants/ so an interrupted run resumes
-rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/diagrams"
+rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/docs"
 cp -a "$ROOT/fsm" "$ROOT/executor" "$ROOT/models" "$WORK/src/epd_ring/"
 cp -a "$ROOT/tests" "$WORK/tests"
-cp -a "$ROOT/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
+mkdir -p "$WORK/docs" && cp -a "$ROOT/docs/diagrams" "$WORK/docs/diagrams"  # test_diagrams checks the committed ones
 find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
 : > "$WORK/src/epd_ring/__init__.py"
 cat > "$WORK/pyproject.toml" <<'TOML'
 [tool.mutmut]
 source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
-             "src/epd_ring/executor/tools", "src/epd_ring/models", "diagrams"]
+             "src/epd_ring/executor/tools", "src/epd_ring/models", "docs/diagrams"]
 # the unit tests of the machines, the controller, frames, regions, peers and the loopback transport,
 # the tests written for earlier survivors (tests/test_mut_*.py), and the two stateful suites on a small hypothesis
 # profile (EPD_RING_HYPOTHESIS=mutmut below); the model suites are too slow per mutant. mutmut
