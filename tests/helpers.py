@@ -22,7 +22,7 @@ def reason_text(manager: EncodeManager, room: int) -> str | None:
     return manager.failure_reason(room)
 
 
-def warnings(caplog, logger: str = "epd_ring.manager") -> list[str]:
+def log_lines(caplog, logger: str = "epd_ring.manager") -> list[str]:
     """The log lines `logger` wrote, as text."""
     return [r.getMessage() for r in caplog.records if r.name == logger]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, make_rig, reason_text, warnings  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig, reason_text  # noqa: E402
 
 from epd_ring.executor import RoomConflict  # noqa: E402
 
@@ -217,7 +217,7 @@ def test_malformed_frames_are_refused_and_fail_only_what_their_sender_may(caplog
     assert m.room_status(0) is None  # never creates a room
     assert b.notices("p0") == [(0, "failed", f"malformed receiver frame: {why}"), (0, "released", "")]
     assert m.stats["frames_refused"] == 1
-    (line,) = warnings(caplog)
+    (line,) = log_lines(caplog)
     assert "room 0" in line and "span" in line
 
     assert m.bind_sender(1) == "registered"  # nobody's yet: the malformed frame claims and fails it
@@ -239,7 +239,7 @@ def test_malformed_frames_are_refused_and_fail_only_what_their_sender_may(caplog
     assert m.register_receiver(b.frame(-1, "p9")) is False  # no room id to answer about
     assert b.notices("p9") == [] and m.stats["frames_refused"] == 5
     # one line a second: this one names the last refusal and how many were held back since
-    lines = warnings(caplog)
+    lines = log_lines(caplog)
     assert len(lines) == 2 and "-1" in lines[-1] and re.search(r"\b3 more\b", lines[-1])
 
 
@@ -331,7 +331,7 @@ def test_announce_limits_count_from_zero_in_all_and_per_peer(caplog):
     assert m.register_receiver(b.frame(3, "b1", peer="B"))  # B has its own
     assert m.register_receiver(b.frame(4, "c1", peer="C")) is False  # two in all
     assert m.stats["frames_refused"] == 2 and m.room_status(2) is None and m.room_status(4) is None
-    (line,) = warnings(caplog)  # one line, naming both limits
+    (line,) = log_lines(caplog)  # one line, naming both limits
     assert "announce" in line and re.search(r"\b2 in all\b.*\b1 per peer\b", line)
     assert m.bind_sender(1) == "ready"  # a sender came: A may announce again
     assert m.register_receiver(b.frame(5, "a1", peer="A"))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, make_rig, warnings  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig  # noqa: E402
 
 from epd_ring.executor import FrameError, RoomConflict  # noqa: E402
 from epd_ring.executor.core.tenancy import Tenancy  # noqa: E402
@@ -273,11 +273,11 @@ def test_foreign_frames_are_told_failed_counted_and_warned_once_a_second(caplog)
     b.clock.advance(0.5)
     assert m.register_receiver(b.frame(1, "b4", peer="B")) is False
     # frames and withdraws from another identity share one line a second; the next counts those held back
-    lines = warnings(caplog)
+    lines = log_lines(caplog)
     assert len(lines) == 2 and "another peer" in lines[0] and re.search(r"\b2 more\b", lines[1])
     b.clock.advance(1.0)
     assert m.withdraw(1, "b5", peer="B") == "refused"
-    lines = warnings(caplog)
+    lines = log_lines(caplog)
     assert len(lines) == 3 and "withdraw" in lines[-1] and re.search(r"\broom 1\b", lines[-1])
 
 
@@ -292,7 +292,7 @@ def test_withdraw_of_another_peers_session_or_room_is_refused_and_counted(caplog
     assert m.stats["withdraws"] == 2 and m.stats["withdraws_foreign"] == 2
     assert len(b.t.told) == told and m.room_status(1) == "announced"
     # one line per second for what a peer can provoke at will
-    (line,) = warnings(caplog)
+    (line,) = log_lines(caplog)
     assert "withdraw" in line and re.search(r"\broom 2\b", line)
     assert m.withdraw(1, "a1", peer="A") == "failed"
     assert m.stats["withdraws"] == 3 and m.stats["withdraws_foreign"] == 2
@@ -309,7 +309,7 @@ def test_frames_from_another_peers_session_get_no_answer(caplog):
     assert m.register_receiver(b.frame(2, "s1", peer="B")) is False
     assert m.register_receiver(b.frame(1, "s1", n=2, peer="B")) is False
     assert b.t.told == told and m.room_status(2) is None and m.stats["frames_foreign"] == 2
-    (line,) = warnings(caplog)
+    (line,) = log_lines(caplog)
     assert "session" in line
 
 
