@@ -1,4 +1,6 @@
-"""Shared fixtures-as-functions: a small rig of clock, loopback, manager, executor, receivers."""
+"""Shared rigs for the unit suites: a clock, loopback, manager, executor and receivers (`make_rig`),
+a manager alone on a ring (`ManagerRig`), an observer that records its calls, and the one place
+tests read a room's failure reason as text (`reason_text`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,46 @@ from dataclasses import dataclass, field
 
 import torch
 
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
-                               ReceiverFrame, shard_rows)
+from epd_ring.executor import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
+                               Observer, ReceiverFrame, Ring, shard_rows)
+
+
+def reason_text(manager: EncodeManager, room: int) -> str | None:
+    """Why `room` failed, as the text the manager keeps (None unless it failed).
+
+    Every test that asserts a failure reason's wording goes through here, so that moving the
+    assertions from wording to the reason's kind is one change.
+    """
+    return manager.failure_reason(room)
+
+
+def log_lines(caplog, logger: str = "epd_ring.manager") -> list[str]:
+    """The log lines `logger` wrote, as text."""
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+def counters(stats, *keys) -> dict:
+    """The named counters of a stats table, zero for those never counted."""
+    return {k: stats[k] for k in keys}
+
+
+class Calls(Observer):
+    """An observer that records the hooks named (every hook when none is named) as (hook, *args)."""
+
+    def __init__(self, *hooks: str):
+        self.hooks = set(hooks)
+        self.calls: list[tuple] = []
+
+
+def _recording(hook: str):
+    def record(self, *args):
+        if not self.hooks or hook in self.hooks:
+            self.calls.append((hook, *args))
+    return record
+
+
+for _hook in [n for n, v in vars(Observer).items() if callable(v) and not n.startswith("_")]:
+    setattr(Calls, _hook, _recording(_hook))
 
 
 class TableTower:
@@ -83,6 +123,35 @@ class Rig:
         fields.update(over)
         return ReceiverFrame(**fields)
 
+    def open_room(self, room: int, session: str | None = None, rows: int = 2, *, rid: str | None = None,
+                  receiver=None, **frame) -> str:
+        """Register room's sender (request `r<room>`) and one receiver's frame (session `p<room>`); the request id."""
+        rid = rid or f"r{room}"
+        self.executor.register(rid, "prefill-host", 8998, room, receiver=receiver)
+        self.manager.register_receiver(self.frame(room, session or f"p{room}", rows, **frame))
+        return rid
+
+    def held_room(self, room: int, rows: int = 2, *, rid: str | None = None) -> str:
+        """One room whose write the transport holds: `open_room`, then its item staged and written."""
+        rid = self.open_room(room, rows=rows, rid=rid)
+        self.transport.inject("hold", session=f"p{room}")
+        self.executor.execute([(rid, self.item(rows, room))])
+        return rid
+
+    def send(self, room: int, n_tokens: int = 2, **register) -> str:
+        """Register room's sender (request `req-<room>`) and run its item through the tower."""
+        rid = f"req-{room}"
+        self.executor.register(rid, "prefill-host", 8998, room, **register)
+        self.executor.execute([(rid, self.item(n_tokens, room))])
+        return rid
+
+    def told(self, session: str, room: int) -> list[tuple[str, str]]:
+        """The (status, reason) notices receiver `session` got for `room`, in order."""
+        return [(n.status, n.reason) for n in self.receiver(session).notices if n.room == room]
+
+    def slot_of(self, room: int):
+        return next(s for s in self.executor.ring.slots if s.room == room)
+
     def item(self, n_tokens: int, seed: int, modality: str = "image") -> EncodeItem:
         return EncodeItem(modality=modality, n_tokens=n_tokens, meta={"seed": seed})
 
@@ -121,3 +190,71 @@ def loopback_setup(at: float = 0.0):
     dst = torch.zeros(16)
     rcv.register(dst)
     return clock, t, src, dst, rcv
+
+
+def managed(**kw):
+    """A bare manager on a loopback transport and fake clock: (clock, transport, manager)."""
+    clock = FakeClock()
+    t = LoopbackTransport(clock)
+    return clock, t, EncodeManager(t, clock, **kw)
+
+
+HIDDEN = 8
+DTYPE = "torch.float32"
+
+
+class AddressedLoopback(LoopbackTransport):
+    """A loopback that also keeps what each notice was addressed to (the frame, or a withdraw's reply)."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.told: list[tuple] = []
+
+    def notify(self, frame, room, status, reason=""):
+        self.told.append((frame, room, status, reason))
+        super().notify(frame, room, status, reason)
+
+
+class ManagerRig:
+    """A manager with no executor on a loopback transport and fake clock, and a 4-slot ring to stage
+    chunks in by hand: for what the manager alone decides (rooms, frames, tombstones, withdraws)."""
+
+    def __init__(self, **kw):
+        self.clock = FakeClock()
+        self.t = AddressedLoopback(self.clock)
+        kw = {"park_timeout": 10.0, "quarantine_s": 5.0, "write_timeout": 30.0, **kw}
+        self.m = EncodeManager(self.t, self.clock, **kw)
+        self.ring = Ring(self.t, 4, 4096)
+        self.keep: list[torch.Tensor] = []
+
+    def frame(self, room: int, session: str, rows: int = 2, n: int = 1, peer: str = "", **over) -> ReceiverFrame:
+        r = self.t.receivers.get(session) or self.t.add_receiver(session)
+        buf = torch.zeros(max(rows, 1), HIDDEN)
+        r.register(buf)
+        self.keep.append(buf)
+        fields = dict(room=room, session=session, dst_ptr=buf.data_ptr(), dst_deep_ptr=0, n_tokens=rows,
+                      row_start=0, span=rows, hidden=HIDDEN, dtype=DTYPE, has_deepstack=False, n_receivers=n,
+                      peer=peer)
+        fields.update(over)
+        return ReceiverFrame(**fields)
+
+    def chunk(self, rows: int = 2) -> Chunk:
+        slot = self.ring.lease()
+        self.ring.fire(slot, "copied")
+        return Chunk(slot, rows, HIDDEN, DTYPE, HIDDEN * 4, self.ring.main_ptr(slot))
+
+    def notices(self, session: str, room: int | None = None) -> list[tuple]:
+        return [(n.room, n.status, n.reason) for n in self.t.receivers[session].notices
+                if room is None or n.room == room]
+
+    def announced_failed(self, room: int, session: str, reason: str = "gone", peer: str = "") -> None:
+        """A room only a receiver announced, failed before any sender came (nobody pins it)."""
+        assert self.m.register_receiver(self.frame(room, session, peer=peer))
+        assert self.m.fail_room(room, reason)
+
+    def succeed(self, room: int, session: str) -> None:
+        assert self.m.bind_sender(room) == "registered"
+        assert self.m.register_receiver(self.frame(room, session))
+        assert self.m.submit_chunk(room, self.chunk())
+        self.m.poll()
+        assert self.m.room_status(room) == "success"

@@ -65,3 +65,62 @@ def test_every_slot_lies_inside_its_ring_buffer_without_overlap():
         spans = sorted((ptr_of(s), ptr_of(s) + size) for s in ring.slots)
         assert all(lo <= a and b <= hi for a, b in spans), (lo, hi, spans)
         assert all(b <= a2 for (_, b), (a2, _) in zip(spans, spans[1:]))  # no two slots overlap
+
+
+# -- the deadline heap: tokens, order, compaction ----------------------------------------------
+
+def test_a_fired_deadline_leaves_its_object_unarmed_like_a_fresh_one():
+    d = Deadlines()
+    a, b = Timed(), Timed()
+    d.arm(1.0, "park", a)
+    d.arm(2.0, "write", b)
+    assert list(d.due(1.5)) == [("park", a)]
+    # The token is unarmed again, as on a fresh or cancelled object (readers only test its truth).
+    assert not a.timer and b.timer and len(d) == 1
+    d.cancel(b)
+    assert not b.timer and len(d) == 0
+
+
+def test_deadlines_at_the_same_instant_fire_in_the_order_they_were_armed():
+    d = Deadlines()
+    objs = [Timed() for _ in range(4)]
+    for k, o in enumerate(objs):
+        d.arm(1.0, f"k{k}", o)
+    assert [o for _, o in d.due(1.0)] == objs
+
+
+def test_the_heap_is_rebuilt_only_past_the_floor_once_dead_entries_outnumber_live_ones_four_to_one():
+    from epd_ring.executor.core.timers import _COMPACT_FLOOR as floor
+
+    d = Deadlines()
+    live = [Timed() for _ in range(floor // 4 + 1)]  # 1025 live deadlines
+    for o in live:
+        d.arm(10.0, "park", o)
+    # Re-arming leaves the earlier entry dead in the heap: the heap grows, the live count does not.
+    while d.heap_size < 4 * len(live):
+        d.arm(5.0, "park", live[0])
+    assert d.heap_size == 4 * len(live) and len(d) == len(live)  # past the floor, but not past 4x live
+    d.arm(5.0, "park", live[0])  # one more dead entry: now over 4x live, so only live entries remain
+    assert d.heap_size == len(live) and len(d) == len(live)
+    assert len(list(d.due(10.0))) == len(live)  # every live deadline survived the rebuild
+
+    small = Deadlines()
+    one = Timed()
+    while small.heap_size < floor:  # 4096 entries, 1 live: at the floor, not past it
+        small.arm(1.0, "park", one)
+    assert small.heap_size == floor
+    small.arm(1.0, "park", one)
+    assert small.heap_size == 1 and list(small.due(1.0)) == [("park", one)]
+
+
+# -- the fake clock ----------------------------------------------------------------------------
+
+def test_a_fake_clock_starts_at_zero_and_moves_only_forward_by_what_it_is_told():
+    clock = FakeClock()
+    assert clock.now() == 0.0 and type(clock.now()) is float
+    assert clock.advance(0.25) == 0.25 and clock.advance(0.5) == 0.75 and clock.now() == 0.75
+    assert clock.advance(0) == 0.75  # standing still is allowed
+    assert FakeClock(3).now() == 3.0 and type(FakeClock(3).now()) is float
+    with pytest.raises(ValueError, match=r"-0\.5"):
+        clock.advance(-0.5)
+    assert clock.now() == 0.75

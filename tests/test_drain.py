@@ -3,12 +3,14 @@ quarantines, then retires the ring, unregisters it and closes the transport."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from epd_ring.executor import Outcome
-from epd_ring.executor.core.drain import DEADLINE, DRAINING
+from epd_ring.executor import EncodeExecutor
+from epd_ring.executor.core.drain import DEADLINE, DRAINING, Drain, DrainReport
 
-from helpers import make_rig
+from helpers import make_rig, reason_text
 
 
 def _told(rig, session: str, room: int) -> list[tuple[str, str]]:
@@ -107,6 +109,177 @@ def test_close_of_an_idle_executor_is_immediate():
     calls = []
     report = rig.executor.close(5.0, lambda: calls.append(1))
     assert report.clean and not calls and rig.transport.closed
+
+
+# -- what a drain counts, and when it is done --------------------------------------------------
+
+def _send(rig, room: int, session: str, *, execute: bool = True, ex=None):
+    """Register room `room` with one receiver `session` (4 rows) and, by default, run its item."""
+    ex = ex or rig.executor
+    item = rig.item(4, seed=room)
+    ex.register(f"r{room}", "h", 1, room)
+    rig.manager.register_receiver(rig.frame(room, session, 4))
+    if execute:
+        ex.execute([(f"r{room}", item)])
+    return item
+
+
+def test_a_room_that_finishes_during_the_drain_counts_as_finished_not_failed():
+    rig = make_rig(slots=2)
+    ex, transport = rig.executor, rig.transport
+    transport.inject("hold", session="a")
+    item = _send(rig, 1, "a")
+    (held,) = transport.held
+    ex.begin_close(2.0)
+    assert ex.closed is False  # a write is in flight: the ring is kept
+    transport.complete(held)
+    report = ex.close(2.0, lambda: rig.clock.advance(0.5))
+    # Nothing was failed by this drain; the one room concluded on its own.
+    assert report == DrainReport(clean=True, rooms_failed=0, rooms_finished=1, busy_slots={},
+                                 writes_in_flight=0, live_rooms=0)
+    assert ex.closed is True and rig.delivered_ok(1, "a", item)
+
+
+def test_the_drain_deadline_is_reached_at_the_exact_instant():
+    rig = make_rig(slots=2, quarantine_s=0.5)
+    ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
+    transport.inject("hold", session="a")
+    _send(rig, 1, "a")
+    ex.begin_close(1.0)
+    assert manager.room_status(1) == "transferring"
+    clock.advance(1.0)  # now == deadline: the deadline has passed
+    ex.poll()
+    assert reason_text(manager, 1) == DEADLINE
+    report = ex.close(1.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
+    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={"sending": 1},
+                                 writes_in_flight=1, live_rooms=0)
+    assert report.clean is False and ex.closed is False
+    assert not transport.closed and len(transport.local) == 2  # the ring stays registered
+
+
+def test_every_deferred_send_the_drain_drops_is_counted():
+    rig = make_rig(slots=1)
+    ex, manager, transport = rig.executor, rig.manager, rig.transport
+    transport.inject("hold", session="a")
+    transport.inject("hold", session="c")
+    _send(rig, 1, "a")  # A holds the only slot
+    for room, session in ((2, "b"), (3, "c"), (4, "d")):
+        _send(rig, room, session)  # B, C, D wait for the slot
+    assert ex.stats["deferred"] == 3
+    assert ex.fail_rooms(["r2"], "cancelled by the engine") == 1
+    assert ex.reap_concluded_senders() == 1  # B's sender is gone: its deferred send will be dropped
+    (held_a,) = transport.held
+    transport.complete(held_a)
+    ex.poll()  # A's slot is free: B's send is dropped (no sender), C's is staged and written
+    assert ex.stats["deferred_dropped"] == 1 and manager.room_status(3) == "transferring"
+    assert manager.room_status(4) == "ready" and ex.has_deferred()
+    ex.begin_close(5.0)  # D's room fails and its deferred send is dropped too
+    assert ex.stats["deferred_dropped"] == 2 and not ex.has_deferred()
+    assert reason_text(manager, 4) == DRAINING and rig.receiver("d").statuses(4) == ["failed"]
+    assert torch.isnan(rig.buffers[(4, "d")][0]).all()  # never written
+    (held_c,) = transport.held
+    transport.complete(held_c)
+    report = ex.close(5.0, lambda: rig.clock.advance(0.1))
+    assert report == DrainReport(clean=True, rooms_failed=1, rooms_finished=1)
+
+
+def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
+    rig = make_rig(slots=2)
+    ex, transport = rig.executor, rig.transport
+    transport.inject("hold", session="a")
+    _send(rig, 1, "a")
+    (held,) = transport.held
+    drain = Drain(ex, rig.clock.now() + 5.0, close_transport=False)
+    assert drain.step() is False and drain.done is False  # the write may still read its slot
+    assert drain.report() == DrainReport(clean=False, rooms_failed=0, rooms_finished=0,
+                                         busy_slots={"sending": 1}, writes_in_flight=1, live_rooms=1)
+    transport.complete(held)
+    rig.manager.poll()
+    assert drain.step() is True and drain.done is True
+    assert drain.step() is True  # a later step changes nothing and still says so
+    assert drain.report() == DrainReport(clean=True, rooms_failed=0, rooms_finished=1)
+    assert set(ex.ring.counts()) == {"retired"} and len(transport.local) == 0
+    assert not transport.closed  # close_transport=False: the transport is the caller's
+
+
+def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing_its_transport():
+    """Two executors (two rings) on one manager and transport: the drain of one must not close the
+    transport while the manager still has a live room or a write in flight on the other's ring."""
+    rig = make_rig(slots=1)
+    ex1, manager, transport = rig.executor, rig.manager, rig.transport
+    ex2 = EncodeExecutor(manager, rig.tower, "cpu", ring_slots=1, ring_bytes=4096)
+    transport.add_receiver("slow")
+    transport.inject_contact("hang", session="slow")
+    _send(rig, 1, "slow", ex=ex2)  # staged on ex2's ring, waiting for its peer; no write yet
+    assert manager.room_status(1) == "transferring" and manager.writes_in_flight == 0
+    ex1.begin_close(5.0)
+    assert ex1.closed is False and not transport.closed  # room 1 is live
+    transport.answer("slow", True)
+    transport.inject("hold", session="slow")
+    ex2.poll()  # the peer is up: room 1's write starts and is held
+    assert manager.writes_in_flight == 1
+    rig.clock.advance(5.0)
+    report = ex1.close(5.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
+    assert reason_text(manager, 1) == DEADLINE and not manager.rooms  # failed, its write still out
+    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={},
+                                 writes_in_flight=1, live_rooms=0)
+    assert ex1.closed is False and not transport.closed
+    (held,) = transport.held
+    transport.complete(held)
+    ex1.poll()
+    assert ex1.closed is True and transport.closed
+
+
+# -- close: its timeout and its transport ------------------------------------------------------
+
+def test_close_rejects_a_negative_timeout():
+    rig = make_rig()
+    with pytest.raises(ValueError, match=r"^timeout\b.*-1$"):
+        rig.executor.begin_close(-1)
+
+
+@pytest.mark.parametrize("timeout", [0, 0.5])
+def test_close_with_a_short_timeout_on_an_idle_worker_is_clean(timeout):
+    rig = make_rig()
+    report = rig.executor.close(timeout, idle=lambda: rig.clock.advance(0.1))
+    assert report.clean and rig.executor.closed and rig.transport.closed
+
+
+def test_close_can_leave_the_transport_open():
+    rig = make_rig()
+    report = rig.executor.close(1.0, idle=lambda: rig.clock.advance(0.1), close_transport=False)
+    assert report.clean and rig.executor.closed and not rig.transport.closed
+
+
+def test_close_stops_polling_once_its_timeout_has_passed():
+    rig = make_rig()
+    ex = rig.executor
+    rig.held_room(1)
+    idles = []
+
+    def idle():
+        idles.append(rig.clock.now())
+        rig.clock.advance(0.5)
+
+    report = ex.close(1.0, idle)
+    # Polled at 0, 0.5 and 1.0; at 1.0 the deadline has passed, so no more idling.
+    assert idles == [0.0, 0.5] and rig.clock.now() == 1.0
+    assert not report.clean and report.rooms_failed == 1 and report.writes_in_flight == 1
+    assert report.busy_slots == {"sending": 1}
+
+
+def test_a_request_registered_while_draining_fails_at_once():
+    rig = make_rig()
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    rig.held_room(1)
+    ex.begin_close(10.0)
+    ex.register("late", "prefill-host", 8998, 2)
+    assert reason_text(m, 2) == "encode worker is draining (shutting down); no new transfers"
+    assert ex.reap_concluded_senders() == 1
+    t.complete(t.held[0])
+    ex.poll()
+    report = ex.close(10.0, idle=lambda: rig.clock.advance(1.0))
+    assert report.clean and (report.rooms_failed, report.rooms_finished) == (1, 1)
 
 
 def test_demo_drains_on_sigterm_and_ctrl_c(tmp_path):

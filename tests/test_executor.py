@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import TableTower, make_rig  # noqa: E402
+from helpers import Calls, Rig, TableTower, counters, make_rig, reason_text  # noqa: E402
 
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
                                Outcome, RoomConflict, TransportError, assign_encoded_embeddings)
@@ -641,3 +641,259 @@ def test_a_live_senders_room_record_outlives_the_tombstone_cap():
     assert m.room_status(1) == "failed" and m.failure_reason(1).startswith("malformed")
     ex.reap_concluded_senders(set())
     assert not m.pinned and list(m.tombstones) == [1]
+
+
+# -- deferred sends ----------------------------------------------------------------------------
+
+def test_deferred_sends_drop_reaped_skip_concluded_and_stage_the_rest_in_one_poll():
+    rig = make_rig(slots=1)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    obs = m.observer = Calls("deferred", "undeferred", "copy_started", "copy_finished")
+    items = {}
+    for r in (1, 2, 3, 5, 6, 4):  # the order they are offered (and deferred)
+        rig.open_room(r)
+    t.inject("hold", session="p1")
+    for r in (1, 2, 3, 5, 6, 4):
+        items[r] = rig.item(2, r)
+        assert ex.execute([(f"r{r}", items[r])]) == 1
+    assert ex.has_deferred() and ex.health()["deferred"] == 5
+    for r in (2, 3):
+        m.fail_room(r, "aborted")
+    assert ex.reap_concluded_senders() == 2  # r2 and r3: their deferred items have no sender now
+    for r in (5, 6):
+        m.fail_room(r, "aborted")  # concluded, sender kept
+    t.complete(t.held[0])
+    # Room 1's outcome frees the slot; the same poll drops 2 and 3, skips 5 and 6,
+    # and stages 4 (its write is reported at the next poll).
+    assert ex.poll() == 1
+    assert not ex.has_deferred()
+    assert m.room_status(4) == "transferring"
+    assert ex.poll() == 1
+    assert m.room_status(4) == "success" and rig.delivered_ok(4, "p4", items[4])
+    assert rig.delivered_ok(1, "p1", items[1])
+    assert counters(m.stats, "deferred", "deferred_dropped", "items_for_concluded_rooms", "success") == {
+        "deferred": 5, "deferred_dropped": 2, "items_for_concluded_rooms": 2, "success": 2}
+    assert obs.calls == [("copy_started", 1), ("copy_finished", 1),
+                         ("deferred", 2), ("deferred", 3), ("deferred", 5), ("deferred", 6), ("deferred", 4),
+                         ("undeferred", 5), ("undeferred", 6), ("undeferred", 4),
+                         ("copy_started", 4), ("copy_finished", 4)]
+
+
+def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
+    rig = make_rig(slots=1, max_deferred=0)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    t.inject("hold", session="p1")
+    for r in (1, 2):
+        rig.open_room(r)
+        ex.execute([(f"r{r}", rig.item(2, r))])
+    assert m.room_status(1) == "transferring"
+    assert reason_text(m, 2) == "deferred queue full (0 sends)"
+    assert m.stats["deferred"] == 0 and not ex.has_deferred()
+
+
+def test_the_deferred_queue_is_bounded_by_max_deferred():
+    rig = make_rig(slots=1, max_deferred=2)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    t.inject("hold", session="p1")
+    for r in (1, 2, 3, 4):
+        ex.register(f"r{r}", "prefill-host", 8998, r)
+        ex.execute([(f"r{r}", rig.item(2, r))])
+    assert ex.max_deferred == 2 and ex.health()["deferred"] == 2
+    assert [m.room_status(r) for r in (2, 3)] == ["registered", "registered"]
+    assert reason_text(m, 4) == "deferred queue full (2 sends)"
+    assert m.stats["deferred"] == 2
+
+
+def test_a_deferred_send_keeps_its_bytes_when_the_tower_reuses_its_buffers():
+    rig = make_rig(slots=1, n_deep=2)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    t.inject("hold", session="p1")
+    for r in (1, 2):
+        rig.open_room(r)
+    ex.execute([("r1", rig.item(2, 1))])
+    main, deep = torch.full((2, 8), 2.0), torch.full((2, 16), 3.0)
+    ex.send_item("r2", EncodeItem("image", 2, encoded=main, encoded_deepstack=deep))  # a cache hit, deferred
+    assert ex.has_deferred()
+    main.fill_(-1.0)  # the buffers are reused for the next batch
+    deep.fill_(-1.0)
+    t.complete(t.held[0])
+    ex.poll()
+    ex.poll()
+    assert m.room_status(2) == "success"
+    got_main, got_deep = rig.buffers[(2, "p2")][:2]
+    assert torch.equal(got_main, torch.full((2, 8), 2.0)) and torch.equal(got_deep, torch.full((2, 16), 3.0))
+
+
+# -- copy fences -------------------------------------------------------------------------------
+
+class Fence:
+    """A copy fence finished by hand (as a CUDA event would finish on its own)."""
+
+    def __init__(self):
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+class Fences:
+    def __init__(self):
+        self.made: list[Fence] = []
+
+    def __call__(self) -> Fence:
+        self.made.append(Fence())
+        return self.made[-1]
+
+
+def fenced_rig(slots: int):
+    """A rig whose executor fences every copy with a hand-finished `Fence`."""
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock)
+    tower = TableTower()
+    fences = Fences()
+    executor = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=4096, copy_fence=fences)
+    return Rig(clock, transport, manager, executor, tower), fences
+
+
+def test_fenced_copies_wait_for_their_fence_and_finish_out_of_order():
+    rig, fences = fenced_rig(2)
+    ex, m = rig.executor, rig.manager
+    obs = m.observer = Calls("deferred", "undeferred", "copy_started", "copy_finished")
+    items = {r: rig.item(2, r) for r in (1, 2)}
+    for r in (1, 2):
+        rig.open_room(r)
+    assert ex.execute([("r1", items[1]), ("r2", items[2])]) == 2
+    dump = ex.dump_state().splitlines()
+    assert dump[1:3] == ["  slot 0: copying room=1", "  slot 1: copying room=2"]
+    assert ex.health()["slots"] == {"free": 0, "copying": 2, "staged": 0, "parked": 0, "sending": 0,
+                                    "quarantined": 0, "retired": 0}
+    assert ex.finish_copies() == 0 and ex.poll() == 0
+    assert rig.transport.submitted == 0  # no write may read a slot whose copy is pending
+    fences.made[1].done = True
+    assert ex.poll() == 2  # room 2's copy finished, and its write reported
+    assert (m.room_status(1), m.room_status(2)) == ("ready", "success")
+    fences.made[0].done = True
+    assert ex.poll() == 2
+    assert m.room_status(1) == "success"
+    assert all(rig.delivered_ok(r, f"p{r}", items[r]) for r in (1, 2))
+    assert obs.calls == [("copy_started", 1), ("copy_started", 2), ("copy_finished", 2), ("copy_finished", 1)]
+    assert ex.poll() == 0
+
+
+# -- senders: registration, the one item rule, reaping -----------------------------------------
+
+def test_registration_and_the_one_item_rule():
+    rig = make_rig()
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    ex.register("r", "prefill-host", 8998, 1)
+    sender = ex.senders["r"]
+    assert (sender.request_id, sender.room, sender.bootstrap_host, sender.bootstrap_port) == ("r", 1, "prefill-host", 8998)
+    with pytest.raises(ValueError, match="'r'"):
+        ex.register("r", "prefill-host", 8998, 2)
+    assert m.room_status(2) is None
+    m.register_receiver(rig.frame(1, "p1", 2))
+    t.inject("hold", session="p1")
+    ex.execute([("r", rig.item(2, 1))])
+    assert m.room_status(1) == "transferring"
+    ex.execute([("r", rig.item(2, 1))])
+    assert reason_text(m, 1) == "request 'r' sent a second item; a room carries exactly one"
+    # Items for requests never registered, or whose room already failed, are counted and dropped.
+    ex.register("late", "prefill-host", 8998, 2)
+    m.fail_room(2, "aborted")
+    ex.register("late2", "prefill-host", 8998, 3)
+    m.fail_room(3, "aborted")
+    for rid in ("nobody", "nobody-else", "late", "late2"):
+        ex.execute([(rid, rig.item(2, 7))])
+    assert counters(m.stats, "items_without_sender", "items_for_concluded_rooms", "items_refused") == {
+        "items_without_sender": 2, "items_for_concluded_rooms": 2, "items_refused": 0}
+
+
+def test_a_sender_concluded_twice_through_a_shared_manager_is_reaped_once():
+    # Two executors on one manager: a request bound to peer A's failed room 5 is concluded
+    # again when peer B's new room 5 (opened by the other executor) fails too.
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    ex2 = EncodeExecutor(m, TableTower(), "cpu", ring_slots=2, ring_bytes=4096)
+    assert m.register_receiver(rig.frame(5, "a1", 2, peer="A"))
+    assert m.fail_room(5, "a fails")
+    ex.register("x", "prefill-host", 8998, 5)
+    ex2.register("y", "prefill-host", 8998, 5, receiver="B")
+    m.fail_room(5, "b fails")
+    assert ex.reap_concluded_senders() == 1 and "x" not in ex.senders
+    assert ex2.reap_concluded_senders() == 1 and "y" not in ex2.senders
+
+
+def test_a_reused_request_id_is_not_reaped_when_an_old_room_id_concludes_again():
+    rig = make_rig(max_tombstones=1, announce_timeout=5.0)
+    ex, m = rig.executor, rig.manager
+    ex.register("old", "prefill-host", 8998, 5)
+    m.fail_room(5, "aborted")
+    assert ex.reap_concluded_senders() == 1
+    # A sender for a room that already failed binds to the failure; it is reaped too.
+    ex.register("late", "prefill-host", 8998, 5)
+    assert ex.reap_concluded_senders() == 1
+    ex.register("other", "prefill-host", 8998, 6)
+    m.fail_room(6, "aborted")  # with one tombstone kept, room 5's record goes
+    assert ex.reap_concluded_senders() == 1
+    assert m.room_status(5) is None
+    # Room id 5 comes back through a receiver's frame, and its announcement expires.
+    m.register_receiver(rig.frame(5, "p5", 2))
+    ex.register("late", "prefill-host", 8998, 7)  # the request id is used again, for room 7
+    m.register_receiver(rig.frame(7, "p7", 2))
+    rig.clock.advance(5.0)
+    ex.poll()
+    assert m.room_status(5) == "failed"
+    assert ex.reap_concluded_senders() == 0  # room 7's sender is live
+    item = rig.item(2, 7)
+    assert ex.execute([("late", item)]) == 1
+    ex.poll()
+    assert m.room_status(7) == "success" and rig.delivered_ok(7, "p7", item)
+
+
+# -- health and dumps --------------------------------------------------------------------------
+
+def test_health_counts_every_slot_state_and_live_room():
+    rig = make_rig()
+    ex, t = rig.executor, rig.transport
+    rig.open_room(1, rid="r")
+    ex.register("waiting", "prefill-host", 8998, 2)
+    t.inject("fail", session="p1")
+    ex.execute([("r", rig.item(2, 1))])
+    ex.poll()  # the write failed: its slot is quarantined, the room failed
+    h = ex.health()
+    assert h["slots"] == {"free": 3, "copying": 0, "staged": 0, "parked": 0, "sending": 0,
+                          "quarantined": 1, "retired": 0}
+    assert (h["quarantined"], h["rooms"], h["deferred"], h["writes_in_flight"]) == (1, 1, 0, 0)
+
+
+def test_dump_state_lists_slots_rooms_and_peers():
+    rig = make_rig(peer_fail_threshold=1)
+    ex, t = rig.executor, rig.transport
+    rig.held_room(1)  # room 1: its write is held in flight
+    # room 2: a sender and no receiver yet
+    ex.register("r2", "prefill-host", 8998, 2)
+    # room 3: one of its two receivers, so its chunk parks
+    rig.open_room(3, n=2)
+    ex.execute([("r3", rig.item(2, 3))])
+    # room 4: its write fails, and re-contacting the peer is refused
+    rig.open_room(4)
+    t.inject("fail", session="p4")
+    t.inject_contact("refuse", session="p4")
+    ex.execute([("r4", rig.item(2, 4))])
+    ex.poll()
+    assert ex.dump_state() == "\n".join([
+        "ring: 4 slots x 4096 B, 1 free, 0 deferred",
+        "  slot 0: sending room=1 writes=1",
+        "  slot 1: parked room=3",
+        "  slot 2: quarantined room=4",
+        "  slot 3: free",
+        "  room 1: transferring receivers=1/1",
+        "  room 2: registered receivers=0/?",
+        "  room 3: parked receivers=1/2 slot=1",
+        "  peer p1: up rooms=1",
+        "  peer p3: up rooms=1",
+        "  peer p4: down rooms=0 fails=1 (contact failed (refused))",
+    ])
+    with pytest.raises(ValueError, match=r"^format\b.*'svg'$"):
+        ex.dump_state("svg")

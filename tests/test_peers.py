@@ -7,11 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import Calls, ManagerRig, TableTower, make_rig, managed, reason_text  # noqa: E402
 
-from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, Outcome  # noqa: E402
+from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
+                               Outcome, ReceiverFrame)
+from epd_ring.executor.core.peers import Peer  # noqa: E402
+from epd_ring.executor.core.transport import Transport  # noqa: E402
+from epd_ring.fsm import InvalidTransition  # noqa: E402
 
 
 def room_for(rig, room, session, n_tokens=3):
@@ -215,3 +220,315 @@ def test_health_reports_lag_oldest_write_peers_slots_and_dump_shows_peers():
     assert "peer hung: down rooms=0 (no answer to contact within the connect deadline of 2.0 s)" \
         in rig.executor.dump_state()
     assert 'label="peer hung\\ndown"' in rig.executor.dump_state("dot")
+
+
+# -- first contact, and rooms that wait for it -------------------------------------------------
+
+def test_a_refused_contact_fails_the_room_with_the_edges_detail():
+    rig = make_rig()
+    m, t = rig.manager, rig.transport
+    t.inject_contact("hang", session="a")
+    m.register_receiver(rig.frame(1, "a", 2))
+    attempt = t.hung.pop("a")
+    reports = [[("a", attempt, False, "segment open failed: ENOENT")]]
+    t.peer_reports = lambda: reports.pop() if reports else []
+    assert m.poll() == 1
+    assert m.peers.get("a").state == "down"
+    reason = "peer a is down: contact failed (segment open failed: ENOENT)"
+    assert reason_text(m, 1) == reason
+    assert rig.told("a", 1) == [("failed", reason), ("released", "")]
+
+
+def test_frames_to_unreachable_or_too_many_peers_fail_their_room():
+    b = ManagerRig(max_peers=1)
+    m = b.m
+    assert m.register_receiver(b.frame(1, "p1", n=2))
+    assert m.register_receiver(b.frame(1, "p2", n=2)) is False  # p1 still has a live room
+    assert reason_text(m, 1) == "too many peers to add p2"
+    assert b.notices("p2") == [(1, "failed", "too many peers to add p2"), (1, "released", "")]
+
+    b = ManagerRig()
+    m = b.m
+    b.t.inject_contact("refuse", session="dead")
+    assert m.register_receiver(b.frame(2, "dead")) is False  # refused at first contact
+    reason = reason_text(m, 2)
+    assert reason is not None and reason.startswith("peer dead is down: ")
+    assert b.notices("dead") == [(2, "failed", reason), (2, "released", "")]
+    assert m.register_receiver(b.frame(3, "dead")) is False  # down and backing off: fails at once
+    assert reason_text(m, 3) == reason
+
+
+def test_a_down_peer_is_contacted_again_once_its_backoff_is_over():
+    b = ManagerRig(peer_backoff=5.0)
+    m = b.m
+    b.t.inject_contact("refuse", session="p1")  # the first contact only
+    assert m.register_receiver(b.frame(1, "p1")) is False
+    reason = reason_text(m, 1)
+    b.clock.advance(1.0)
+    assert m.register_receiver(b.frame(2, "p1")) is False  # still backing off: no new contact
+    assert reason_text(m, 2) == reason and b.t.contacts == 1
+    b.clock.advance(4.0)
+    assert m.register_receiver(b.frame(3, "p1"))  # contacted again, and it answers now
+    assert m.room_status(3) == "announced" and b.t.contacts == 2
+
+
+def test_chunks_wait_for_a_peer_in_contact_and_observers_see_their_writes():
+    rig = make_rig(write_timeout=30.0)
+    m, t, clock = rig.manager, rig.transport, rig.clock
+    rec = m.observer = Calls("writes_started", "write_reported")
+    t.inject_contact("hang", session="slow")
+    for room in (1, 2):
+        m.register_receiver(rig.frame(room, "slow", 2))
+        rig.send(room)
+    assert m.room_status(1) == m.room_status(2) == "transferring"
+    assert m.stats["waits_for_peer"] == 2 and t.submitted == 0 and rec.calls == []
+    clock.advance(2.0)
+    assert t.answer("slow", ok=True)
+    m.poll()  # the peer is up: both rooms submit their writes now, at t=2
+    assert rec.calls == [("writes_started", 1), ("writes_started", 2)] and t.submitted == 2
+    clock.advance(1.5)
+    m.poll()
+    assert rec.calls[2:] == [("write_reported", 1, Outcome.DONE, 2.0), ("write_reported", 2, Outcome.DONE, 2.0)]
+    assert m.room_status(1) == m.room_status(2) == "success"
+
+
+def test_a_parked_room_does_not_write_when_its_peer_comes_up():
+    rig = make_rig()
+    m, t = rig.manager, rig.transport
+    t.inject_contact("hang", session="p")
+    m.register_receiver(rig.frame(1, "p", 2, n=2, rank=0, shard=True))
+    rig.send(1)
+    assert m.room_status(1) == "parked"
+    assert t.answer("p", ok=True)
+    m.poll()
+    assert m.peers.get("p").state == "up"
+    assert m.room_status(1) == "parked" and t.submitted == 0  # it still waits for its second receiver
+    m.register_receiver(rig.frame(1, "q", 2, n=2, rank=1, shard=True))
+    m.poll()
+    assert m.room_status(1) == "success"
+    assert rig.delivered_ok(1, "p", rig.item(2, 1)) and rig.delivered_ok(1, "q", rig.item(2, 1))
+
+
+def test_a_driver_fires_a_peers_connect_deadline_early():
+    rig = make_rig(connect_timeout=5.0)
+    m, t = rig.manager, rig.transport
+    t.inject_contact("hang", session="p")
+    m.register_receiver(rig.frame(1, "p", 2))
+    m.register_receiver(rig.frame(2, "a", 2))  # a answers at once: up, no deadline
+    assert not m.expire_peer_now("nobody")
+    assert not m.expire_peer_now("a")
+    assert m.expire_peer_now("p")
+    assert m.peers.get("p").state == "down"
+    assert reason_text(m, 1) == "peer p is down: no answer to contact within the connect deadline of 5.0 s"
+    assert m.room_status(2) == "announced"
+    assert not m.expire_peer_now("p")  # its deadline is spent
+    assert len(m.deadlines) == 1  # room 2's announce deadline only
+
+
+class _InProcess(Transport):
+    """A transport with nothing to open: it overrides only what the seam requires."""
+
+    def __init__(self):
+        self.writes: list[tuple[str, list]] = []
+        self.done: list[tuple[int, Outcome]] = []
+        self.told: list[tuple[int, str, str]] = []
+
+    def register_memory(self, regions, owner=None):
+        pass
+
+    def submit_write(self, session, bufs):
+        self.writes.append((session, list(bufs)))
+        self.done.append((len(self.writes), Outcome.DONE))
+        return len(self.writes)
+
+    def poll(self):
+        out, self.done = self.done, []
+        return out
+
+    def notify(self, frame, room, status, reason=""):
+        self.told.append((room, status, reason))
+
+
+def test_a_transport_that_does_not_implement_connect_reaches_its_peers_at_once():
+    t = _InProcess()
+    assert t.connect("a:1", 1) is True and t.peer_reports() == []
+    clock = FakeClock()
+    manager = EncodeManager(t, clock)
+    ex = EncodeExecutor(manager, TableTower(), "cpu", ring_slots=1, ring_bytes=4096)
+    ex.register("r1", "h", 1, 1)
+    dst = torch.zeros(2, 8)
+    manager.register_receiver(ReceiverFrame(room=1, session="a:1", dst_ptr=dst.data_ptr(), dst_deep_ptr=0,
+                                            n_tokens=2, row_start=0, span=2, hidden=8, dtype="torch.float32",
+                                            has_deepstack=False, n_receivers=1))
+    ex.execute([("r1", EncodeItem(modality="image", n_tokens=2, meta={"seed": 3}))])
+    ex.poll()
+    assert [s for s, _ in t.writes] == ["a:1"]  # written without waiting for any contact report
+    assert manager.room_status(1) == "success" and (1, "success", "") in t.told
+
+
+# -- the peer table ----------------------------------------------------------------------------
+
+def table(**kw):
+    clock, t, manager = managed(**kw)
+    return clock, t, manager.peers
+
+
+def test_a_fresh_peer_is_idle():
+    _, _, peers = table()
+    peer = Peer("z", peers)
+    # timer, due and retry_at are read only once armed or down; a fresh peer has no deadline
+    assert (peer.state, peer.fails, peer.attempt, peer.reason) == ("unknown", 0, 0, "")
+    assert not peer.timer and peer.rooms == set()
+
+
+def test_idle_peers_forgotten_to_stay_bounded_are_counted():
+    _, t, peers = table(max_peers=2)
+    for s in ("p0", "p1", "p2", "p3"):
+        t.add_receiver(s)
+        assert peers.contact(s).state == "up"
+    assert list(peers.by_session) == ["p2", "p3"]
+    assert dict(peers.stats) == {"contacts": 4, "connected": 4, "peers_forgotten": 2}
+
+
+def test_a_full_table_of_busy_peers_refuses_new_ones_and_counts_each():
+    _, t, peers = table(max_peers=1)
+    t.inject_contact("hang", session="p0")  # a peer being contacted is never forgotten
+    assert peers.contact("p0").state == "connecting"
+    assert peers.contact("p1") is None and peers.contact("p2") is None
+    assert list(peers.by_session) == ["p0"]
+    assert dict(peers.stats) == {"contacts": 1, "peers_refused": 2}
+
+
+def test_each_refused_contact_puts_the_peer_down_once():
+    clock, t, peers = table(peer_backoff=1.0)
+    t.add_receiver("x")
+    t.inject_contact("refuse", session="x", count=2)
+    peer = peers.contact("x")
+    assert peer.state == "down" and peer.reason == "contact failed (refused)"
+    assert peers.snapshot() == {"x": {"state": "down", "fails": 0, "rooms": 0, "reason": "contact failed (refused)"}}
+    clock.advance(1.0)
+    assert peers.contact("x").state == "down"
+    clock.advance(1.0)
+    assert peers.contact("x").state == "up"
+    assert dict(peers.stats) == {"contacts": 3, "down": 2, "connected": 1}
+
+
+def test_a_transport_that_raises_on_contact_counts_as_a_refusal():
+    _, t, peers = table()
+
+    def connect(session, attempt):
+        raise RuntimeError("boom")
+
+    t.connect = connect
+    peer = peers.contact("x")
+    assert peer.state == "down" and peer.reason == "contact failed (RuntimeError: boom)"
+    assert peers.snapshot()["x"]["fails"] == 0
+    assert dict(peers.stats) == {"contacts": 1, "down": 1}
+
+
+def test_a_refusal_reported_without_detail_reads_refused():
+    _, t, peers = table()
+    t.inject_contact("hang", session="y")
+    peer = peers.contact("y")
+    peers.report("y", 1, False)
+    assert peer.state == "down" and peer.reason == "contact failed (refused)"
+
+
+def test_one_contact_at_a_time_each_attempt_numbered_and_one_deadline_armed():
+    clock, t, m = managed(connect_timeout=2.0, peer_backoff=1.0)
+    peers = m.peers
+    t.add_receiver("x")
+    t.inject_contact("hang", session="x")
+    peer = peers.contact("x")
+    assert peer.state == "connecting" and t.hung == {"x": 1} and len(peers.deadlines) == 1
+    assert peers.snapshot() == {"x": {"state": "connecting", "fails": 0, "rooms": 0, "reason": ""}}
+    assert peers.contact("x") is peer  # a second frame while contacting starts nothing new
+    assert t.contacts == 1 and t.hung == {"x": 1} and len(peers.deadlines) == 1
+    clock.advance(2.0)
+    m.poll()
+    assert peer.state == "down" and len(peers.deadlines) == 0
+    assert peer.reason == "no answer to contact within the connect deadline of 2.0 s"
+    t.answer("x", ok=True)  # answers attempt 1, whose deadline passed: stale
+    m.poll()
+    assert peer.state == "down"
+    clock.advance(1.0)
+    t.inject_contact("hang", session="x")
+    assert peers.contact("x").state == "connecting" and t.hung == {"x": 2}
+    peers.report("x", 1, True)  # the old attempt again, now while attempt 2 is in flight: stale
+    peers.report("nobody", 1, True)  # a session the table does not know: stale
+    assert peer.state == "connecting" and len(peers.deadlines) == 1
+    t.answer("x")
+    m.poll()
+    assert peer.state == "up" and peer.reason == "" and len(peers.deadlines) == 0
+    assert dict(peers.stats) == {"contacts": 2, "down": 1, "reports_stale": 3, "connected": 1}
+
+
+# -- write reports and the peer ----------------------------------------------------------------
+
+def test_threshold_failures_make_an_up_peer_suspect_and_recheck_it_each_time():
+    _, t, peers = table(peer_fail_threshold=2)
+    t.add_receiver("b")
+    peer = peers.contact("b")
+    for _ in range(2):
+        peers.write_failed(peer)
+        assert peer.state == "up" and peer.fails == 1
+        peers.write_failed(peer)  # at the threshold: suspect, re-checked, answers at once
+        assert peer.state == "up" and peer.fails == 0
+    assert dict(peers.stats) == {"contacts": 3, "connected": 3, "suspect": 2}
+
+
+def test_write_reports_never_move_a_peer_that_is_not_up():
+    _, t, peers = table(peer_fail_threshold=1)
+    t.add_receiver("b")
+    peer = peers.contact("b")
+    t.inject_contact("hang", session="b")
+    peers.write_failed(peer)
+    assert peer.state == "suspect" and peer.fails == 1
+    peers.write_ok(peer)  # a write that lands does not replace the re-check
+    assert peer.state == "suspect" and peer.fails == 0
+    peers.write_failed(peer)
+    assert peer.state == "suspect" and peer.fails == 1
+    peers.expired(peer)
+    assert peer.state == "down"
+    peers.write_ok(peer)
+    assert peer.state == "down" and peer.fails == 0
+    peers.write_failed(peer)
+    assert peer.state == "down" and peer.fails == 1
+    assert dict(peers.stats) == {"contacts": 2, "connected": 1, "suspect": 1, "down": 1}
+
+
+def test_a_write_report_for_a_peer_never_contacted_is_an_undeclared_transition():
+    _, _, peers = table()
+    with pytest.raises(InvalidTransition) as e:
+        peers.write_ok(Peer("z", peers))
+    assert (e.value.machine, e.value.state, e.value.event) == ("peer", "unknown", "write_ok")
+
+
+@pytest.mark.parametrize("outcome", [Outcome.DONE, Outcome.FAILED])
+def test_a_write_reported_while_its_peer_is_contacted_again_leaves_the_contact_to_decide(outcome):
+    # Bug found here: the report of a write submitted before the peer went down, arriving while a
+    # later frame's contact with it was in flight, raised InvalidTransition out of poll().
+    rig = make_rig(slots=8, peer_fail_threshold=1, peer_backoff=1.0)
+    rig.receiver("b")
+    rig.transport.inject("hold", session="b")
+    rig.transport.inject("fail", session="b")
+    first, second = room_for(rig, 1, "b"), room_for(rig, 2, "b")
+    rig.transport.inject_contact("refuse", session="b")  # the re-check after the failure
+    rig.executor.execute([first, second])
+    rig.executor.poll()
+    peer = rig.manager.peers.get("b")
+    assert peer.state == "down" and len(rig.transport.held) == 1
+    rig.clock.advance(1.0)
+    rig.transport.inject_contact("hang", session="b")
+    third = room_for(rig, 3, "b")
+    assert peer.state == "connecting"
+    rig.transport.complete(rig.transport.held[0], outcome)
+    rig.executor.poll()
+    assert peer.state == "connecting"
+    assert rig.manager.room_status(1) == rig.manager.room_status(2) == "failed"
+    rig.transport.answer("b", ok=True)
+    rig.executor.poll()
+    assert peer.state == "up" and peer.fails == 0
+    rig.executor.execute([third])
+    rig.executor.poll()
+    assert rig.manager.room_status(3) == "success" and rig.delivered_ok(3, "b", third[1])

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import ManagerRig, make_rig, reason_text  # noqa: E402
 
 from epd_ring.executor import Outcome  # noqa: E402
+from epd_ring.executor.core.regions import (WITHDRAW_MAGIC, Reply, WithdrawError, withdraw_from_parts,  # noqa: E402
+                                            withdraw_to_parts)
 from epd_ring.fsm import REGION, InvalidTransition  # noqa: E402
 
 
@@ -218,3 +220,104 @@ def test_reference_receiver_reuses_memory_only_once_released():
     r.on_notice(3, "failed")
     r.on_notice(3, "withdrawn")
     assert 3 not in r.regions and r.status == {1: ["failed"], 2: ["success", "success"], 3: ["failed"]}
+
+
+# -- withdraws in the manager ------------------------------------------------------------------
+
+def test_a_receivers_withdraw_fails_its_room_for_everyone():
+    b = ManagerRig()
+    m = b.m
+    assert m.register_receiver(b.frame(1, "p1", n=2))
+    assert m.register_receiver(b.frame(1, "p2", n=2))
+    assert m.withdraw(1, "p1") == "failed"
+    reason = "receiver p1 withdrew"
+    assert reason_text(m, 1) == reason
+    assert b.notices("p1", 1) == [(1, "failed", reason), (1, "withdrawn", "")]
+    assert b.notices("p2", 1) == [(1, "failed", reason), (1, "released", "")]
+
+
+def test_withdraw_of_an_unknown_region_is_acked_to_the_address_given():
+    b = ManagerRig()
+    m = b.m
+    assert m.withdraw(9, "x1", "tcp://10.0.0.1:7000", "C") == "acked"
+    assert b.t.told[-1] == (Reply(9, "x1", "tcp://10.0.0.1:7000", "C"), 9, "withdrawn", "")
+    assert m.withdraw(9, "x2") == "acked"
+    reply = b.t.told[-1][0]
+    assert (reply.room, reply.session, reply.status_endpoint, reply.peer) == (9, "x2", "", "")
+    assert m.stats["withdraws"] == 2 and m.stats["told_withdrawn"] == 2
+    # a live room the session has no frame in: acked too, and the room is untouched
+    assert m.register_receiver(b.frame(4, "p4", n=2))
+    assert m.withdraw(4, "x3", "tcp://10.0.0.1:7001") == "acked"
+    assert b.t.told[-1] == (Reply(4, "x3", "tcp://10.0.0.1:7001", ""), 4, "withdrawn", "")
+    assert m.room_status(4) == "announced"
+
+
+def test_a_reopened_room_releases_regions_it_never_wrote_at_once():
+    # Room 5 fails with A's write still in flight; A's session s1 is then released (A's
+    # session cap of one) and claimed by B, whose request reopens room 5. When that room
+    # fails before any write of its own, s1's region is free at once: the old write in
+    # flight belongs to the previous room, not to this one.
+    b = ManagerRig(max_sessions_per_peer=1)
+    m = b.m
+    assert m.bind_sender(5, receiver="A") == "registered"
+    b.t.inject("hold")
+    assert m.register_receiver(b.frame(5, "s1", peer="A"))
+    assert m.submit_chunk(5, b.chunk()) and m.writes_in_flight == 1
+    assert m.fail_room(5, "x")
+    assert b.notices("s1") == [(5, "failed", "x")]  # its release waits for the write
+    assert m.register_receiver(b.frame(6, "s2", n=2, peer="A"))  # A's oldest session, s1, is let go
+    assert m.bind_sender(5, receiver="B") == "registered"
+    assert m.register_receiver(b.frame(5, "s1", peer="B"))
+    assert m.fail_room(5, "y")
+    assert b.notices("s1") == [(5, "failed", "x"), (5, "failed", "y"), (5, "released", "")]
+
+
+# -- the withdraw message (receiver -> encoder) ------------------------------------------------
+
+def test_withdraw_parts_are_the_magic_the_decimal_room_and_the_two_strings():
+    assert withdraw_to_parts(7, "10.0.0.2:17000", "tcp://10.0.0.2:5555") == [
+        WITHDRAW_MAGIC, b"7", b"10.0.0.2:17000", b"tcp://10.0.0.2:5555"]
+    assert withdraw_to_parts(1234, "s") == [WITHDRAW_MAGIC, b"1234", b"s", b""]  # no status endpoint
+
+
+def test_withdraw_round_trips_to_a_reply_with_every_field():
+    reply = withdraw_from_parts(withdraw_to_parts(7, "10.0.0.2:17000", "tcp://10.0.0.2:5555"))
+    assert reply == Reply(7, "10.0.0.2:17000", "tcp://10.0.0.2:5555", "")
+    assert type(reply.room) is int and reply.peer == ""  # the peer is the control plane's to fill in
+    assert withdraw_from_parts(withdraw_to_parts(0, "s")) == Reply(0, "s", "", "")
+    # Parts arrive as zmq frames or memoryviews as often as bytes.
+    parts = [memoryview(p) for p in withdraw_to_parts(42, "a:1", "e")]
+    assert withdraw_from_parts(parts) == Reply(42, "a:1", "e")
+
+
+def test_withdraw_bounds_are_inclusive_at_their_limits():
+    # A room of 20 decimal digits (a u64 fits in 20) is the longest accepted.
+    assert withdraw_from_parts([WITHDRAW_MAGIC, b"9" * 20, b"s", b""]).room == int("9" * 20)
+    # Session and status endpoint: at most 256 ASCII bytes each.
+    top = withdraw_from_parts([WITHDRAW_MAGIC, b"1", b"s" * 256, b"e" * 256])
+    assert top == Reply(1, "s" * 256, "e" * 256)
+
+
+@pytest.mark.parametrize("parts, field, echoed", [
+    ([WITHDRAW_MAGIC, b"1", b"s"], "withdraw message", None),
+    ([WITHDRAW_MAGIC, b"1", b"s", b"", b""], "withdraw message", None),
+    ([b"epd-ring/withdraw/2", b"1", b"s", b""], "withdraw message", None),
+    ([b"epd-ring/frame/1", WITHDRAW_MAGIC, b"s", b""], "withdraw message", None),
+    ([WITHDRAW_MAGIC, b"", b"s", b""], "room", b""),
+    ([WITHDRAW_MAGIC, b"-8", b"s", b""], "room", b"-8"),
+    ([WITHDRAW_MAGIC, b"x" * 30, b"s", b""], "room", b"x" * 24),  # at most 24 bytes of it echoed
+    ([WITHDRAW_MAGIC, b"1" * 21, b"s", b""], "room", b"1" * 21),
+    ([WITHDRAW_MAGIC, b"1", b"s" * 257, b""], "session", None),
+    ([WITHDRAW_MAGIC, b"1", "s\u00e9".encode(), b""], "session", None),
+    ([WITHDRAW_MAGIC, b"1", b"s", b"e" * 257], "status_endpoint", None),
+    ([WITHDRAW_MAGIC, b"1", b"s", b"\xff"], "status_endpoint", None),
+    ([WITHDRAW_MAGIC, b"1", b"", b"e"], "session", None),
+])
+def test_each_bad_withdraw_is_refused_naming_what_is_wrong(parts, field, echoed):
+    with pytest.raises(WithdrawError) as err:
+        withdraw_from_parts(parts)
+    message = str(err.value)
+    assert field in message
+    if echoed is not None:
+        assert message.endswith(repr(echoed))
+    assert isinstance(err.value, ValueError)  # callers that catch ValueError refuse it too

@@ -9,6 +9,7 @@ test also checks the victim's bytes and that nothing else was lost.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -16,9 +17,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig  # noqa: E402
 
-from epd_ring.executor import FrameError  # noqa: E402
+from epd_ring.executor import FrameError, RoomConflict  # noqa: E402
+from epd_ring.executor.core.tenancy import Tenancy  # noqa: E402
 from epd_ring.executor.core.frames import check_frame, frame_from_parts, frame_to_parts  # noqa: E402
 
 VICTIM, ATTACKER = "key-victim", "key-attacker"
@@ -190,3 +192,175 @@ def test_a_withdraw_from_another_peer_touches_nothing():
     run(rig, (rid, item))
     assert rig.manager.room_status(6) == "success" and rig.delivered_ok(6, "victim:1", item)
     assert rig.receiver("victim:1").statuses(6) == ["success"]
+
+
+# -- which identity a room belongs to ----------------------------------------------------------
+
+def test_a_sender_binds_to_its_own_peers_failure_and_its_room():
+    b = ManagerRig()
+    m = b.m
+    ev = m.observer = Calls("room_opened")
+    b.announced_failed(1, "a1", "bad frame", peer="A")
+    assert m.bind_sender(1, receiver="A") == "failed"  # A's own failure binds its request
+    assert m.bind_sender(1) == "failed"  # unnamed: whatever failed the room, it stays failed
+    assert m.register_receiver(b.frame(2, "a2", n=2, peer="A"))
+    assert m.bind_sender(2, receiver="A") == "registered"  # A's announced room is A's to bind
+    assert m.register_receiver(b.frame(3, "a3", n=1, peer="A"))
+    assert m.bind_sender(3) == "ready"  # unnamed binds to whoever announced
+    assert m.stats["foreign_announcements"] == 0 and m.stats["failed"] == 1
+    assert ev.calls == [("room_opened", 1), ("room_opened", 2), ("room_opened", 3)]  # binding opens no second record
+
+
+def test_a_room_announced_by_another_peer_fails_for_it_and_opens_anew():
+    b = ManagerRig()
+    m = b.m
+    ev = m.observer = Calls("room_opened")
+    assert m.register_receiver(b.frame(3, "a3", n=2, peer="A"))
+    assert m.bind_sender(3, receiver="B") == "registered"
+    why = "room not open to this receiver"
+    assert b.notices("a3", 3) == [(3, "failed", why), (3, "released", "")]
+    assert m.stats["foreign_announcements"] == 1 and m.stats["failed"] == 1
+    assert m.room_status(3) == "registered" and ev.calls == [("room_opened", 3), ("room_opened", 3)]
+    assert m.register_receiver(b.frame(3, "b3", n=1, peer="B"))  # B's frame now completes the room
+    assert m.room_status(3) == "ready"
+    assert m.register_receiver(b.frame(3, "a4", n=1, peer="A")) is False  # and A is out
+    # a room that already has its sender is not taken over, whoever binds it
+    assert m.bind_sender(4, receiver="A") == "registered"
+    with pytest.raises(RoomConflict):
+        m.bind_sender(4, receiver="B")
+    assert m.stats["foreign_announcements"] == 1
+    assert m.register_receiver(b.frame(8, "a8", n=2, peer="A"))
+    assert m.bind_sender(8, receiver="C") == "registered"  # each such room is counted
+    assert m.stats["foreign_announcements"] == 2 and m.stats["failed"] == 2
+
+
+def test_a_named_receiver_owns_the_room_of_its_sender():
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    ex.register("r", "prefill-host", 8998, 1, receiver="alice")
+    assert not m.register_receiver(rig.frame(1, "p1", 2, peer="mallory"))
+    assert m.room_status(1) == "registered"
+    assert m.register_receiver(rig.frame(1, "p2", 2, peer="alice"))
+    assert m.room_status(1) == "ready"
+
+
+def test_frames_for_a_room_of_another_peer_live_or_concluded_are_told_the_same():
+    b = ManagerRig()
+    m = b.m
+    assert m.bind_sender(1, receiver="A") == "registered"
+    b.announced_failed(2, "a2", "secret", peer="A")
+    why = "room not open to this receiver"
+    assert m.register_receiver(b.frame(1, "b1", peer="B")) is False
+    assert m.register_receiver(b.frame(2, "b1", peer="B")) is False
+    assert b.notices("b1") == [(1, "failed", why), (2, "failed", why)]
+    assert m.stats["frames_foreign"] == 2 and m.stats["late_frames"] == 0
+    assert m.room_status(1) == "registered"
+
+
+def test_foreign_frames_are_told_failed_counted_and_warned_once_a_second(caplog):
+    caplog.set_level(logging.WARNING, logger="epd_ring.manager")
+    b = ManagerRig()
+    m = b.m
+    assert m.bind_sender(1, receiver="A") == "registered"
+    assert m.register_receiver(b.frame(1, "b1", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "b2", peer="B")) is False
+    assert m.stats["frames_foreign"] == 2
+    why = "room not open to this receiver"
+    assert b.notices("b1") == [(1, "failed", why)] and b.notices("b2") == [(1, "failed", why)]
+    assert m.room_status(1) == "registered"
+    b.clock.advance(0.5)
+    assert m.withdraw(1, "b3", peer="B") == "refused"  # same key: held back too
+    b.clock.advance(0.5)
+    assert m.register_receiver(b.frame(1, "b4", peer="B")) is False
+    # frames and withdraws from another identity share one line a second; the next counts those held back
+    lines = log_lines(caplog)
+    assert len(lines) == 2 and "another peer" in lines[0] and re.search(r"\b2 more\b", lines[1])
+    b.clock.advance(1.0)
+    assert m.withdraw(1, "b5", peer="B") == "refused"
+    lines = log_lines(caplog)
+    assert len(lines) == 3 and "withdraw" in lines[-1] and re.search(r"\broom 1\b", lines[-1])
+
+
+def test_withdraw_of_another_peers_session_or_room_is_refused_and_counted(caplog):
+    caplog.set_level(logging.WARNING, logger="epd_ring.manager")
+    b = ManagerRig()
+    m = b.m
+    assert m.register_receiver(b.frame(1, "a1", n=2, peer="A"))  # A claims session a1 and room 1
+    told = len(b.t.told)
+    assert m.withdraw(2, "a1", peer="B") == "refused"  # A's session, no room
+    assert m.withdraw(1, "b1", peer="B") == "refused"  # B's fresh session, A's room
+    assert m.stats["withdraws"] == 2 and m.stats["withdraws_foreign"] == 2
+    assert len(b.t.told) == told and m.room_status(1) == "announced"
+    # one line per second for what a peer can provoke at will
+    (line,) = log_lines(caplog)
+    assert "withdraw" in line and re.search(r"\broom 2\b", line)
+    assert m.withdraw(1, "a1", peer="A") == "failed"
+    assert m.stats["withdraws"] == 3 and m.stats["withdraws_foreign"] == 2
+
+
+# -- sessions: which identity names which ------------------------------------------------------
+
+def test_frames_from_another_peers_session_get_no_answer(caplog):
+    caplog.set_level(logging.WARNING, logger="epd_ring.manager")
+    b = ManagerRig()
+    m = b.m
+    assert m.register_receiver(b.frame(1, "s1", n=2, peer="A"))
+    told = list(b.t.told)
+    assert m.register_receiver(b.frame(2, "s1", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "s1", n=2, peer="B")) is False
+    assert b.t.told == told and m.room_status(2) is None and m.stats["frames_foreign"] == 2
+    (line,) = log_lines(caplog)
+    assert "session" in line
+
+
+def test_a_frame_that_cannot_claim_its_session_is_told_why():
+    b = ManagerRig()
+    m = b.m
+    m.tenancy.max_sessions = 1  # the bound on sessions in all, lowered to reach it
+    assert m.register_receiver(b.frame(1, "a1", peer="A"))
+    assert m.register_receiver(b.frame(2, "b1", peer="B")) is False
+    assert b.notices("b1") == [(2, "failed", "too many receiver sessions (1)")]
+    assert m.room_status(2) is None and m.stats["frames_foreign"] == 1
+
+
+def test_a_session_belongs_to_the_first_peer_that_names_it():
+    t = Tenancy()
+    assert t.session_owner("a:1") is None and len(t) == 0
+    assert t.claim("alice", "a:1") == "" and t.session_owner("a:1") == "alice"
+    assert t.claim("alice", "a:1") == ""  # already hers: fine
+    assert t.claim("bob", "a:1") == "session belongs to another receiver"
+    assert t.session_owner("a:1") == "alice" and len(t) == 1
+    assert t.claim("bob", "b:1") == "" and t.session_owner("b:1") == "bob" and len(t) == 2
+
+
+def test_a_peer_at_its_session_cap_gives_up_its_own_least_recently_named_session():
+    t = Tenancy(max_sessions_per_peer=2)
+    assert t.claim("alice", "a:1") == "" and t.claim("alice", "a:2") == "" and t.claim("bob", "b:1") == ""
+    assert t.claim("alice", "a:1") == ""  # named again: a:2 is now her least recently named
+    assert t.claim("alice", "a:3") == ""
+    assert [t.session_owner(s) for s in ("a:1", "a:2", "a:3", "b:1")] == ["alice", None, "alice", "bob"]
+    assert len(t) == 3
+    assert t.claim("bob", "a:2") == ""  # released, so anyone may claim it now
+    assert t.claim("alice", "a:4") == ""  # her oldest is a:1 now; bob's sessions are never touched
+    assert [t.session_owner(s) for s in ("a:1", "a:2", "a:3", "a:4", "b:1")] == [None, "bob", "alice", "alice", "bob"]
+
+
+def test_sessions_in_all_are_bounded_and_a_claim_past_the_bound_is_refused():
+    t = Tenancy(max_sessions_per_peer=10, max_sessions=2)
+    assert t.claim("alice", "a:1") == "" and t.claim("bob", "b:1") == ""
+    assert t.claim("carol", "c:1") == "too many receiver sessions (2)"
+    assert t.session_owner("c:1") is None and len(t) == 2
+    assert t.claim("alice", "a:1") == ""  # an existing session is still fine
+
+
+def test_tenancy_default_bounds():
+    t = Tenancy()  # 256 sessions per peer: the 257th releases the peer's first
+    for k in range(257):
+        assert t.claim("alice", f"a:{k}") == ""
+    assert t.session_owner("a:0") is None and t.session_owner("a:1") == "alice" and len(t) == 256
+    t.announced["alice"] = 1023  # 1024 rooms announced per peer
+    assert t.may_announce("alice") and t.may_announce("bob")
+    t.announced["alice"] += 1
+    assert not t.may_announce("alice") and t.may_announce("bob")
+    # 65536 sessions in all: the bound enforced as shown above (filling it here would take too long).
+    assert t.max_sessions == 65536

@@ -36,6 +36,19 @@ def equivalent_names() -> set[str]:
     return set(re.findall(r"`(epd_ring\.[^`]+__mutmut_\d+)`", text))
 
 
+def copy_tests(files: list[str], dest: Path) -> list[str]:
+    """Copy test files into the staging tree's tests/ (as tests/NAME), with the shared rigs they
+    import (tests/helpers.py beside them), which may be newer than the staged copy."""
+    names = []
+    for f in files:
+        shutil.copy(f, dest / Path(f).name)
+        names.append(f"tests/{Path(f).name}")
+    for rigs in {Path(f).resolve().parent / "helpers.py" for f in files}:
+        if rigs.exists():
+            shutil.copy(rigs, dest / "helpers.py")
+    return names
+
+
 def start_child(files: list[str], mutant: str) -> int:
     pid = os.fork()
     if pid == 0:
@@ -112,10 +125,7 @@ def main() -> int:
     os.chdir("mutants")
     sys.path.insert(0, "src")
     os.environ["EPD_RING_EXPECT_ROOT"] = str(Path("src").resolve())
-    tests = []
-    for f in args.files:
-        shutil.copy(f, Path("tests") / Path(f).name)
-        tests.append(f"tests/{Path(f).name}")
+    tests = copy_tests(args.files, Path("tests"))
     for nodeid in args.deselect:
         tests += ["--deselect", nodeid]
 

@@ -17,10 +17,10 @@ CHILDREN="${MUTMUT_CHILDREN:-2}"
 
 mkdir -p "$WORK/src/epd_ring"
 # refresh sources and tests; keep mutants/ so an interrupted run resumes
-rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/docs"
+rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/diagrams"
 cp -a "$ROOT/fsm" "$ROOT/executor" "$ROOT/models" "$WORK/src/epd_ring/"
 cp -a "$ROOT/tests" "$WORK/tests"
-mkdir -p "$WORK/docs" && cp -a "$ROOT/docs/diagrams" "$WORK/docs/diagrams"  # test_diagrams checks the committed ones
+cp -a "$ROOT/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
 find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
 : > "$WORK/src/epd_ring/__init__.py"
 cat > "$WORK/pyproject.toml" <<'TOML'
@@ -28,18 +28,17 @@ cat > "$WORK/pyproject.toml" <<'TOML'
 source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
              "src/epd_ring/executor/tools", "src/epd_ring/models", "docs/diagrams"]
-# the unit tests of the machines, the controller, frames, regions, peers and the loopback transport,
-# the tests written for earlier survivors (tests/test_mut_*.py), and the two stateful suites on a small hypothesis
-# profile (EPD_RING_HYPOTHESIS=mutmut below); the model suites are too slow per mutant. mutmut
-# runs, per mutant, only the selected tests that reach the mutated function.
-pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compile.py", "tests/test_executor.py",
-                                      "tests/test_frames.py", "tests/test_loopback.py", "tests/test_core_edges.py",
-                                      "tests/test_late_frames.py", "tests/test_regions.py", "tests/test_peers.py",
-                                      "tests/test_drain.py", "tests/test_defects.py", "tests/test_trust.py",
-                                      "tests/test_diagrams.py", "tests/test_stateful.py",
-                                      "tests/test_mut_fsm.py", "tests/test_mut_executor.py", "tests/test_mut_manager_a.py",
-                                      "tests/test_mut_manager_b.py", "tests/test_mut_frames.py", "tests/test_mut_lrp.py",
-                                      "tests/test_mut_edges.py"]
+# the unit tests by topic (machines, frames, rooms, tombstones, writes, peers, regions, drain, the
+# executor and its items, the ring, the loopback transport, settings, ownership), and the two stateful
+# suites on a small hypothesis profile (EPD_RING_HYPOTHESIS=mutmut below); the model suites are too
+# slow per mutant. mutmut runs, per mutant, only the selected tests that reach the mutated function.
+pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compile.py", "tests/test_diagrams.py",
+                                      "tests/test_frames.py", "tests/test_rooms.py", "tests/test_late_frames.py",
+                                      "tests/test_trust.py", "tests/test_tombstones.py", "tests/test_writes.py",
+                                      "tests/test_peers.py", "tests/test_regions.py", "tests/test_drain.py",
+                                      "tests/test_executor.py", "tests/test_items.py", "tests/test_ring.py",
+                                      "tests/test_loopback.py", "tests/test_core_edges.py", "tests/test_settings.py",
+                                      "tests/test_defects.py", "tests/test_stateful.py"]
 # deselected: a subprocess demo (no mutant reaches it), the 10,000-room bound (2.5 s, and it runs
 # for every surviving mutant of the manager) and two graphviz renderings (the freshness check
 # below them catches a wrong diagram)

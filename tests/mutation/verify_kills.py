@@ -12,12 +12,11 @@ rescore.py), so a mutant costs the tests' own time, not a Python start and a tor
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rescore import run_child  # noqa: E402
+from rescore import copy_tests, run_child  # noqa: E402
 
 
 def main(prefix: str, files: list[str]) -> int:
@@ -26,10 +25,7 @@ def main(prefix: str, files: list[str]) -> int:
     from mutmut.utils.file_utils import walk_source_files
 
     os.environ.setdefault("EPD_RING_HYPOTHESIS", "mutmut")
-    tests = []
-    for f in files:
-        shutil.copy(f, Path("mutants/tests") / Path(f).name)
-        tests.append(f"tests/{Path(f).name}")
+    tests = copy_tests(files, Path("mutants/tests"))
     targets = []
     for path in walk_source_files():
         m = SourceFileMutationData(path=path)

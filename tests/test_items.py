@@ -1,0 +1,379 @@
+"""Items on their way into the ring: refused items, tower errors, modalities, engine item types,
+deepstack splitting, and staging (shapes, sizes, lazily negated views). Each bad item fails only its
+own room, with its reason, and the slot it leased goes back."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import Calls, Rig, TableTower, counters, make_rig, reason_text  # noqa: E402
+
+from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
+                               Modality)
+
+
+# -- bad items and tower errors ----------------------------------------------------------------
+
+def test_refused_items_fail_only_their_own_rooms_with_exact_reasons():
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    for rid, room in (("audio", 1), ("bare", 2), ("good", 3)):
+        ex.register(rid, "prefill-host", 8998, room)
+    m.register_receiver(rig.frame(3, "p3", 2))
+    good = rig.item(2, 3)
+    batch = [("audio", EncodeItem("audio", 2)),  # a modality the tower lacks
+             ("bare", object()),  # no modality at all
+             ("good", good),
+             ("ghost", EncodeItem("audio", 1)),  # never registered
+             (["unhashable"], EncodeItem("audio", 1))]  # cannot even name a request
+    assert ex.execute(batch) == 1
+    assert reason_text(m, 1) == "bad item EncodeItem: unsupported modality 'audio'"
+    assert reason_text(m, 2) == "bad item object: unsupported modality '<none>'"
+    assert m.room_status(3) == "transferring"
+    assert ex.poll() == 1  # the one write's outcome
+    assert m.room_status(3) == "success" and rig.delivered_ok(3, "p3", good)
+    # The refused item was request "audio"'s one item: another is a protocol error,
+    # not an item for a room that concluded meanwhile.
+    ex.send_item("audio", rig.item(2, 1))
+    assert reason_text(m, 1) == "bad item EncodeItem: unsupported modality 'audio'"
+    assert dict(m.stats) == {"items_refused": 4, "items_without_sender": 2, "failed": 2,
+                             "success": 1, "told_success": 1}
+    # A batch of one takes the same path.
+    ex.register("single", "prefill-host", 8998, 4)
+    assert ex.execute([("single", object())]) == 0
+    assert ex.execute([(["unhashable"], object())]) == 0
+    assert reason_text(m, 4) == "bad item object: unsupported modality '<none>'"
+    assert (m.stats["items_refused"], m.stats["items_without_sender"]) == (6, 3)
+
+
+def test_tower_error_without_a_message_is_named_by_its_type():
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    obs = m.observer = Calls("tower_failed")
+    for r in (1, 2, 3):
+        ex.register(f"r{r}", "prefill-host", 8998, r)
+    rig.tower.raise_next = RuntimeError()
+    batch = [("r1", rig.item(2, 1)), ("r2", rig.item(2, 2)), ("r1", rig.item(2, 1)), ("ghost", rig.item(2, 9))]
+    assert ex.execute(batch) == 0
+    assert [reason_text(m, r) for r in (1, 2)] == ["RuntimeError", "RuntimeError"]
+    assert obs.calls == [("tower_failed", [1, 2, 1])]  # the registered requests' rooms, as batched
+    rig.tower.raise_next = ValueError("out of memory")
+    assert ex.execute([("r3", rig.item(2, 3))]) == 0
+    assert reason_text(m, 3) == "out of memory"
+    assert (m.stats["tower_errors"], m.stats["failed"]) == (2, 3)
+
+
+class ReadOnlyItem:
+    """An engine item that refuses writes once encoded."""
+
+    modality = "image"
+    encoded_deepstack = None
+
+    def __init__(self, encoded):
+        object.__setattr__(self, "encoded", encoded)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"read-only item: {name}")
+
+
+def test_an_item_that_breaks_the_send_path_fails_only_its_room():
+    rig = make_rig(slots=1)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    t.inject("hold", session="p1")
+    for r in (1, 2, 3):
+        rig.open_room(r)
+    ex.execute([("r1", rig.item(2, 1))])
+    # Deferring clones the embedding into the item, which this item refuses.
+    ex.send_item("r2", ReadOnlyItem(torch.ones(2, 8)))
+    assert reason_text(m, 2) == "item could not be sent: AttributeError: read-only item: encoded"
+    ex.send_item(["unhashable"], ReadOnlyItem(torch.ones(2, 8)))
+    item3 = rig.item(2, 3)
+    assert ex.execute([("r3", item3)]) == 1  # deferred, as the ring is still full
+    t.complete(t.held[0])
+    ex.poll()
+    ex.poll()
+    assert m.room_status(3) == "success" and rig.delivered_ok(3, "p3", item3)
+    assert counters(m.stats, "items_refused", "items_without_sender", "deferred") == {
+        "items_refused": 2, "items_without_sender": 1, "deferred": 1}
+
+
+# -- modalities and engine item types ----------------------------------------------------------
+
+class PlainTower:
+    """A tower with only the encoders: no deepstack attribute, no splitter."""
+
+    def __init__(self, hidden: int = 8, batch_dim: bool = False):
+        self.hidden = hidden
+        self.batch_dim = batch_dim
+
+    def image_encoder(self, items):
+        rows = sum(tokens(i) for i in items)
+        out = torch.arange(rows * self.hidden, dtype=torch.float32).reshape(rows, self.hidden)
+        return out.unsqueeze(0) if self.batch_dim else out  # some towers keep a batch dimension
+
+    get_video_feature = image_encoder
+
+
+def tokens(item) -> int:
+    """The rows a tower makes for an item: n_tokens, else its inclusive token ranges, else 1."""
+    if getattr(item, "n_tokens", None) is not None:
+        return item.n_tokens
+    return sum(e - s + 1 for s, e in item.offsets) if hasattr(item, "offsets") else 1
+
+
+def plain_rig(**kw):
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    manager = EncodeManager(transport, clock)
+    ex = EncodeExecutor(manager, PlainTower(**kw), "cpu", ring_slots=2, ring_bytes=4096)
+    return Rig(clock, transport, manager, ex, TableTower())
+
+
+class EngineItem:
+    """An engine's own item: token ranges instead of n_tokens (inclusive (start, end))."""
+
+    def __init__(self, modality, offsets):
+        self.modality = modality
+        self.offsets = offsets
+        self.encoded = None
+        self.encoded_deepstack = None
+
+
+def test_engine_items_count_tokens_from_their_offsets():
+    rig = plain_rig()
+    ex, m = rig.executor, rig.manager
+    a = EngineItem("image", [(0, 3), (10, 11)])  # 4 + 2 tokens
+    b = EngineItem("video", [(5, 5)])  # 1 token
+    for r, n in ((1, 6), (2, 1)):
+        rig.open_room(r, rows=n)
+    assert ex.execute([("r1", a), ("r2", b)]) == 2
+    assert a.encoded.shape == (6, 8) and b.encoded.shape == (1, 8)
+    ex.poll()
+    assert [m.room_status(r) for r in (1, 2)] == ["success", "success"]
+
+
+def test_an_item_without_a_token_count_fails_its_batch_naming_its_type():
+    rig = plain_rig()
+    ex, m = rig.executor, rig.manager
+
+    class Uncounted:
+        modality = "image"
+        encoded = encoded_deepstack = None
+
+    ex.register("r", "prefill-host", 8998, 1)
+    assert ex.execute([("r", Uncounted())]) == 0
+    assert reason_text(m, 1) == "cannot count tokens of Uncounted: no n_tokens or offsets"
+
+
+class EngineModality(enum.Enum):
+    IMAGE = "Image"
+    VIDEO = "Video"
+
+
+def test_modalities_are_matched_by_value_and_case_insensitively():
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    items = {1: EncodeItem(Modality.VIDEO, 2, meta={"seed": 1}), 2: EncodeItem("IMAGE", 2, meta={"seed": 2}),
+             3: EncodeItem(Modality.IMAGE, 2, meta={"seed": 3})}
+    for r in items:
+        ex.register(f"r{r}", "prefill-host", 8998, r)
+    assert ex.execute([(f"r{r}", items[r]) for r in items]) == 3
+    assert sorted(rig.tower.calls) == [("image", 2), ("video", 1)]
+    assert ex.execute([("r9", EncodeItem(Modality.IMAGE, 2, meta={"seed": 9}))]) == 1  # a batch of one
+    assert rig.tower.calls[-1] == ("image", 1)
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no name")
+
+        def __repr__(self):
+            return "<unprintable>"
+
+    # An engine's own enum (not a str): matched by its value, whatever modality strings
+    # this process has seen before.
+    ex.register("engine", "prefill-host", 8998, 5)
+    assert ex.execute([("engine", EncodeItem(EngineModality.VIDEO, 2, meta={"seed": 5}))]) == 1
+    assert rig.tower.calls[-1] == ("video", 1)
+
+    ex.register("odd", "prefill-host", 8998, 4)
+    assert ex.execute([("odd", EncodeItem(Unprintable(), 2))]) == 0
+    assert reason_text(m, 4) == "bad item EncodeItem: unsupported modality <unprintable>"
+
+
+def test_a_tower_output_with_a_batch_dimension_is_flattened_to_rows():
+    rig = plain_rig(batch_dim=True)
+    ex, m = rig.executor, rig.manager
+    items = [EncodeItem("image", 2), EncodeItem("image", 3)]
+    for r, item in zip((1, 2), items):
+        rig.open_room(r, rows=item.n_tokens)
+    assert ex.execute([("r1", items[0]), ("r2", items[1])]) == 2
+    rows = torch.arange(40, dtype=torch.float32).reshape(5, 8)
+    assert torch.equal(items[0].encoded, rows[:2]) and torch.equal(items[1].encoded, rows[2:])
+    ex.poll()
+    assert [m.room_status(r) for r in (1, 2)] == ["success", "success"]
+    assert torch.equal(rig.buffers[(2, "p2")][0], rows[2:])
+
+
+# -- deepstack ---------------------------------------------------------------------------------
+
+def test_a_model_without_deepstack_needs_no_deepstack_members():
+    rig = plain_rig()
+    ex, m = rig.executor, rig.manager
+    assert ex.ring.deep is None
+    rig.open_room(1, rows=3, rid="r")
+    item = EncodeItem("image", 3)
+    assert ex.execute([("r", item)]) == 1
+    assert item.encoded_deepstack is None
+    ex.poll()
+    assert m.room_status(1) == "success"
+    assert torch.equal(rig.buffers[(1, "p1")][0], torch.arange(24, dtype=torch.float32).reshape(3, 8))
+    # An item that brings deepstack rows anyway has nowhere to put them.
+    ex.register("deep", "prefill-host", 8998, 2)
+    ex.send_item("deep", EncodeItem("image", 2, encoded=torch.ones(2, 8), encoded_deepstack=torch.ones(2, 8)))
+    assert reason_text(m, 2) == "staging failed: item has deepstack rows but the model declares no deepstack ring"
+
+
+def test_one_deepstack_level_is_split_off_and_shipped():
+    rig = make_rig(n_deep=1)
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rows=3, rid="r")
+    item = rig.item(3, 1)
+    assert ex.execute([("r", item)]) == 1
+    assert item.encoded.shape == (3, 8) and item.encoded_deepstack.shape == (3, 8)
+    ex.poll()
+    assert m.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
+
+
+@pytest.mark.parametrize("deep_width, deep_dtype", [(24, torch.float16), (20, torch.float32)])
+def test_deepstack_half_no_receiver_can_take_fails_its_room(deep_width, deep_dtype):
+    # Three levels of hidden 8 are 24 float32 columns; another dtype, or a width
+    # that is no multiple of hidden, matches no frame's deep_levels.
+    rig = make_rig(n_deep=3)
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rid="r")
+    item = EncodeItem("image", 2, encoded=torch.ones(2, 8), encoded_deepstack=torch.ones(2, deep_width, dtype=deep_dtype))
+    ex.send_item("r", item)
+    assert reason_text(m, 1) == ("room 1: receiver p1 expects 3 deepstack levels, "
+                                   "chunk has a width that is no multiple of hidden")
+    assert m.stats["items_refused"] == 0
+    assert rig.transport.submitted == 0 and ex.ring.free_count == ex.ring.n_slots
+
+
+def test_zero_width_embedding_fails_on_the_hidden_mismatch():
+    rig = make_rig(n_deep=3)
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rid="r")
+    item = EncodeItem("image", 2, encoded=torch.ones(2, 0), encoded_deepstack=torch.ones(2, 24))
+    ex.send_item("r", item)
+    assert reason_text(m, 1) == "room 1: receiver p1 expects hidden 8, chunk has 0"
+    assert m.stats["items_refused"] == 0 and ex.ring.free_count == ex.ring.n_slots
+
+
+# -- staging -----------------------------------------------------------------------------------
+
+def meta_copy_error(shape) -> str:
+    """What torch says when asked to copy an embedding that has no data."""
+    try:
+        torch.empty(shape).copy_(torch.empty(shape, device="meta"))
+    except Exception as exc:
+        return str(exc)
+    raise AssertionError("copying out of a meta tensor is expected to fail")
+
+
+@pytest.mark.parametrize("half", ["main", "deepstack"])
+def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
+    rig = make_rig(n_deep=2)
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rid="bad")
+    item = rig.item(2, 1)
+    item.encoded = torch.zeros(2, 8)
+    item.encoded_deepstack = torch.zeros(2, 16)
+    if half == "main":
+        item.encoded = torch.empty(2, 8, device="meta")
+    else:
+        item.encoded_deepstack = torch.empty(2, 16, device="meta")
+    ex.send_item("bad", item)
+    shape = (2, 8) if half == "main" else (2, 16)
+    assert reason_text(m, 1) == f"staging failed: {meta_copy_error(shape)}"
+    assert ex.ring.free_count == ex.ring.n_slots  # the leased slot went back
+    assert m.stats["items_refused"] == 0  # handled by staging, not the last line of defence
+    # The worker carries on: the next item lands intact.
+    rig.open_room(2, rid="next")
+    nxt = rig.item(2, 2)
+    assert ex.execute([("next", nxt)]) == 1
+    ex.poll()
+    assert m.room_status(2) == "success" and rig.delivered_ok(2, "p2", nxt)
+
+
+def test_zero_row_embedding_parks_until_its_deadline_and_frees_its_slot():
+    # No frame may declare zero rows, so the chunk waits for receivers that cannot
+    # come; its park deadline fails the room and the slot goes back.
+    rig = make_rig(park_timeout=10.0)
+    ex, m = rig.executor, rig.manager
+    ex.register("r", "prefill-host", 8998, 1)
+    ex.send_item("r", EncodeItem("image", 0, encoded=torch.ones(0, 8)))
+    assert m.room_status(1) == "parked" and ex.ring.free_count == ex.ring.n_slots - 1
+    rig.clock.advance(10.0)
+    ex.poll()
+    assert m.room_status(1) == "failed" and ex.ring.free_count == ex.ring.n_slots
+    assert (m.stats["expired"], m.stats["items_refused"]) == (1, 0)
+
+
+@pytest.mark.parametrize("encoded, deep, reason", [
+    (None, None, "item.encoded must be a 2-D tensor, got NoneType"),
+    (torch.ones(8), None, "item.encoded must be a 2-D tensor, got Tensor(8,)"),
+    (torch.ones(1, 2, 8), None, "item.encoded must be a 2-D tensor, got Tensor(1, 2, 8)"),
+    (torch.ones(129, 8), None, "embedding of 4128 B exceeds the ring slot of 4096 B; raise ring_bytes"),
+    (torch.ones(2, 8), torch.ones(3, 24), "deepstack shape (3, 24) does not match 2 rows"),
+    (torch.ones(2, 8), torch.ones(2), "deepstack shape (2,) does not match 2 rows"),
+    (torch.ones(2, 8), torch.ones(2, 4, 6), "deepstack shape (2, 4, 6) does not match 2 rows"),
+    (torch.ones(128, 8), torch.ones(128, 32),
+     "deepstack embedding of 16384 B exceeds the deepstack slot of 12288 B"),
+])
+def test_items_that_cannot_be_staged_fail_their_room_with_the_reason(encoded, deep, reason):
+    rig = make_rig(n_deep=3)  # slots of 4096 B (128 rows of 8 float32), deepstack slots 3x that
+    ex, m = rig.executor, rig.manager
+    ex.register("r", "prefill-host", 8998, 1)
+    ex.send_item("r", EncodeItem("image", 2, encoded=encoded, encoded_deepstack=deep))
+    assert reason_text(m, 1) == f"staging failed: {reason}"
+    assert m.stats["items_refused"] == 0 and ex.ring.free_count == ex.ring.n_slots
+
+
+def test_an_embedding_that_fills_its_slots_exactly_is_shipped():
+    rig = make_rig(n_deep=3)
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rows=128, rid="r")
+    item = rig.item(128, 1)
+    assert ex.execute([("r", item)]) == 1  # 128 x 8 x 4 B = 4096 B, deepstack 3x that
+    ex.poll()
+    assert m.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
+
+
+def test_a_lazily_negated_embedding_ships_its_values_not_its_storage():
+    # torch keeps some negations as a flag on a view of the same storage; raw bytes would be
+    # the un-negated numbers
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rid="r")
+    lazy = torch._neg_view(torch.arange(16.0).reshape(2, 8))
+    assert lazy.is_neg() and lazy.is_contiguous()
+    ex.send_item("r", EncodeItem("image", 2, encoded=lazy))
+    ex.poll()
+    assert m.room_status(1) == "success"
+    assert torch.equal(rig.buffers[(1, "p1")][0], -torch.arange(16.0).reshape(2, 8))
+
+
+def test_an_empty_deepstack_half_counts_as_none():
+    rig = make_rig()
+    ex, m = rig.executor, rig.manager
+    rig.open_room(1, rid="r")
+    ex.send_item("r", EncodeItem("image", 2, encoded=torch.full((2, 8), 7.0), encoded_deepstack=torch.ones(2, 0)))
+    ex.poll()
+    assert m.room_status(1) == "success"
+    assert torch.equal(rig.buffers[(1, "p1")][0], torch.full((2, 8), 7.0))
