@@ -9,17 +9,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from epd_ring.executor import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
+from epd_ring.executor import (ReasonKind, Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
                                Observer, ReceiverFrame, Ring, shard_rows)
 
 
 def reason_text(manager: EncodeManager, room: int) -> str | None:
-    """Why `room` failed, as the text the manager keeps (None unless it failed).
-
-    Every test that asserts a failure reason's wording goes through here, so that moving the
-    assertions from wording to the reason's kind is one change.
-    """
+    """Why `room` failed, as its detail text (None unless it failed). Tests compare it only with
+    text that came from elsewhere (the engine's own reason, a notice), never with our wording."""
     return manager.failure_reason(room)
+
+
+def reason_kind(manager: EncodeManager, room: int) -> ReasonKind | None:
+    """The kind of why `room` failed (None unless it failed): what tests assert."""
+    reason = manager.failure_reason(room)
+    return None if reason is None else reason.kind
 
 
 def log_lines(caplog, logger: str = "epd_ring.manager") -> list[str]:
@@ -224,17 +227,17 @@ class ManagerRig:
         self.t = AddressedLoopback(self.clock)
         kw = {"park_timeout": 10.0, "quarantine_s": 5.0, "write_timeout": 30.0, **kw}
         self.m = EncodeManager(self.t, self.clock, **kw)
-        self.ring = Ring(self.t, 4, 4096)
+        self.ring = Ring(self.t, 4, 4096, actions=self.m.actions)  # coupled as an executor couples it
         self.keep: list[torch.Tensor] = []
 
-    def frame(self, room: int, session: str, rows: int = 2, n: int = 1, peer: str = "", **over) -> ReceiverFrame:
+    def frame(self, room: int, session: str, rows: int = 2, n: int = 1, identity: str = "", **over) -> ReceiverFrame:
         r = self.t.receivers.get(session) or self.t.add_receiver(session)
         buf = torch.zeros(max(rows, 1), HIDDEN)
         r.register(buf)
         self.keep.append(buf)
         fields = dict(room=room, session=session, dst_ptr=buf.data_ptr(), dst_deep_ptr=0, n_tokens=rows,
                       row_start=0, span=rows, hidden=HIDDEN, dtype=DTYPE, has_deepstack=False, n_receivers=n,
-                      peer=peer)
+                      identity=identity)
         fields.update(over)
         return ReceiverFrame(**fields)
 
@@ -247,9 +250,9 @@ class ManagerRig:
         return [(n.room, n.status, n.reason) for n in self.t.receivers[session].notices
                 if room is None or n.room == room]
 
-    def announced_failed(self, room: int, session: str, reason: str = "gone", peer: str = "") -> None:
+    def announced_failed(self, room: int, session: str, reason: str = "gone", identity: str = "") -> None:
         """A room only a receiver announced, failed before any sender came (nobody pins it)."""
-        assert self.m.register_receiver(self.frame(room, session, peer=peer))
+        assert self.m.register_receiver(self.frame(room, session, identity=identity))
         assert self.m.fail_room(room, reason)
 
     def succeed(self, room: int, session: str) -> None:

@@ -106,7 +106,7 @@ def test_only_allow_listed_keys_get_a_frame_in_and_frames_carry_their_key(side):
     s.pump(lambda: s.manager.room_status(1) is not None)
     s.pump(lambda: s.control.stats["zap_denied"] >= 1, timeout=3)
     assert s.manager.rooms[1].owner == mine[0].decode()
-    assert s.manager.rooms[1].frames["127.0.0.1:1"].peer == mine[0].decode()
+    assert s.manager.rooms[1].frames["127.0.0.1:1"].identity == mine[0].decode()
     assert s.manager.room_status(2) is None and s.manager.room_status(3) is None
     assert s.control.stats["frames"] == 1 and s.control.stats["zap_denied"] >= 1
 
@@ -156,7 +156,7 @@ def test_an_oversized_part_is_refused_alone_and_the_connection_kept(side):
 
 
 def test_one_flooding_peer_gets_only_its_share_of_a_poll(side):
-    s = side(max_frames_per_peer=32, max_frames_per_poll=256)
+    s = side(max_frames_per_identity=32, max_frames_per_poll=256)
     flood, victim = s.client(), s.client()
     s.pump(lambda: s.control.stats["zap_allowed"] >= 2)  # both handshakes done
     for k in range(2000):
@@ -176,7 +176,7 @@ def test_one_flooding_peer_gets_only_its_share_of_a_poll(side):
 def test_poll_stays_short_under_a_100k_frame_flood(side, caplog):
     # Before: up to 166-286 ms per poll() and 18 MB of warnings for 100k refused frames.
     caplog.set_level(logging.WARNING, logger="epd_ring")
-    s = side(manager_kw=dict(max_announced=4096, max_announced_per_peer=1024))
+    s = side(manager_kw=dict(max_announced=4096, max_announced_per_identity=1024))
     c = s.client()
     junk = [WIRE_MAGIC, b"1", b"x"]
     for k in range(100_000):
@@ -209,7 +209,7 @@ def test_status_socket_pool_evicts_below_the_contexts_socket_limit(side):
     s = side(max_push_sockets=256)
     peer = generate_keypair()[0].decode()
     for k in range(2000):
-        s.control.push_status(FRAME._replace(status_endpoint=f"tcp://127.0.0.1:{20000 + k}", peer=peer), k,
+        s.control.push_status(FRAME._replace(status_endpoint=f"tcp://127.0.0.1:{20000 + k}", identity=peer), k,
                               "failed", "test")
     assert s.control.stats["status_errors"] == 0
     assert s.control.stats["status_sent"] + s.control.stats["status_dropped"] == 2000

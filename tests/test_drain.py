@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import Outcome
 from epd_ring.executor import EncodeExecutor
 from epd_ring.executor.core.drain import DEADLINE, DRAINING, Drain, DrainReport
 
-from helpers import make_rig, reason_text
+from helpers import make_rig, reason_kind
 
 
 def _told(rig, session: str, room: int) -> list[tuple[str, str]]:
@@ -149,7 +150,7 @@ def test_the_drain_deadline_is_reached_at_the_exact_instant():
     assert manager.room_status(1) == "transferring"
     clock.advance(1.0)  # now == deadline: the deadline has passed
     ex.poll()
-    assert reason_text(manager, 1) == DEADLINE
+    assert reason_kind(manager, 1) is ReasonKind.DRAIN_DEADLINE
     report = ex.close(1.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
     assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={"sending": 1},
                                  writes_in_flight=1, live_rooms=0)
@@ -175,7 +176,7 @@ def test_every_deferred_send_the_drain_drops_is_counted():
     assert manager.room_status(4) == "ready" and ex.has_deferred()
     ex.begin_close(5.0)  # D's room fails and its deferred send is dropped too
     assert ex.stats["deferred_dropped"] == 2 and not ex.has_deferred()
-    assert reason_text(manager, 4) == DRAINING and rig.receiver("d").statuses(4) == ["failed"]
+    assert reason_kind(manager, 4) is ReasonKind.DRAINING and rig.receiver("d").statuses(4) == ["failed"]
     assert torch.isnan(rig.buffers[(4, "d")][0]).all()  # never written
     (held_c,) = transport.held
     transport.complete(held_c)
@@ -220,7 +221,7 @@ def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing
     assert manager.writes_in_flight == 1
     rig.clock.advance(5.0)
     report = ex1.close(5.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
-    assert reason_text(manager, 1) == DEADLINE and not manager.rooms  # failed, its write still out
+    assert reason_kind(manager, 1) is ReasonKind.DRAIN_DEADLINE and not manager.rooms  # failed, its write still out
     assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={},
                                  writes_in_flight=1, live_rooms=0)
     assert ex1.closed is False and not transport.closed
@@ -274,7 +275,7 @@ def test_a_request_registered_while_draining_fails_at_once():
     rig.held_room(1)
     ex.begin_close(10.0)
     ex.register("late", "prefill-host", 8998, 2)
-    assert reason_text(m, 2) == "encode worker is draining (shutting down); no new transfers"
+    assert reason_kind(m, 2) is ReasonKind.DRAINING
     assert ex.reap_concluded_senders() == 1
     t.complete(t.held[0])
     ex.poll()

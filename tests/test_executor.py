@@ -9,8 +9,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, Rig, TableTower, counters, make_rig, reason_text  # noqa: E402
+from helpers import Calls, Rig, TableTower, counters, make_rig, reason_kind  # noqa: E402
 
+from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
                                Outcome, RoomConflict, TransportError, assign_encoded_embeddings)
 
@@ -687,7 +688,7 @@ def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
         rig.open_room(r)
         ex.execute([(f"r{r}", rig.item(2, r))])
     assert m.room_status(1) == "transferring"
-    assert reason_text(m, 2) == "deferred queue full (0 sends)"
+    assert reason_kind(m, 2) is ReasonKind.DEFERRED_FULL
     assert m.stats["deferred"] == 0 and not ex.has_deferred()
 
 
@@ -700,7 +701,7 @@ def test_the_deferred_queue_is_bounded_by_max_deferred():
         ex.execute([(f"r{r}", rig.item(2, r))])
     assert ex.max_deferred == 2 and ex.health()["deferred"] == 2
     assert [m.room_status(r) for r in (2, 3)] == ["registered", "registered"]
-    assert reason_text(m, 4) == "deferred queue full (2 sends)"
+    assert reason_kind(m, 4) is ReasonKind.DEFERRED_FULL
     assert m.stats["deferred"] == 2
 
 
@@ -797,7 +798,7 @@ def test_registration_and_the_one_item_rule():
     ex.execute([("r", rig.item(2, 1))])
     assert m.room_status(1) == "transferring"
     ex.execute([("r", rig.item(2, 1))])
-    assert reason_text(m, 1) == "request 'r' sent a second item; a room carries exactly one"
+    assert reason_kind(m, 1) is ReasonKind.PROTOCOL
     # Items for requests never registered, or whose room already failed, are counted and dropped.
     ex.register("late", "prefill-host", 8998, 2)
     m.fail_room(2, "aborted")
@@ -815,7 +816,7 @@ def test_a_sender_concluded_twice_through_a_shared_manager_is_reaped_once():
     rig = make_rig()
     ex, m = rig.executor, rig.manager
     ex2 = EncodeExecutor(m, TableTower(), "cpu", ring_slots=2, ring_bytes=4096)
-    assert m.register_receiver(rig.frame(5, "a1", 2, peer="A"))
+    assert m.register_receiver(rig.frame(5, "a1", 2, identity="A"))
     assert m.fail_room(5, "a fails")
     ex.register("x", "prefill-host", 8998, 5)
     ex2.register("y", "prefill-host", 8998, 5, receiver="B")

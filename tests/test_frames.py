@@ -65,7 +65,7 @@ ACCEPTED = {
     "one-character session": FLAT._replace(session="h"),
     "status endpoint": FLAT._replace(status_endpoint="tcp://127.0.0.1:5555"),
     "longest status endpoint": FLAT._replace(status_endpoint="tcp://" + "h" * 244 + ":65535"),
-    "authenticated peer": FLAT._replace(peer="receiver-3"),
+    "authenticated peer": FLAT._replace(identity="receiver-3"),
     **{f"dtype {d}": FLAT._replace(dtype=d) for d in DTYPE_SIZES},
 }
 
@@ -103,8 +103,8 @@ REFUSED = [
     (dict(status_endpoint="tcp://h:1 x"), "status_endpoint"),
     (dict(status_endpoint=b"tcp://h:1"), "status_endpoint"),
     (dict(status_endpoint=None), "status_endpoint"),
-    (dict(peer=b"receiver-3"), "peer"),
-    (dict(peer=None), "peer"),
+    (dict(identity=b"receiver-3"), "identity"),
+    (dict(identity=None), "identity"),
     (dict(dst_ptr=U64_MAX + 1), "dst_ptr"),
     (dict(dst_ptr=-1), "dst_ptr"),
     (dict(dst_ptr=True), "dst_ptr"),
@@ -289,7 +289,7 @@ def test_frame_to_parts_is_byte_exact():
     assert WIRE_MAGIC == b"epd-ring/2"
     assert frame_to_parts(WIRED) == WIRED_PARTS
     # the peer identity never goes on the wire
-    assert frame_to_parts(WIRED._replace(peer="receiver-3")) == WIRED_PARTS
+    assert frame_to_parts(WIRED._replace(identity="receiver-3")) == WIRED_PARTS
     flat = FLAT._replace(dst_ptr=U64_MAX, span=10**19, n_tokens=10**19)
     assert frame_to_parts(flat) == [b"epd-ring/2", b"7", SESSION.encode(), b"\xff" * 8, b"\0" * 8,
                                     b"10000000000000000000", b"0", b"10000000000000000000", b"64",
@@ -302,16 +302,16 @@ def test_frame_from_parts_reads_every_field_from_its_own_part():
     assert got._asdict() == dict(room=7, session="10.0.0.2:17000", dst_ptr=0x0102030405060708,
                                  dst_deep_ptr=0x1112131415161718, n_tokens=5, row_start=3, span=12, hidden=2048,
                                  dtype="torch.float16", has_deepstack=True, n_receivers=2,
-                                 status_endpoint="tcp://10.0.0.2:5557", deep_levels=4, peer="")
+                                 status_endpoint="tcp://10.0.0.2:5557", deep_levels=4, identity="")
     assert type(got.has_deepstack) is bool
-    assert frame_from_parts(list(WIRED_PARTS), peer="receiver-3") == WIRED._replace(peer="receiver-3")
+    assert frame_from_parts(list(WIRED_PARTS), identity="receiver-3") == WIRED._replace(identity="receiver-3")
 
 
 @pytest.mark.parametrize("f", [FLAT, DEEP, WIRED, ACCEPTED["top pointers"], ACCEPTED["longest session"],
                                ACCEPTED["longest status endpoint"], ACCEPTED["zero-row shard needs no destination"]])
 def test_round_trip_is_exact(f):
     assert frame_from_parts(frame_to_parts(f)) == f
-    assert frame_from_parts(frame_to_parts(f), peer="p") == f._replace(peer="p")
+    assert frame_from_parts(frame_to_parts(f), identity="p") == f._replace(identity="p")
 
 
 def wire_refuses(index: int, value: bytes) -> str:

@@ -1,6 +1,6 @@
 """The machines of fsm/: every declared transition of each, refusal of undeclared ones (naming
 machine, subject, state and event), agreement of the compiled table with the `transitions` Machine
-it came from, machine building, and what is drawn from the declarations: the README tables and the
+it came from, machine building, and what is drawn from the declarations: the docs' machine tables and the
 diagrams, declared and live.
 
 Expectations are derived from the declaration dicts themselves (not from the compiled machines the
@@ -170,7 +170,7 @@ def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in text.split("\n")]
 
 
-# ---------------------------------------------------------------- README tables (fsm/tables.py)
+# ---------------------------------------------------------------- docs' machine tables (fsm/tables.py)
 
 @pytest.mark.parametrize("machine,decl", DECLARED, ids=lambda x: getattr(x, "name", ""))
 def test_states_table_lists_every_declared_state_with_meaning_and_kind(machine, decl):

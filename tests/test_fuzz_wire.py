@@ -66,11 +66,11 @@ def test_every_valid_frame_round_trips(frame):
 @given(any_parts, st.text(max_size=8))
 def test_the_parser_answers_any_parts_with_a_frame_or_a_frame_error(parts, peer):
     try:
-        frame = frame_from_parts(parts, peer=peer)
+        frame = frame_from_parts(parts, identity=peer)
     except FrameError:
         return
-    assert isinstance(frame, ReceiverFrame) and frame.peer == peer
-    assert frame_from_parts(frame_to_parts(frame), peer=peer) == frame
+    assert isinstance(frame, ReceiverFrame) and frame.identity == peer
+    assert frame_from_parts(frame_to_parts(frame), identity=peer) == frame
 
 
 VICTIM = "victim-key"

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, TableTower, make_rig, managed, reason_text  # noqa: E402
+from helpers import Calls, ManagerRig, TableTower, make_rig, managed, reason_kind, reason_text  # noqa: E402
 
+from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
                                Outcome, ReceiverFrame)
 from epd_ring.executor.core.peers import Peer  # noqa: E402
@@ -244,7 +245,7 @@ def test_frames_to_unreachable_or_too_many_peers_fail_their_room():
     m = b.m
     assert m.register_receiver(b.frame(1, "p1", n=2))
     assert m.register_receiver(b.frame(1, "p2", n=2)) is False  # p1 still has a live room
-    assert reason_text(m, 1) == "too many peers to add p2"
+    assert reason_kind(m, 1) is ReasonKind.CAPACITY
     assert b.notices("p2") == [(1, "failed", "too many peers to add p2"), (1, "released", "")]
 
     b = ManagerRig()
@@ -319,7 +320,7 @@ def test_a_driver_fires_a_peers_connect_deadline_early():
     assert not m.expire_peer_now("a")
     assert m.expire_peer_now("p")
     assert m.peers.get("p").state == "down"
-    assert reason_text(m, 1) == "peer p is down: no answer to contact within the connect deadline of 5.0 s"
+    assert reason_kind(m, 1) is ReasonKind.PEER_DOWN
     assert m.room_status(2) == "announced"
     assert not m.expire_peer_now("p")  # its deadline is spent
     assert len(m.deadlines) == 1  # room 2's announce deadline only

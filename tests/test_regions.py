@@ -243,7 +243,7 @@ def test_withdraw_of_an_unknown_region_is_acked_to_the_address_given():
     assert b.t.told[-1] == (Reply(9, "x1", "tcp://10.0.0.1:7000", "C"), 9, "withdrawn", "")
     assert m.withdraw(9, "x2") == "acked"
     reply = b.t.told[-1][0]
-    assert (reply.room, reply.session, reply.status_endpoint, reply.peer) == (9, "x2", "", "")
+    assert (reply.room, reply.session, reply.status_endpoint, reply.identity) == (9, "x2", "", "")
     assert m.stats["withdraws"] == 2 and m.stats["told_withdrawn"] == 2
     # a live room the session has no frame in: acked too, and the room is untouched
     assert m.register_receiver(b.frame(4, "p4", n=2))
@@ -257,17 +257,17 @@ def test_a_reopened_room_releases_regions_it_never_wrote_at_once():
     # session cap of one) and claimed by B, whose request reopens room 5. When that room
     # fails before any write of its own, s1's region is free at once: the old write in
     # flight belongs to the previous room, not to this one.
-    b = ManagerRig(max_sessions_per_peer=1)
+    b = ManagerRig(max_sessions_per_identity=1)
     m = b.m
     assert m.bind_sender(5, receiver="A") == "registered"
     b.t.inject("hold")
-    assert m.register_receiver(b.frame(5, "s1", peer="A"))
+    assert m.register_receiver(b.frame(5, "s1", identity="A"))
     assert m.submit_chunk(5, b.chunk()) and m.writes_in_flight == 1
     assert m.fail_room(5, "x")
     assert b.notices("s1") == [(5, "failed", "x")]  # its release waits for the write
-    assert m.register_receiver(b.frame(6, "s2", n=2, peer="A"))  # A's oldest session, s1, is let go
+    assert m.register_receiver(b.frame(6, "s2", n=2, identity="A"))  # A's oldest session, s1, is let go
     assert m.bind_sender(5, receiver="B") == "registered"
-    assert m.register_receiver(b.frame(5, "s1", peer="B"))
+    assert m.register_receiver(b.frame(5, "s1", identity="B"))
     assert m.fail_room(5, "y")
     assert b.notices("s1") == [(5, "failed", "x"), (5, "failed", "y"), (5, "released", "")]
 
@@ -283,7 +283,7 @@ def test_withdraw_parts_are_the_magic_the_decimal_room_and_the_two_strings():
 def test_withdraw_round_trips_to_a_reply_with_every_field():
     reply = withdraw_from_parts(withdraw_to_parts(7, "10.0.0.2:17000", "tcp://10.0.0.2:5555"))
     assert reply == Reply(7, "10.0.0.2:17000", "tcp://10.0.0.2:5555", "")
-    assert type(reply.room) is int and reply.peer == ""  # the peer is the control plane's to fill in
+    assert type(reply.room) is int and reply.identity == ""  # the peer is the control plane's to fill in
     assert withdraw_from_parts(withdraw_to_parts(0, "s")) == Reply(0, "s", "", "")
     # Parts arrive as zmq frames or memoryviews as often as bytes.
     parts = [memoryview(p) for p in withdraw_to_parts(42, "a:1", "e")]

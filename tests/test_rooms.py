@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, log_lines, make_rig, reason_text  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig, reason_kind, reason_text  # noqa: E402
 
+from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import RoomConflict  # noqa: E402
 
 
@@ -221,18 +222,18 @@ def test_malformed_frames_are_refused_and_fail_only_what_their_sender_may(caplog
     assert "room 0" in line and "span" in line
 
     assert m.bind_sender(1) == "registered"  # nobody's yet: the malformed frame claims and fails it
-    assert m.register_receiver(b.frame(1, "p1", hidden=0, peer="A")) is False
+    assert m.register_receiver(b.frame(1, "p1", hidden=0, identity="A")) is False
     reason = "malformed receiver frame: room 1: span and hidden must be at least 1"
     assert reason_text(m, 1) == reason and m.tombstone(1).owner == "A"
     assert b.notices("p1") == [(1, "failed", reason), (1, "released", "")]  # the room had no receiver yet
 
     assert m.bind_sender(2, receiver="A") == "registered"  # A's: B's malformed frame cannot touch it
-    assert m.register_receiver(b.frame(2, "b2", span=0, peer="B")) is False
+    assert m.register_receiver(b.frame(2, "b2", span=0, identity="B")) is False
     assert m.room_status(2) == "registered"
     assert b.notices("b2") == [(2, "failed", "malformed receiver frame: room 2: span and hidden must be at least 1"),
                                (2, "released", "")]
-    assert m.register_receiver(b.frame(9, "a9", n=2, peer="A"))  # A claims session a9
-    assert m.register_receiver(b.frame(2, "a9", span=0, peer="B")) is False  # A's session: no reply
+    assert m.register_receiver(b.frame(9, "a9", n=2, identity="A"))  # A claims session a9
+    assert m.register_receiver(b.frame(2, "a9", span=0, identity="B")) is False  # A's session: no reply
     assert b.notices("a9") == []
     assert m.stats["frames_refused"] == 4 and m.stats["frames_foreign"] == 0
     b.clock.advance(1.0)
@@ -290,7 +291,7 @@ def test_frames_must_agree_fit_n_and_fit_the_chunk():
     assert m.register_receiver(b.frame(2, "p1", n=2))
     assert m.register_receiver(b.frame(2, "p2", n=2))
     assert m.register_receiver(b.frame(2, "p3", n=2)) is False
-    assert reason_text(m, 2) == "room 2: receiver p3 is beyond the N=2 declared"
+    assert reason_kind(m, 2) is ReasonKind.FRAME
 
     for room, over, why in [
         (3, dict(rows=3), "room 3: receiver p1 expects 3 rows, chunk has 2"),
@@ -320,35 +321,35 @@ def test_a_frame_beyond_n_is_told_why_the_room_failed():
 
 # -- admission: rooms waiting for their sender -------------------------------------------------
 
-def test_announce_limits_count_from_zero_in_all_and_per_peer(caplog):
+def test_announce_limits_count_from_zero_in_all_and_per_identity(caplog):
     caplog.set_level(logging.WARNING, logger="epd_ring.manager")
-    b = ManagerRig(max_announced=2, max_announced_per_peer=1)
+    b = ManagerRig(max_announced=2, max_announced_per_identity=1)
     m = b.m
-    assert m.register_receiver(b.frame(1, "a1", peer="A"))
-    assert m.register_receiver(b.frame(2, "a1", peer="A")) is False  # A's one announcement is used
+    assert m.register_receiver(b.frame(1, "a1", identity="A"))
+    assert m.register_receiver(b.frame(2, "a1", identity="A")) is False  # A's one announcement is used
     why = "too many rooms waiting for their sender"
     assert b.notices("a1", 2) == [(2, "failed", why), (2, "released", "")]
-    assert m.register_receiver(b.frame(3, "b1", peer="B"))  # B has its own
-    assert m.register_receiver(b.frame(4, "c1", peer="C")) is False  # two in all
+    assert m.register_receiver(b.frame(3, "b1", identity="B"))  # B has its own
+    assert m.register_receiver(b.frame(4, "c1", identity="C")) is False  # two in all
     assert m.stats["frames_refused"] == 2 and m.room_status(2) is None and m.room_status(4) is None
     (line,) = log_lines(caplog)  # one line, naming both limits
-    assert "announce" in line and re.search(r"\b2 in all\b.*\b1 per peer\b", line)
+    assert "announce" in line and re.search(r"\b2 in all\b.*\b1 per identity\b", line)
     assert m.bind_sender(1) == "ready"  # a sender came: A may announce again
-    assert m.register_receiver(b.frame(5, "a1", peer="A"))
-    assert m.register_receiver(b.frame(6, "a1", peer="A")) is False
+    assert m.register_receiver(b.frame(5, "a1", identity="A"))
+    assert m.register_receiver(b.frame(6, "a1", identity="A")) is False
     assert m.stats["frames_refused"] == 3
 
 
 def test_announcements_are_counted_per_peer():
-    b = ManagerRig(max_announced_per_peer=2)
+    b = ManagerRig(max_announced_per_identity=2)
     m = b.m
-    assert m.register_receiver(b.frame(1, "a1", peer="A"))
-    assert m.register_receiver(b.frame(2, "a1", peer="A"))
-    assert m.register_receiver(b.frame(3, "a1", peer="A")) is False
-    assert m.register_receiver(b.frame(4, "b1", peer="B"))
+    assert m.register_receiver(b.frame(1, "a1", identity="A"))
+    assert m.register_receiver(b.frame(2, "a1", identity="A"))
+    assert m.register_receiver(b.frame(3, "a1", identity="A")) is False
+    assert m.register_receiver(b.frame(4, "b1", identity="B"))
     assert m.fail_room(1, "x")  # concluding gives the announcement back
-    assert m.register_receiver(b.frame(5, "a1", peer="A"))
-    assert m.register_receiver(b.frame(6, "a1", peer="A")) is False
+    assert m.register_receiver(b.frame(5, "a1", identity="A"))
+    assert m.register_receiver(b.frame(6, "a1", identity="A")) is False
 
 
 def test_a_sender_alone_uses_no_announcement():
@@ -359,20 +360,20 @@ def test_a_sender_alone_uses_no_announcement():
     assert m.register_receiver(b.frame(2, "p2")) is False
 
 
-@pytest.mark.parametrize("cap", ["max_announced", "max_announced_per_peer"])
+@pytest.mark.parametrize("cap", ["max_announced", "max_announced_per_identity"])
 def test_a_room_leaves_the_announce_count_once(cap):
     rig = make_rig(**{cap: 3})
     m = rig.manager
     for room in (1, 2, 3):
-        assert m.register_receiver(rig.frame(room, f"s{room}", 2, peer="x"))
+        assert m.register_receiver(rig.frame(room, f"s{room}", 2, identity="x"))
     rig.executor.register("req-1", "prefill-host", 8998, 1)  # its sender came: 2 rooms wait for theirs
-    assert m.register_receiver(rig.frame(4, "s4", 2, peer="x"))
-    assert not m.register_receiver(rig.frame(5, "s5", 2, peer="x"))
+    assert m.register_receiver(rig.frame(4, "s4", 2, identity="x"))
+    assert not m.register_receiver(rig.frame(5, "s5", 2, identity="x"))
     assert rig.told("s5", 5) == [("failed", "too many rooms waiting for their sender"), ("released", "")]
     m.fail_room(1, "aborted")  # it had left the count when its sender came
-    assert not m.register_receiver(rig.frame(6, "s6", 2, peer="x"))
+    assert not m.register_receiver(rig.frame(6, "s6", 2, identity="x"))
     m.fail_room(2, "aborted")  # still announced: leaves it now
-    assert m.register_receiver(rig.frame(6, "s7", 2, peer="x"))
+    assert m.register_receiver(rig.frame(6, "s7", 2, identity="x"))
 
 
 # -- park and announce deadlines ---------------------------------------------------------------
@@ -391,7 +392,7 @@ def test_park_deadline_fails_the_room_with_its_own_reason_and_observer_sees_it()
     b.clock.advance(0.001)
     m.poll()
     assert m.room_status(4) == "failed"
-    assert reason_text(m, 4) == "no receivers registered within 10.0 s of parking"
+    assert reason_kind(m, 4) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 1 and len(m.deadlines) == 0
     assert b.ring.free_count == 4  # no write was issued from the parked slot
 
@@ -412,9 +413,9 @@ def test_each_deadline_fails_its_room_with_its_own_reason():
     assert m.room_status(2) == "parked"
     clock.advance(3.0)
     m.poll()
-    assert reason_text(m, 2) == "only 1 of 2 receivers registered within 10.0 s of parking"
+    assert reason_kind(m, 2) is ReasonKind.PARK_TIMEOUT
     assert rig.told("b", 2)[0] == ("failed", "only 1 of 2 receivers registered within 10.0 s of parking")
-    assert reason_text(m, 3) == "no receivers registered within 10.0 s of parking"
+    assert reason_kind(m, 3) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 3 and m.stats["failed"] == 3
     assert rig.executor.ring.free_count == rig.executor.ring.n_slots  # the parked chunks' slots came back
 
@@ -426,7 +427,7 @@ def test_announce_timeout_is_its_own_when_given():
     assert m.deadline_of(1) == 3.0
     b.clock.advance(3.0)
     m.poll()
-    assert reason_text(m, 1) == "sender never registered within 3.0 s"
+    assert reason_kind(m, 1) is ReasonKind.ANNOUNCE_TIMEOUT
     assert m.bind_sender(2) == "registered" and m.submit_chunk(2, b.chunk()) and m.deadline_of(2) == 53.0
 
 
@@ -444,9 +445,9 @@ def test_a_driver_fires_room_deadlines_early_and_only_pending_ones():
     assert m.expire_room_now(1)
     assert m.expire_room_now(2)
     assert len(m.deadlines) == 0  # both deadlines are gone: neither fires again
-    assert reason_text(m, 1) == "deadline fired early by the driver (announced)"
-    assert reason_text(m, 2) == "deadline fired early by the driver (parked)"
-    assert rig.told("b", 2)[0] == ("failed", "deadline fired early by the driver (parked)")
+    assert reason_kind(m, 1) is ReasonKind.ANNOUNCE_TIMEOUT
+    assert reason_kind(m, 2) is ReasonKind.PARK_TIMEOUT
+    assert rig.told("b", 2)[0] == ("failed", m.failure_reason(2))  # its receiver is told the same reason
     assert m.stats["expired"] == 2
     assert rig.executor.ring.free_count == rig.executor.ring.n_slots
     assert not m.expire_room_now(1)  # concluded
@@ -464,7 +465,7 @@ def test_fail_room_changes_nothing_once_concluded():
     assert m.room_status(1) == "success" and reason_text(m, 1) is None
     b.announced_failed(2, "p2", "first reason")
     assert m.fail_room(2, "second reason") is False
-    assert reason_text(m, 2) == "first reason"
+    assert reason_kind(m, 2) is ReasonKind.CALLER
     assert m.stats["failed"] == 1 and m.stats["success"] == 1
 
 

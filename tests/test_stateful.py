@@ -248,7 +248,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @rule(data=st.data(), outcome=st.sampled_from(["done", "failed", "timed_out", "timed_out_lands_later"]))
     def transfer_completes(self, data, outcome):
         handle = data.draw(st.sampled_from(self.transport.held))
-        write = self.manager._writes.get(handle)
+        write = self.manager.writes.by_handle.get(handle)
         if outcome != "done" and write is not None:
             # From this report on, the write may still land: its slot must not be reused
             # for a full quarantine.
@@ -326,7 +326,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "executor"))
     @rule()
     def drain(self):
-        self.executor.drain_deferred()
+        self.executor.serve_deferred()
 
     @precondition(lambda self: hasattr(self, "executor"))
     @rule()
@@ -474,7 +474,7 @@ class EncodeWorker(RuleBasedStateMachine):
     def write_deadlines_are_their_value(self):
         """Each write in flight is due exactly `write_timeout` after it was submitted, not before."""
         if hasattr(self, "manager"):
-            for h, w in self.manager._writes.items():
+            for h, w in self.manager.writes.by_handle.items():
                 at = self.transport.submitted_at.get(h)  # None: a synthetic failure, never submitted
                 if w.timer and at is not None:
                     assert w.due == at + WRITE_T, f"write {h} due at {w.due}, submitted at {at}"

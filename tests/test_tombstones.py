@@ -54,13 +54,13 @@ def test_a_failure_pinned_twice_stays_until_both_let_go():
 def test_a_room_id_concluded_again_is_buried_as_the_newest():
     b = ManagerRig(max_tombstones=2)
     m = b.m
-    b.announced_failed(5, "a1", "by A", peer="A")
-    b.announced_failed(6, "a2", peer="A")
+    b.announced_failed(5, "a1", "by A", identity="A")
+    b.announced_failed(6, "a2", identity="A")
     # peer A's failure does not poison the room for peer B's request: a new room 5
     assert m.bind_sender(5, receiver="B") == "registered"
     assert m.fail_room(5, "by B")
     m.unbind_sender(5)
-    b.announced_failed(7, "a3", peer="A")  # the cap evicts the oldest record: room 6, not the new 5
+    b.announced_failed(7, "a3", identity="A")  # the cap evicts the oldest record: room 6, not the new 5
     assert m.room_status(6) is None
     assert reason_text(m, 5) == "by B" and m.tombstone(5).owner == "B"
     assert m.room_status(7) == "failed"

@@ -31,7 +31,7 @@ def victim_room(rig, room, tokens=2, *, named=True, register=True):
     rig.executor.register(rid, "prefill-host", 8998, room, receiver=VICTIM if named else None)
     item = rig.item(tokens, room)
     if register:
-        rig.manager.register_receiver(rig.frame(room, "victim:1", tokens, peer=VICTIM))
+        rig.manager.register_receiver(rig.frame(room, "victim:1", tokens, identity=VICTIM))
     return rid, item
 
 
@@ -51,7 +51,7 @@ def test_another_peer_cannot_fail_a_room_whose_id_it_knows(named):
     rig = make_rig()
     rid, item = victim_room(rig, 7, named=named)
     for bad in (dict(n_receivers=0), dict(hidden=3), dict(n_tokens=-1)):  # malformed, or against the chunk
-        rig.manager.register_receiver(rig.frame(7, "attacker:1", 2, peer=ATTACKER, **bad))
+        rig.manager.register_receiver(rig.frame(7, "attacker:1", 2, identity=ATTACKER, **bad))
     run(rig, (rid, item))
     assert rig.manager.room_status(7) == "success"
     assert rig.delivered_ok(7, "victim:1", item)
@@ -61,7 +61,7 @@ def test_another_peer_cannot_fail_a_room_whose_id_it_knows(named):
 
 def test_registering_first_does_not_hijack_a_room_its_sender_named():
     rig = make_rig()
-    rig.manager.register_receiver(rig.frame(7, "attacker:1", 2, peer=ATTACKER))  # before the sender
+    rig.manager.register_receiver(rig.frame(7, "attacker:1", 2, identity=ATTACKER))  # before the sender
     assert rig.manager.room_status(7) == "announced"
     rid, item = victim_room(rig, 7)
     run(rig, (rid, item))
@@ -71,8 +71,8 @@ def test_registering_first_does_not_hijack_a_room_its_sender_named():
     assert rig.receiver("attacker:1").statuses(7) == ["failed"]  # as if its sender never came
     # And after the bind, an extra seat cannot be taken either.
     rid8, item8 = victim_room(rig, 8, register=False)
-    rig.manager.register_receiver(rig.frame(8, "attacker:1", 2, peer=ATTACKER, n=2))
-    rig.manager.register_receiver(rig.frame(8, "victim:1", 2, peer=VICTIM))
+    rig.manager.register_receiver(rig.frame(8, "attacker:1", 2, identity=ATTACKER, n=2))
+    rig.manager.register_receiver(rig.frame(8, "victim:1", 2, identity=VICTIM))
     run(rig, (rid8, item8))
     assert rig.manager.room_status(8) == "success" and rig.delivered_ok(8, "victim:1", item8)
     assert untouched(rig, 8, "attacker:1")
@@ -87,7 +87,7 @@ def test_a_frame_may_not_name_another_peers_session():
     assert rig.delivered_ok(1, "victim:1", item1)
     main, _, _, _ = rig.buffers[(1, "victim:1")]
     rig.executor.register("req-2", "h", 1, 2, receiver=ATTACKER)
-    deputy = rig.frame(2, "attacker:1", 2, peer=ATTACKER)._replace(session="victim:1", dst_ptr=main.data_ptr())
+    deputy = rig.frame(2, "attacker:1", 2, identity=ATTACKER)._replace(session="victim:1", dst_ptr=main.data_ptr())
     assert not rig.manager.register_receiver(deputy)
     run(rig, ("req-2", rig.item(2, 99)))
     assert rig.delivered_ok(1, "victim:1", item1)  # not overwritten
@@ -99,16 +99,16 @@ def test_a_frame_may_not_name_another_peers_session():
 def test_a_future_room_id_cannot_be_poisoned(poison):
     rig = make_rig(park_timeout=5.0)
     if poison == "malformed":
-        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, peer=ATTACKER, n_receivers=0))
+        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, identity=ATTACKER, n_receivers=0))
         assert rig.manager.room_status(9) is None  # nothing created
     elif poison == "announce-and-expire":
-        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, peer=ATTACKER))
+        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, identity=ATTACKER))
         rig.clock.advance(6.0)
         rig.executor.poll()
         assert rig.manager.room_status(9) == "failed"
     else:
-        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, peer=ATTACKER, n=2))
-        rig.manager.register_receiver(rig.frame(9, "attacker:2", 2, peer=ATTACKER, n=3))
+        rig.manager.register_receiver(rig.frame(9, "attacker:1", 2, identity=ATTACKER, n=2))
+        rig.manager.register_receiver(rig.frame(9, "attacker:2", 2, identity=ATTACKER, n=3))
         assert rig.manager.room_status(9) == "failed"
     rid, item = victim_room(rig, 9)
     assert rig.manager.room_status(9) == "ready"  # bound and its receiver registered: not failed
@@ -124,18 +124,18 @@ def test_another_peer_learns_nothing_of_a_concluded_room(outcome):
         rig.transport.inject("fail", session="victim:1")
     run(rig, (rid, item))
     assert rig.manager.room_status(4) == outcome
-    rig.manager.register_receiver(rig.frame(4, "attacker:1", 2, peer=ATTACKER))
+    rig.manager.register_receiver(rig.frame(4, "attacker:1", 2, identity=ATTACKER))
     told = rig.receiver("attacker:1").notices
     assert [(n.status, n.reason) for n in told] == [("failed", "room not open to this receiver")]
 
 
 def test_per_peer_announce_cap_keeps_other_peers_early_registrations():
     # Before: 4,096 bogus early frames locked every legitimate early registration out.
-    rig = make_rig(max_announced=64, max_announced_per_peer=16)
-    accepted = sum(rig.manager.register_receiver(rig.frame(1000 + k, "attacker:1", 1, peer=ATTACKER))
+    rig = make_rig(max_announced=64, max_announced_per_identity=16)
+    accepted = sum(rig.manager.register_receiver(rig.frame(1000 + k, "attacker:1", 1, identity=ATTACKER))
                    for k in range(200))
     assert accepted == 16
-    assert rig.manager.register_receiver(rig.frame(5, "victim:1", 2, peer=VICTIM))  # early, before its sender
+    assert rig.manager.register_receiver(rig.frame(5, "victim:1", 2, identity=VICTIM))  # early, before its sender
     rig.executor.register("req-5", "h", 1, 5, receiver=VICTIM)
     item = rig.item(2, 5)
     run(rig, ("req-5", item))
@@ -143,9 +143,9 @@ def test_per_peer_announce_cap_keeps_other_peers_early_registrations():
 
 
 def test_sessions_per_peer_are_bounded_and_released_oldest_first():
-    rig = make_rig(max_sessions_per_peer=4)
+    rig = make_rig(max_sessions_per_identity=4)
     for k in range(10):
-        rig.manager.register_receiver(rig.frame(100 + k, f"attacker:{k}", 1, peer=ATTACKER))
+        rig.manager.register_receiver(rig.frame(100 + k, f"attacker:{k}", 1, identity=ATTACKER))
     assert len(rig.manager.tenancy) == 4
     assert rig.manager.tenancy.session_owner("attacker:9") == ATTACKER
     assert rig.manager.tenancy.session_owner("attacker:0") is None
@@ -187,7 +187,7 @@ def test_refusal_warnings_are_rate_limited_with_counts(caplog):
 def test_a_withdraw_from_another_peer_touches_nothing():
     rig = make_rig()
     rid, item = victim_room(rig, 6)
-    assert rig.manager.withdraw(6, "victim:1", peer=ATTACKER) == "refused"
+    assert rig.manager.withdraw(6, "victim:1", identity=ATTACKER) == "refused"
     assert rig.manager.room_status(6) == "ready"
     run(rig, (rid, item))
     assert rig.manager.room_status(6) == "success" and rig.delivered_ok(6, "victim:1", item)
@@ -200,12 +200,12 @@ def test_a_sender_binds_to_its_own_peers_failure_and_its_room():
     b = ManagerRig()
     m = b.m
     ev = m.observer = Calls("room_opened")
-    b.announced_failed(1, "a1", "bad frame", peer="A")
+    b.announced_failed(1, "a1", "bad frame", identity="A")
     assert m.bind_sender(1, receiver="A") == "failed"  # A's own failure binds its request
     assert m.bind_sender(1) == "failed"  # unnamed: whatever failed the room, it stays failed
-    assert m.register_receiver(b.frame(2, "a2", n=2, peer="A"))
+    assert m.register_receiver(b.frame(2, "a2", n=2, identity="A"))
     assert m.bind_sender(2, receiver="A") == "registered"  # A's announced room is A's to bind
-    assert m.register_receiver(b.frame(3, "a3", n=1, peer="A"))
+    assert m.register_receiver(b.frame(3, "a3", n=1, identity="A"))
     assert m.bind_sender(3) == "ready"  # unnamed binds to whoever announced
     assert m.stats["foreign_announcements"] == 0 and m.stats["failed"] == 1
     assert ev.calls == [("room_opened", 1), ("room_opened", 2), ("room_opened", 3)]  # binding opens no second record
@@ -215,21 +215,21 @@ def test_a_room_announced_by_another_peer_fails_for_it_and_opens_anew():
     b = ManagerRig()
     m = b.m
     ev = m.observer = Calls("room_opened")
-    assert m.register_receiver(b.frame(3, "a3", n=2, peer="A"))
+    assert m.register_receiver(b.frame(3, "a3", n=2, identity="A"))
     assert m.bind_sender(3, receiver="B") == "registered"
     why = "room not open to this receiver"
     assert b.notices("a3", 3) == [(3, "failed", why), (3, "released", "")]
     assert m.stats["foreign_announcements"] == 1 and m.stats["failed"] == 1
     assert m.room_status(3) == "registered" and ev.calls == [("room_opened", 3), ("room_opened", 3)]
-    assert m.register_receiver(b.frame(3, "b3", n=1, peer="B"))  # B's frame now completes the room
+    assert m.register_receiver(b.frame(3, "b3", n=1, identity="B"))  # B's frame now completes the room
     assert m.room_status(3) == "ready"
-    assert m.register_receiver(b.frame(3, "a4", n=1, peer="A")) is False  # and A is out
+    assert m.register_receiver(b.frame(3, "a4", n=1, identity="A")) is False  # and A is out
     # a room that already has its sender is not taken over, whoever binds it
     assert m.bind_sender(4, receiver="A") == "registered"
     with pytest.raises(RoomConflict):
         m.bind_sender(4, receiver="B")
     assert m.stats["foreign_announcements"] == 1
-    assert m.register_receiver(b.frame(8, "a8", n=2, peer="A"))
+    assert m.register_receiver(b.frame(8, "a8", n=2, identity="A"))
     assert m.bind_sender(8, receiver="C") == "registered"  # each such room is counted
     assert m.stats["foreign_announcements"] == 2 and m.stats["failed"] == 2
 
@@ -238,9 +238,9 @@ def test_a_named_receiver_owns_the_room_of_its_sender():
     rig = make_rig()
     ex, m = rig.executor, rig.manager
     ex.register("r", "prefill-host", 8998, 1, receiver="alice")
-    assert not m.register_receiver(rig.frame(1, "p1", 2, peer="mallory"))
+    assert not m.register_receiver(rig.frame(1, "p1", 2, identity="mallory"))
     assert m.room_status(1) == "registered"
-    assert m.register_receiver(rig.frame(1, "p2", 2, peer="alice"))
+    assert m.register_receiver(rig.frame(1, "p2", 2, identity="alice"))
     assert m.room_status(1) == "ready"
 
 
@@ -248,10 +248,10 @@ def test_frames_for_a_room_of_another_peer_live_or_concluded_are_told_the_same()
     b = ManagerRig()
     m = b.m
     assert m.bind_sender(1, receiver="A") == "registered"
-    b.announced_failed(2, "a2", "secret", peer="A")
+    b.announced_failed(2, "a2", "secret", identity="A")
     why = "room not open to this receiver"
-    assert m.register_receiver(b.frame(1, "b1", peer="B")) is False
-    assert m.register_receiver(b.frame(2, "b1", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "b1", identity="B")) is False
+    assert m.register_receiver(b.frame(2, "b1", identity="B")) is False
     assert b.notices("b1") == [(1, "failed", why), (2, "failed", why)]
     assert m.stats["frames_foreign"] == 2 and m.stats["late_frames"] == 0
     assert m.room_status(1) == "registered"
@@ -262,21 +262,21 @@ def test_foreign_frames_are_told_failed_counted_and_warned_once_a_second(caplog)
     b = ManagerRig()
     m = b.m
     assert m.bind_sender(1, receiver="A") == "registered"
-    assert m.register_receiver(b.frame(1, "b1", peer="B")) is False
-    assert m.register_receiver(b.frame(1, "b2", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "b1", identity="B")) is False
+    assert m.register_receiver(b.frame(1, "b2", identity="B")) is False
     assert m.stats["frames_foreign"] == 2
     why = "room not open to this receiver"
     assert b.notices("b1") == [(1, "failed", why)] and b.notices("b2") == [(1, "failed", why)]
     assert m.room_status(1) == "registered"
     b.clock.advance(0.5)
-    assert m.withdraw(1, "b3", peer="B") == "refused"  # same key: held back too
+    assert m.withdraw(1, "b3", identity="B") == "refused"  # same key: held back too
     b.clock.advance(0.5)
-    assert m.register_receiver(b.frame(1, "b4", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "b4", identity="B")) is False
     # frames and withdraws from another identity share one line a second; the next counts those held back
     lines = log_lines(caplog)
-    assert len(lines) == 2 and "another peer" in lines[0] and re.search(r"\b2 more\b", lines[1])
+    assert len(lines) == 2 and "another identity" in lines[0] and re.search(r"\b2 more\b", lines[1])
     b.clock.advance(1.0)
-    assert m.withdraw(1, "b5", peer="B") == "refused"
+    assert m.withdraw(1, "b5", identity="B") == "refused"
     lines = log_lines(caplog)
     assert len(lines) == 3 and "withdraw" in lines[-1] and re.search(r"\broom 1\b", lines[-1])
 
@@ -285,16 +285,16 @@ def test_withdraw_of_another_peers_session_or_room_is_refused_and_counted(caplog
     caplog.set_level(logging.WARNING, logger="epd_ring.manager")
     b = ManagerRig()
     m = b.m
-    assert m.register_receiver(b.frame(1, "a1", n=2, peer="A"))  # A claims session a1 and room 1
+    assert m.register_receiver(b.frame(1, "a1", n=2, identity="A"))  # A claims session a1 and room 1
     told = len(b.t.told)
-    assert m.withdraw(2, "a1", peer="B") == "refused"  # A's session, no room
-    assert m.withdraw(1, "b1", peer="B") == "refused"  # B's fresh session, A's room
+    assert m.withdraw(2, "a1", identity="B") == "refused"  # A's session, no room
+    assert m.withdraw(1, "b1", identity="B") == "refused"  # B's fresh session, A's room
     assert m.stats["withdraws"] == 2 and m.stats["withdraws_foreign"] == 2
     assert len(b.t.told) == told and m.room_status(1) == "announced"
     # one line per second for what a peer can provoke at will
     (line,) = log_lines(caplog)
     assert "withdraw" in line and re.search(r"\broom 2\b", line)
-    assert m.withdraw(1, "a1", peer="A") == "failed"
+    assert m.withdraw(1, "a1", identity="A") == "failed"
     assert m.stats["withdraws"] == 3 and m.stats["withdraws_foreign"] == 2
 
 
@@ -304,10 +304,10 @@ def test_frames_from_another_peers_session_get_no_answer(caplog):
     caplog.set_level(logging.WARNING, logger="epd_ring.manager")
     b = ManagerRig()
     m = b.m
-    assert m.register_receiver(b.frame(1, "s1", n=2, peer="A"))
+    assert m.register_receiver(b.frame(1, "s1", n=2, identity="A"))
     told = list(b.t.told)
-    assert m.register_receiver(b.frame(2, "s1", peer="B")) is False
-    assert m.register_receiver(b.frame(1, "s1", n=2, peer="B")) is False
+    assert m.register_receiver(b.frame(2, "s1", identity="B")) is False
+    assert m.register_receiver(b.frame(1, "s1", n=2, identity="B")) is False
     assert b.t.told == told and m.room_status(2) is None and m.stats["frames_foreign"] == 2
     (line,) = log_lines(caplog)
     assert "session" in line
@@ -317,8 +317,8 @@ def test_a_frame_that_cannot_claim_its_session_is_told_why():
     b = ManagerRig()
     m = b.m
     m.tenancy.max_sessions = 1  # the bound on sessions in all, lowered to reach it
-    assert m.register_receiver(b.frame(1, "a1", peer="A"))
-    assert m.register_receiver(b.frame(2, "b1", peer="B")) is False
+    assert m.register_receiver(b.frame(1, "a1", identity="A"))
+    assert m.register_receiver(b.frame(2, "b1", identity="B")) is False
     assert b.notices("b1") == [(2, "failed", "too many receiver sessions (1)")]
     assert m.room_status(2) is None and m.stats["frames_foreign"] == 1
 
@@ -334,7 +334,7 @@ def test_a_session_belongs_to_the_first_peer_that_names_it():
 
 
 def test_a_peer_at_its_session_cap_gives_up_its_own_least_recently_named_session():
-    t = Tenancy(max_sessions_per_peer=2)
+    t = Tenancy(max_sessions_per_identity=2)
     assert t.claim("alice", "a:1") == "" and t.claim("alice", "a:2") == "" and t.claim("bob", "b:1") == ""
     assert t.claim("alice", "a:1") == ""  # named again: a:2 is now her least recently named
     assert t.claim("alice", "a:3") == ""
@@ -346,7 +346,7 @@ def test_a_peer_at_its_session_cap_gives_up_its_own_least_recently_named_session
 
 
 def test_sessions_in_all_are_bounded_and_a_claim_past_the_bound_is_refused():
-    t = Tenancy(max_sessions_per_peer=10, max_sessions=2)
+    t = Tenancy(max_sessions_per_identity=10, max_sessions=2)
     assert t.claim("alice", "a:1") == "" and t.claim("bob", "b:1") == ""
     assert t.claim("carol", "c:1") == "too many receiver sessions (2)"
     assert t.session_owner("c:1") is None and len(t) == 2

@@ -95,6 +95,23 @@ class EncodeManager(Lifecycle):
                                actions=self.actions)
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
+    # settings held by the parts -------------------------------------------
+    @property
+    def max_tombstones(self) -> int:
+        return self.tombs.cap
+
+    @max_tombstones.setter
+    def max_tombstones(self, cap: int) -> None:  # a lowered cap holds from the next trim on
+        self.tombs.cap = cap
+
+    @property
+    def tombstone_ttl(self) -> float:
+        return self.tombs.ttl
+
+    @property
+    def max_announced(self) -> int:
+        return self.admission.max_announced
+
     # queries --------------------------------------------------------------
     @property
     def tombstones(self) -> Any:

@@ -20,6 +20,8 @@ from epd_ring.fsm import SLOT
 from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
 _ALIGN = 64
+_SLOT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items()) if machine == "slot" for a in acts}
+_UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _SLOT_ACTIONS}
 
 
 class Slot:
@@ -71,8 +73,9 @@ class Ring:
             self.deep_base = self.deep.data_ptr()
             regions += [(self.deep_base + i * deep_slot_bytes, deep_slot_bytes) for i in range(n_slots)]
         transport.register_memory(regions, owner=self)
-        # The coupling actions (fsm/couplings.py) a slot's step runs: the manager's.
-        self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
+        # The coupling actions (fsm/couplings.py) a slot's step runs: the manager's. A ring on its
+        # own (a tool, a test of the ring) has no deadlines or regions to couple to.
+        self.actions: Mapping[str, Callable[[Any], None]] = actions or _UNCOUPLED
         self.slots = [Slot(i, self) for i in range(n_slots)]
         self._free: deque[Slot] = deque(self.slots)
 

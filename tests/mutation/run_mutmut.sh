@@ -17,10 +17,10 @@ CHILDREN="${MUTMUT_CHILDREN:-2}"
 
 mkdir -p "$WORK/src/epd_ring"
 # refresh sources and tests; keep mutants/ so an interrupted run resumes
-rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/diagrams"
+rm -rf "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" "$WORK/tests" "$WORK/docs"
 cp -a "$ROOT/fsm" "$ROOT/executor" "$ROOT/models" "$WORK/src/epd_ring/"
 cp -a "$ROOT/tests" "$WORK/tests"
-cp -a "$ROOT/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
+mkdir -p "$WORK/docs" && cp -a "$ROOT/docs/diagrams" "$WORK/docs/diagrams"  # test_diagrams checks the committed ones
 find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
 : > "$WORK/src/epd_ring/__init__.py"
 cat > "$WORK/pyproject.toml" <<'TOML'
