@@ -12,7 +12,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families  # the test extra has it: never skipped
 
-from epd_ring.executor.drivers.metrics import REASON_KINDS, reason_kind
+from epd_ring.executor import ReasonKind
+from epd_ring.executor.drivers.metrics import REASON_KINDS
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -72,7 +73,7 @@ def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
         assert value(final, "epd_ring_rooms_concluded_total", outcome=outcome) == outcomes.get(outcome, 0)
     by_reason = {k: value(final, "epd_ring_room_failures_total", reason=k) for k in REASON_KINDS}
     assert sum(by_reason.values()) == outcomes["failed"]
-    assert by_reason["other"] == 0, by_reason  # every reason the demo provokes maps to a kind
+    assert by_reason["caller"] == 0, by_reason  # every failure the demo provokes is one of ours, with its kind
     assert by_reason["tower"] == report["by_injection"].get("tower_error", {}).get("failed", 0) + \
         report["by_injection"].get("batch_mate", {}).get("failed", 0)
     assert by_reason["park_timeout"] > 0 and by_reason["write_failed"] > 0
@@ -86,12 +87,21 @@ def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
     assert value(final, "epd_ring_copy_seconds_count") > 0 and value(final, "epd_ring_park_wait_seconds_count") > 0
 
 
-def test_reason_kinds_are_a_bounded_set():
-    assert reason_kind("write to receiver prefill-1:0 failed") == "write_failed"
-    assert reason_kind("only 1 of 2 receivers registered within 1.0 s of parking") == "park_timeout"
-    assert reason_kind("room 5: receiver x expects 4 rows, chunk has 6") == "frame"
-    assert reason_kind("anything a tower might say") == "other"
-    assert reason_kind(None) == "other"
+def test_failed_rooms_are_counted_by_the_kind_of_their_reason_whatever_its_text():
+    from epd_ring.executor.drivers.metrics import RingMetrics
+    from helpers import make_rig
+
+    rig = make_rig()
+    metrics = RingMetrics(rig.executor).attach()
+    rig.open_room(1)
+    rig.executor.send_item("r1", object())  # not an item: its room fails, kind `item`
+    rig.open_room(2)
+    rig.executor.fail_rooms(["r2"], "the engine's own words")  # kind `caller`
+    rig.open_room(3, rid="r3")
+    rig.executor.execute([("r3", rig.item(2, 3))])
+    rig.executor.execute([("r3", rig.item(2, 3))])  # a second item for one room: kind `protocol`
+    assert dict(metrics.reasons) == {"item": 1, "caller": 1, "protocol": 1}
+    assert set(metrics.reasons) <= set(REASON_KINDS) == {k.value for k in ReasonKind}
 
 
 def test_demo_metrics_port_flag_serves():

@@ -11,53 +11,30 @@ it, together with slot and room counts by state, only when scraped, from its
 own thread (the reads are of whole lists and counters, which the GIL keeps
 consistent enough for monitoring).
 
-Failure reasons are free text in the core; here they are mapped to a small,
-fixed set of `reason` label values (`REASON_KINDS`), so the label set stays
-bounded whatever the text says.
+Failed rooms are labelled by their reason's kind (`ReasonKind`, a closed
+set), never by its text, so the label set stays bounded.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from bisect import bisect_left
 from collections import Counter
 from typing import Any, Iterable
 
-from ..core.drain import DEADLINE, DRAINING
 from ..core.observe import Observer
+from ..core.reasons import ReasonKind
 from ..core.transport import Outcome
 
 _perf_counter = time.perf_counter
 _DONE = Outcome.DONE
 
-# (kind, pattern on the failure reason); first match wins, "other" if none.
-_REASON_RULES: list[tuple[str, re.Pattern]] = [(k, re.compile(p)) for k, p in [
-    ("draining", "^" + re.escape(DRAINING) + "|^" + re.escape(DEADLINE)),
-    ("park_timeout", r"receivers registered within .* of parking"),
-    ("announce_timeout", r"^sender never registered within"),
-    ("deadline", r"^deadline fired early"),
-    ("write_deadline", r"^write to receiver .* got no report within"),
-    ("write_timed_out", r"^write to receiver .* timed_out$"),
-    ("write_failed", r"^write to receiver .* failed$"),
-    ("staging", r"^staging failed"),
-    ("deferred_full", r"^deferred queue full"),
-    ("protocol", r"sent a second item|got a second chunk"),
-    ("frame", r"^malformed receiver frame|^receiver .* registered twice|^room \d+: |too many rooms waiting"),
-    ("peer_down", r"^peer .* is (down|unknown)|^too many peers"),
-]]
-REASON_KINDS = ("tower",) + tuple(k for k, _ in _REASON_RULES) + ("other",)
+# Failed rooms are counted by their reason's kind: a closed set, so the label set stays bounded.
+REASON_KINDS = tuple(k.value for k in ReasonKind)
 
 # Seconds; one set for every histogram, from a copy (tens of microseconds) to a park (minutes).
 BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
            120.0, 300.0)
-
-
-def reason_kind(reason: str | None) -> str:
-    for kind, pattern in _REASON_RULES:
-        if reason and pattern.search(reason):
-            return kind
-    return "other"
 
 
 class _Histogram:
@@ -110,7 +87,6 @@ class RingMetrics(Observer):
         self._deferred: dict[int, float] = {}
         self._copying: dict[int, float] = {}
         self._parked: dict[int, float] = {}
-        self._tower_failed: set[int] = set()
         self._writes_done = 0
 
     def attach(self) -> "RingMetrics":
@@ -162,19 +138,12 @@ class RingMetrics(Observer):
             self.write_outcomes[outcome] += 1
         self._write_latency(self._now() - submitted_at)
 
-    def tower_failed(self, rooms: list[int]) -> None:
-        self._tower_failed.update(rooms)
-
     def _concluded(self, room: int, state: str) -> None:
         now = self._now()
         self.outcomes[state] += 1
         if state == "failed":
-            if room in self._tower_failed:
-                self._tower_failed.discard(room)
-                kind = "tower"
-            else:
-                kind = reason_kind(self.manager.failure_reason(room))
-            self.reasons[kind] += 1
+            reason = self.manager.failure_reason(room)
+            self.reasons[reason.kind.value if reason is not None else ReasonKind.CALLER.value] += 1
         t = self._opened.pop(room, None)
         if t is not None:
             self._lifetime(now - t)
