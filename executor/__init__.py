@@ -18,7 +18,8 @@ Driver names load lazily: their extras (pyzmq, Mooncake) are optional.
 from .core import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, Fault, FrameError,
                    LoopbackReceiver, LoopbackTransport, Modality, MonotonicClock, Outcome, ReceiverFrame, Ring,
                    RoomConflict, Slot, StagingError, Transport, TransportError, assign_encoded_embeddings,
-                   item_token_count, shard_rows, TowerModel, DrainReport, Observer, Reason, ReasonKind)
+                   item_token_count, shard_rows, TowerModel, DrainReport, Observer, Reason, ReasonKind,
+                   Pump, Concluded, Contact, Notify, Release, Submit)
 
 _DRIVERS = {
     "MooncakeTransport": "mooncake",
@@ -42,7 +43,8 @@ __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Outcome",
     "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring", "RoomConflict", "Slot", "StagingError",
-    "Transport", "TransportError", "TowerModel", "DrainReport", "Observer", "Reason", "ReasonKind", "ZmqControlPlane",
+    "Transport", "TransportError", "TowerModel", "DrainReport", "Observer", "Reason", "ReasonKind", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
+    "ZmqControlPlane",
     "assign_encoded_embeddings", "instrument", "item_token_count",
     "load_engine", "shard_rows",
 ]

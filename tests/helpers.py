@@ -9,8 +9,62 @@ from dataclasses import dataclass, field
 
 import torch
 
-from epd_ring.executor import (ReasonKind, Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
-                               Observer, ReceiverFrame, Ring, shard_rows)
+from epd_ring.executor import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
+                               Observer, Pump, ReasonKind, ReceiverFrame, Ring, shard_rows)
+
+# The calls into the core after which a driver does what they decided (`Pump.flush`).
+ENTRY_POINTS = frozenset((
+    "register", "execute", "send_item", "fail_rooms", "reap_concluded_senders", "serve_deferred", "finish_copies",
+    "begin_close", "bind_sender", "unbind_sender", "register_receiver", "withdraw", "submit_chunk", "fail_room",
+    "expire_room_now", "expire_peer_now", "release_slot_now", "writes_reported", "contacts_reported"))
+
+
+class Driven:
+    """A core object (manager or executor) driven as an encode loop drives it: each entry point is
+    followed by the pump's `flush()`, `poll()` is the pump's `tick()` and `close()` the pump's.
+
+    So one call in a test shows its whole effect (writes submitted, receivers told), as in a
+    worker; every other attribute is the core's own."""
+
+    __slots__ = ("_core", "_pump")
+
+    def __init__(self, core, pump: Pump):
+        object.__setattr__(self, "_core", core)
+        object.__setattr__(self, "_pump", pump)
+
+    def __getattr__(self, name: str):
+        if name == "poll":
+            return self._pump.tick
+        if name == "close":
+            return self._pump.close
+        value = getattr(self._core, name)
+        if name == "manager":
+            return Driven(value, self._pump)
+        if name in ENTRY_POINTS:
+            flush = self._pump.flush
+
+            def call(*args, **kw):
+                out = value(*args, **kw)
+                flush()
+                return out
+            return call
+        return value
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._core, name, value)
+
+    @property
+    def core(self):
+        return self._core
+
+    @property
+    def pump(self) -> Pump:
+        return self._pump
+
+
+def drive(core, transport=None) -> Driven:
+    """`core` (an executor or a manager) with a pump on `transport` (default: the manager's)."""
+    return Driven(core, Pump(core, transport))
 
 
 def reason_text(manager: EncodeManager, room: int) -> str | None:
@@ -177,9 +231,9 @@ def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep:
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)
-    executor = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes,
-                              max_deferred=max_deferred)
-    return Rig(clock, transport, manager, executor, tower)
+    executor = drive(EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes,
+                                    max_deferred=max_deferred))
+    return Rig(clock, transport, executor.manager, executor, tower)
 
 
 def loopback_setup(at: float = 0.0):
@@ -199,7 +253,7 @@ def managed(**kw):
     """A bare manager on a loopback transport and fake clock: (clock, transport, manager)."""
     clock = FakeClock()
     t = LoopbackTransport(clock)
-    return clock, t, EncodeManager(t, clock, **kw)
+    return clock, t, drive(EncodeManager(t, clock, **kw))
 
 
 HIDDEN = 8
@@ -226,7 +280,7 @@ class ManagerRig:
         self.clock = FakeClock()
         self.t = AddressedLoopback(self.clock)
         kw = {"park_timeout": 10.0, "quarantine_s": 5.0, "write_timeout": 30.0, **kw}
-        self.m = EncodeManager(self.t, self.clock, **kw)
+        self.m = drive(EncodeManager(self.t, self.clock, **kw))
         self.ring = Ring(self.t, 4, 4096, actions=self.m.actions)  # coupled as an executor couples it
         self.keep: list[torch.Tensor] = []
 

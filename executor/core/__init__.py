@@ -25,11 +25,13 @@ from .transport import Outcome, Transport, TransportError
 from .tower import TowerModel
 from .drain import DrainReport
 from .observe import Observer
+from .pump import Pump
+from .effects import Concluded, Contact, Notify, Release, Submit
 
 __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Outcome", "ReceiverFrame",
     "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError", "TowerModel", "DrainReport",
-    "Observer", "Reason", "ReasonKind",
+    "Observer", "Reason", "ReasonKind", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
     "assign_encoded_embeddings", "item_token_count", "shard_rows",
 ]

@@ -11,10 +11,10 @@ the loop's thread like everything else and its deadline is the injected clock:
 2. Rooms whose writes are in flight finish; at the deadline they fail.
 3. Once no room is live, no write is in flight, no copy is pending and every
    quarantine has ended (a write that failed may still land: its slot is not
-   released early), every slot is retired, the ring's memory is unregistered
-   and the transport closed.
+   released early), every slot is retired and a `Release` effect asks the
+   driver to unregister the ring's memory and close the transport.
 
-If the deadline passes before step 3, `close()` returns a report that says
+If the deadline passes before step 3, `Pump.close()` returns a report that says
 what is still busy and leaves the ring registered: leaking it is safe,
 freeing memory a write may still read is not. Later polls carry on.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .effects import Release
 from .reasons import Reason, ReasonKind
 
 if TYPE_CHECKING:
@@ -85,9 +86,7 @@ class Drain:
         if manager.rooms or manager.writes_in_flight or ex.copies_pending or ring.free_count != ring.n_slots:
             return False
         ring.close()
-        manager.transport.unregister_memory(ring)
-        if self.close_transport:
-            manager.transport.close()
+        manager.outbox.append(Release(ring, self.close_transport))
         self.done = True
         manager.on_conclude.remove(self._concluded)
         return True

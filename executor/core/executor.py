@@ -20,7 +20,7 @@ import torch
 from epd_ring.fsm import ROOM_CONCLUDED, SLOT
 
 from . import settings
-from .drain import DRAINING, Drain, DrainReport
+from .drain import DRAINING, Drain
 from .manager import Chunk, EncodeManager
 from .reasons import Reason, ReasonKind, as_reason
 from .staging import Sender, Staging
@@ -274,7 +274,11 @@ class EncodeExecutor(Staging):
 
     # the tick --------------------------------------------------------------
     def poll(self) -> int:
-        """Finish copies, take transfer outcomes and deadlines, then serve deferred sends."""
+        """Finish copies, fire due deadlines, serve deferred sends, step a drain; return events handled.
+
+        Transfer outcomes and contact answers come in through the manager's `writes_reported` and
+        `contacts_reported`; what to do comes out through `manager.take_effects()` (the `Pump`
+        does both around this call)."""
         n = self.finish_copies() if self._copies else 0
         n += self.manager.poll()
         if self._deferred:
@@ -297,25 +301,10 @@ class EncodeExecutor(Staging):
         """True once a drain has retired the ring, unregistered it and closed the transport."""
         return self._drain is not None and self._drain.done
 
-    def close(self, timeout: float, idle: Callable[[], Any], *, close_transport: bool = True) -> DrainReport:
-        """Drain and let go of the ring, polling until done or `timeout` seconds (by the clock) pass.
-
-        Stops intake, fails every room not yet transferring (its receivers are
-        told), lets in-flight writes finish (failing their rooms at the
-        deadline), waits out every quarantine, then retires the slots,
-        unregisters the ring and closes the transport. `idle()` runs between
-        polls: `lambda: time.sleep(0.001)` in a worker, a fake clock's advance
-        in a test (the core never sleeps). Returns a report; if it is not
-        `clean`, the ring stays registered and later `poll()` calls carry on.
-        """
-        self.begin_close(timeout, close_transport=close_transport)
-        drain = self._drain
-        while not drain.done:
-            self.poll()
-            if drain.done or self.manager.clock.now() >= drain.deadline:
-                break
-            idle()
-        return drain.report()
+    @property
+    def drain(self) -> Drain | None:
+        """The drain under way (see `begin_close`), or None."""
+        return self._drain
 
     # failure and reaping -----------------------------------------------------
     def fail_rooms(self, request_ids: Iterable[Any], exc: BaseException | str) -> int:

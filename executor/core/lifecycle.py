@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from epd_ring.fsm import ROOM
 from epd_ring.fsm.couplings import ON_ENTER
 
+from .effects import Concluded, Effect, Notify
 from .frames import FrameError, ReceiverFrame, check_tiling
 from .peers import Peer, down_reason
 from .reasons import Reason, ReasonKind
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from .regions import RegionBook
     from .timers import Deadlines
     from .tombstones import Tombstones
-    from .transport import Transport
     from .writes import Write, Writes
 
 log = logging.getLogger("epd_ring.manager")
@@ -45,7 +45,7 @@ _TIMED_OUT = {"park": ReasonKind.PARK_TIMEOUT, "announce": ReasonKind.ANNOUNCE_T
 class Lifecycle:
     """The room steps, the coupling actions, write outcomes and notices (base of `EncodeManager`)."""
 
-    transport: Transport
+    outbox: list[Effect]
     clock: Clock
     rooms: dict[int, Room]
     tombs: Tombstones
@@ -202,6 +202,7 @@ class Lifecycle:
         pins = int(room.sender) + self.regions.room_open(room.id)
         self.tombs.keep(Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins,
                                   room.owner))
+        self.outbox.append(Concluded(room.id, state))
         for cb in self.on_conclude:
             cb(room.id, state)
 
@@ -276,12 +277,8 @@ class Lifecycle:
 
     # notices ---------------------------------------------------------------
     def tell(self, frame: Any, room_id: int, status: str, reason: str = "") -> None:
-        try:
-            self.transport.notify(frame, room_id, status, reason)
-            self.stats[_TOLD.get(status) or "told_" + status] += 1
-        except Exception as exc:  # one unreachable receiver must not stop the others
-            self.stats["notify_errors"] += 1
-            log.warning("could not tell %s that room %s %s: %s", getattr(frame, "session", "?"), room_id, status, exc)
+        self.outbox.append(Notify(frame, room_id, status, reason))
+        self.stats[_TOLD.get(status) or "told_" + status] += 1
 
     def tell_failed(self, frame: Any, room_id: int, reason: str) -> None:
         """Failed, for a receiver no write was ever issued to: its region is free at once."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
@@ -28,12 +28,13 @@ from .peers import PeerTable
 from .ratelog import RateLimitedLog
 from .reasons import Reason, ReasonKind, as_reason
 from .regions import RegionBook
+from .effects import Effect
 from .ring import Slot
 from .rooms import ACCEPTS_CHUNK, EXPIRABLE, Chunk, Room, RoomConflict
 from .tenancy import Tenancy
 from .timers import Deadlines
 from .tombstones import Tombstone, Tombstones
-from .transport import Transport
+from .transport import Outcome, Transport
 from .writes import Writes
 
 log = logging.getLogger("epd_ring.manager")
@@ -64,8 +65,11 @@ class EncodeManager(Lifecycle):
         peer_fail_threshold: int = 3,
         max_peers: int = 4096,
     ):
+        # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
+        # The core never calls it after that (see effects.py).
         self.transport = transport
         self.clock: Clock = clock or getattr(transport, "clock", None) or MonotonicClock()
+        self.outbox: list[Effect] = []
         self.park_timeout = settings.seconds("park_timeout", park_timeout)
         self.announce_timeout = settings.seconds(
             "announce_timeout", park_timeout if announce_timeout is None else announce_timeout)
@@ -77,10 +81,10 @@ class EncodeManager(Lifecycle):
         self.rooms: dict[int, Room] = {}
         self.tombs = Tombstones(self.clock, max_tombstones, tombstone_ttl)
         self.deadlines = Deadlines()
-        self.writes = Writes(transport, self.clock, self.deadlines, self.write_timeout)
+        self.writes = Writes(self.clock, self.deadlines, self.write_timeout, self.outbox)
+        # The core's own listeners (the executor's senders, a drain's count); the world
+        # learns of a concluded room from its `Concluded` effect.
         self.on_conclude: list[Callable[[int, str], None]] = []
-        # Inputs polled at the start of every tick (a control plane's frame socket, say).
-        self.sources: list[Callable[[], int]] = []
         # Receive regions of failed rooms that a write may still land in (release notices).
         self.regions = RegionBook(self.tell, self.tombs.unpin)
         self.polled_at: float | None = None  # clock reading of the last poll (health: loop lag)
@@ -90,7 +94,7 @@ class EncodeManager(Lifecycle):
         # Warnings an identity can provoke at will: one line per kind per second of our clock.
         self.log = RateLimitedLog(log, self.clock.now)
         self.actions = self.coupling_actions()
-        self.peers = PeerTable(transport, self.clock, self.deadlines, connect_timeout=connect_timeout,
+        self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
                                actions=self.actions)
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
@@ -256,20 +260,33 @@ class EncodeManager(Lifecycle):
         "refused" (see `Admission.withdraw`)."""
         return self.admission.withdraw(room_id, session, status_endpoint, identity)
 
-    # the tick -------------------------------------------------------------
-    def poll(self) -> int:
-        """Take transfer outcomes and contact reports, fire due deadlines, age tombstones."""
+    # what the edge reports -----------------------------------------------------
+    def writes_reported(self, outcomes: Iterable[tuple[int, Outcome]]) -> int:
+        """Outcomes of `Submit` effects, by write id; return how many."""
         n = 0
-        for source in self.sources:
-            n += source()
-        done = self.writes.outcomes()
-        for handle, outcome in done:
-            self._on_outcome(handle, outcome)
-        n += len(done)
-        reports = self.transport.peer_reports()
+        for write, outcome in outcomes:
+            self._on_outcome(write, outcome)
+            n += 1
+        return n
+
+    def contacts_reported(self, reports: Iterable[tuple[str, int, bool, str]]) -> int:
+        """Answers to `Contact` effects: (session, attempt, ok, detail); return how many."""
+        n = 0
         for session, attempt, ok, detail in reports:
             self.peers.report(session, attempt, ok, detail)
-        n += len(reports)
+            n += 1
+        return n
+
+    def take_effects(self) -> list[Effect]:
+        """Everything decided since the last call, in order; the driver does each."""
+        out = self.outbox[:]
+        self.outbox.clear()
+        return out
+
+    # the tick -------------------------------------------------------------
+    def poll(self) -> int:
+        """Fire due deadlines and age tombstones; return how many deadlines fired."""
+        n = 0
         now = self.polled_at = self.clock.now()
         if self.deadlines.any_due(now):
             for kind, obj in self.deadlines.due(now):

@@ -1,9 +1,9 @@
 """The peer table: one `peer` machine per receiver session, and the rules around it.
 
 Sans-I/O like the rest of the core. First contact with a peer runs at the edge:
-`contact` asks the transport to start it (`Transport.connect`, which must not
-block) and arms a connect deadline; the outcome comes back through the
-transport's `peer_reports()`, read in the manager's `poll()`. Every report carries
+`contact` arms a connect deadline and leaves a `Contact` effect for the driver,
+which starts it without blocking (`Transport.connect`) and reports the answer
+back (`EncodeManager.contacts_reported`). Every report carries
 the attempt number it answers, so a report that arrives after its deadline
 (a handshake that hung for a minute) cannot revive a later attempt.
 
@@ -22,8 +22,8 @@ from epd_ring.fsm.couplings import ON_ENTER
 
 from . import settings
 from .clock import Clock
+from .effects import Contact, Effect
 from .timers import Deadlines
-from .transport import Transport
 
 # Derived from the declaration: where a contact is under way and its report awaited.
 _CONTACTING = PEER.sources("connected")
@@ -58,12 +58,12 @@ class Peer:
 class PeerTable:
     """Peers by session, bounded by `max_peers` (idle peers are forgotten oldest first)."""
 
-    def __init__(self, transport: Transport, clock: Clock, deadlines: Deadlines, *,
+    def __init__(self, outbox: list[Effect], clock: Clock, deadlines: Deadlines, *,
                  connect_timeout: float = 5.0, backoff: float = 5.0, fail_threshold: int = 3,
                  max_peers: int = 4096, actions: Mapping[str, Callable[[Any], None]] | None = None):
         if settings.seconds("connect_timeout", connect_timeout) == 0:
             raise ValueError("connect_timeout must be > 0 seconds, got 0")
-        self.transport = transport
+        self.outbox = outbox
         self.clock = clock
         self.deadlines = deadlines
         self.connect_timeout = float(connect_timeout)
@@ -126,18 +126,11 @@ class PeerTable:
         return False
 
     def _start(self, peer: Peer) -> None:
-        """Ask the edge to contact the peer; it answers now (True/False) or later (None)."""
+        """Ask the edge to contact the peer; its answer comes back through `report`."""
         peer.attempt += 1
         self.stats["contacts"] += 1
         self.deadlines.arm(self.clock.now() + self.connect_timeout, "connect", peer)
-        try:
-            answer = self.transport.connect(peer.session, peer.attempt)
-        except Exception as exc:  # a transport must not raise here; treat it as a refusal
-            answer, detail = False, f"{type(exc).__name__}: {exc}"
-        else:
-            detail = "refused"
-        if answer is not None:
-            self.report(peer.session, peer.attempt, bool(answer), detail)
+        self.outbox.append(Contact(peer.session, peer.attempt))
 
     # the edge reports ------------------------------------------------------
     def report(self, session: str, attempt: int, ok: bool, detail: str = "") -> None:

@@ -1,25 +1,23 @@
 """Writes in flight: one per receiver of a transferring room, each with its own deadline.
 
-The transport answers a submit with a handle and reports the outcome through
-its `poll()`; a write the transport refused outright (it raised) is reported
-failed on the next tick like any other, so one code path handles outcomes.
+A write is an id the core hands out with a `Submit` effect; the driver submits it
+and reports its outcome under that id (`EncodeManager.writes_reported`), so the
+core never holds a transport's handle nor waits for one.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .transport import Buf, Outcome, Transport
+from .effects import Effect, Submit
+from .transport import Buf
 
 if TYPE_CHECKING:
     from .clock import Clock
     from .frames import ReceiverFrame
     from .ring import Slot
     from .timers import Deadlines
-
-log = logging.getLogger("epd_ring.manager")
 
 
 class Write:
@@ -34,39 +32,25 @@ class Write:
 
 
 class Writes:
-    __slots__ = ("transport", "clock", "deadlines", "timeout", "by_handle", "_refused", "_refused_ids")
+    __slots__ = ("clock", "deadlines", "timeout", "outbox", "by_handle", "_last_id")
 
-    def __init__(self, transport: Transport, clock: Clock, deadlines: Deadlines, timeout: float):
-        self.transport, self.clock, self.deadlines, self.timeout = transport, clock, deadlines, timeout
+    def __init__(self, clock: Clock, deadlines: Deadlines, timeout: float, outbox: list[Effect]):
+        self.clock, self.deadlines, self.timeout, self.outbox = clock, deadlines, timeout, outbox
         self.by_handle: dict[int, Write] = {}
-        self._refused: list[tuple[int, Outcome]] = []
-        self._refused_ids = 0  # negative handles, never the transport's
+        self._last_id = 0
 
     def __len__(self) -> int:
         return len(self.by_handle)
 
     def issue(self, room: int, slot: Slot, writes: Sequence[tuple[ReceiverFrame, list[Buf]]]) -> None:
-        """Submit one write per (frame, buffers) from `slot`, all due `timeout` from now."""
+        """One `Submit` per (frame, buffers) from `slot`, all due `timeout` from now."""
         due = self.clock.now() + self.timeout
         for frame, bufs in writes:
             slot.writes_in_flight += 1
-            try:
-                handle = self.transport.submit_write(frame.session, bufs)
-            except Exception as exc:  # a transport must not raise here; if it does, fail this write only
-                log.error("transport refused a write for room %s to %s: %s", room, frame.session, exc)
-                self._refused_ids -= 1
-                handle = self._refused_ids
-                self._refused.append((handle, Outcome.FAILED))
-            w = self.by_handle[handle] = Write(handle, room, slot, frame)
+            self._last_id += 1
+            w = self.by_handle[self._last_id] = Write(self._last_id, room, slot, frame)
             self.deadlines.arm(due, "write", w)
-
-    def outcomes(self) -> list[tuple[int, Outcome]]:
-        """What the transport reported since the last tick, and the writes it refused."""
-        done = self.transport.poll()
-        if self._refused:
-            done += self._refused
-            self._refused = []
-        return done
+            self.outbox.append(Submit(w.handle, frame.session, tuple(bufs)))
 
     def reported(self, handle: int) -> Write | None:
         """The write a report answers (None if it is not ours); it leaves the table."""
@@ -79,7 +63,7 @@ class Writes:
         return w.due - self.timeout
 
     def of_room(self, room: int) -> dict[str, int]:
-        """session -> handle of each write of `room` still in flight."""
+        """session -> id of each write of `room` still in flight."""
         return {w.frame.session: h for h, w in self.by_handle.items() if w.room == room}
 
     def oldest_age(self) -> float:

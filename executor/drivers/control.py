@@ -1,7 +1,7 @@
 """The control plane over ZMQ: authenticated registration frames in, authenticated status pushes out.
 
 Frames arrive on one PULL socket, read with NOBLOCK from the encode loop's
-`poll()` (through `EncodeManager.sources`), so no listener thread is needed.
+`Pump.tick()` (through `Pump.sources`), so no listener thread is needed.
 
 Authentication is ZeroMQ CURVE with an allow-list of receiver public keys. The
 ZAP handler that checks each connecting key is a REP socket in this context,
@@ -105,7 +105,7 @@ def keys_from_env() -> tuple[tuple[bytes, bytes] | None, set[bytes]]:
 
 
 class ZmqControlPlane:
-    def __init__(self, manager: Any = None, bind: str = "tcp://127.0.0.1:0", *,
+    def __init__(self, pump: Any = None, bind: str = "tcp://127.0.0.1:0", *,
                  keypair: tuple[bytes, bytes] | None = None, allowed_keys: Iterable[Any] = (),
                  insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_identity: int = 256,
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
@@ -166,17 +166,18 @@ class ZmqControlPlane:
         self._draining = False  # mid-way through discarding a refused message's parts
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
-        if manager is not None:
-            self.attach(manager)
+        if pump is not None:
+            self.attach(pump)
 
     def allow(self, *keys: Any) -> None:
         """Add receiver public keys (z85, certificate files or directories) to the allow-list."""
         self.allowed |= load_public_keys(keys)
 
-    def attach(self, manager: Any) -> None:
-        """Poll frames from `manager.poll()`; push statuses for its transport."""
-        self.manager = manager
-        manager.sources.append(self.poll)
+    def attach(self, pump: Any) -> None:
+        """Read frames on every tick of `pump` (a `Pump`): each goes to its manager, and what the
+        manager decides goes out with the pump's flush."""
+        self.manager = pump.manager
+        pump.sources.append(self.poll)
 
     # authentication ----------------------------------------------------------------------
     def _answer_zap(self) -> int:
