@@ -44,7 +44,7 @@ def canonical(state: tuple) -> tuple:
     Rooms are ordered by everything about them: their fields, the slot they use
     (its state, whether it holds their bytes) and their place in the deferred
     queue. Slots in use follow their rooms; the others (which hold nothing that
-    matters, see Spec.successors) follow, ordered by state. Two states get the
+    matters, see events.Events._emit) follow, ordered by state. Two states get the
     same canonical form exactly when a permutation of rooms and slots maps one
     onto the other.
     """

@@ -47,6 +47,10 @@ class Rules:
 
     def _read_couplings(self) -> None:
         """Bind fsm/couplings.py's table to this spec's methods (read at construction, as the core reads it)."""
+        unknown = couplings.actions() - self.ACTIONS
+        if unknown:
+            raise AssertionError(f"model bug: fsm/couplings.py names actions the spec lacks: {sorted(unknown)}")
+
         def bind(table: dict) -> dict[tuple[str, str], tuple[Action, ...]]:
             return {key: tuple(getattr(self, "_" + a) for a in acts) for key, acts in table.items()}
 

@@ -19,7 +19,8 @@ class SeedSpec(Spec):
     UNARMED = frozenset(("arm_announce_deadline",))
     LANDED = W_IDLE  # it waits out no quarantine: a landed write is simply gone
     # Each slot move sets the state it names, from whatever state the slot is in.
-    SLOT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked", "send": "sending", "abandon": "free"}
+    SLOT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked",
+                                            "send": "sending", "abandon": "free"}
     # Its receiver frees a region on Failed.
     NOTICES: ClassVar[dict[str, str]] = {"success": "written", "failed": "released"}
 
