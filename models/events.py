@@ -16,6 +16,8 @@ from .state import (CH, CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_NONE, CH_SENT, C
 
 
 class Events(Rules):
+    """The event families; `Spec.successors` runs them, each room's in turn, then the encoder's."""
+
     ROOM_FAMILIES = ("_register", "_frame", "_tower", "_copied", "_write_outcomes", "_late_landings", "_deadlines",
                      "_withdraws", "_abort")
     GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends")

@@ -24,6 +24,8 @@ Action = Callable[[Draft, int, str], None]
 
 
 class Rules:
+    """Moves, the couplings' actions and the ring, over a `Draft`; `Events` builds successors from them."""
+
     # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
     # the index of the room, slot or peer that moved, and the event that moved it.
     ACTIONS = frozenset(("arm_announce_deadline", "park_slot", "arm_park_deadline", "start_writes", "conclude",

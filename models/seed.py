@@ -16,6 +16,8 @@ from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDL
 
 
 class SeedSpec(Spec):
+    """`Spec(Config(variant="seed"))`: the project's spec with the seed's rules where they differ."""
+
     UNARMED = frozenset(("arm_announce_deadline",))
     LANDED = W_IDLE  # it waits out no quarantine: a landed write is simply gone
     # Each slot move sets the state it names, from whatever state the slot is in.
