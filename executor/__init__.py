@@ -27,16 +27,19 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time the names load o
                        ReceiverFrame, Ring, RoomConflict, Slot, StagingError, TowerModel, Transport, TransportError,
                        assign_encoded_embeddings, item_token_count, shard_rows)
 
-# Public name -> the module (relative to this package) that defines it. Nothing is imported
-# until a name is asked for: the core pulls in torch (seconds), and `epd-ring --version`,
-# `--help` and usage errors must answer without it.
-_CORE = ("Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault",
-         "FrameError", "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Observer",
-         "Outcome", "ReceiverFrame", "Ring", "RoomConflict", "Slot", "StagingError", "TowerModel", "Transport",
-         "TransportError", "assign_encoded_embeddings", "item_token_count", "shard_rows")
-_HOME = {
-    **{name: ".core" for name in _CORE},
-    # The drivers' extras (pyzmq, Mooncake, prometheus_client) are optional.
+__all__ = [
+    "Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
+    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Observer",
+    "Outcome", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring", "RoomConflict", "Slot",
+    "StagingError", "TowerModel", "Transport", "TransportError", "ZmqControlPlane", "assign_encoded_embeddings",
+    "instrument", "item_token_count", "load_engine", "shard_rows",
+]
+
+# Nothing is imported until a name is asked for: the core pulls in torch (seconds), and
+# `epd-ring --version`, `--help` and usage errors must answer without it. The drivers' names
+# come from their modules (their extras, pyzmq, Mooncake and prometheus_client, are optional);
+# every other name from the core.
+_DRIVERS = {
     "MooncakeTransport": ".drivers.mooncake",
     "load_engine": ".drivers.mooncake",
     "ZmqControlPlane": ".drivers.control",
@@ -45,17 +48,14 @@ _HOME = {
     "instrument": ".drivers.metrics",
 }
 
-__all__ = sorted(_HOME)
-
 
 def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home, __name__), name)
+    value = getattr(importlib.import_module(_DRIVERS.get(name, ".core"), __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+    return sorted(set(globals()) | set(__all__))
