@@ -1,11 +1,13 @@
 """Hypothesis profiles: `ci` (default) is derandomized and bounded; `deep` explores far more.
 
 Select with EPD_RING_HYPOTHESIS=deep (or ci). Also the fixtures that cost seconds and are
-shared by every test of a run that needs them (the wheel, built and installed once).
+shared by every test of a run that needs them (the wheel, built and installed once; the model's
+explorations, each configuration explored once).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -58,3 +60,17 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(where / "site"),
                     str(wheel)], check=True)
     return wheel, where / "site"
+
+
+@pytest.fixture(scope="session")
+def explored():
+    """`explore(cfg, symmetry=...)`, each (configuration, symmetry) explored once per run: several
+    tests read the same space (the unreduced ones take tens of seconds). The results are read,
+    never changed."""
+    from epd_ring.models.explore import explore
+
+    @functools.cache
+    def run(cfg, *, symmetry: bool = True):
+        return explore(cfg, symmetry=symmetry)
+
+    return run
