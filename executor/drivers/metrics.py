@@ -22,7 +22,8 @@ import re
 import time
 from bisect import bisect_left
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..core.drain import DEADLINE, DRAINING
 from ..core.observe import Observer
@@ -73,7 +74,7 @@ class _Histogram:
 
     def buckets(self) -> list[tuple[str, int]]:
         out, acc = [], 0
-        for bound, n in zip(BUCKETS + (float("inf"),), list(self.counts)):
+        for bound, n in zip(BUCKETS + (float("inf"),), list(self.counts), strict=True):
             acc += n
             out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
         return out
@@ -113,7 +114,7 @@ class RingMetrics(Observer):
         self._tower_failed: set[int] = set()
         self._writes_done = 0
 
-    def attach(self) -> "RingMetrics":
+    def attach(self) -> RingMetrics:
         if self.manager.observer is not None and self.manager.observer is not self:
             raise RuntimeError("the manager already has an observer")
         self.manager.observer = self
@@ -254,7 +255,7 @@ class Instrumented:
         """Serve /metrics over HTTP from a thread; return the port (0 picks a free one)."""
         from prometheus_client import start_http_server
 
-        self.server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self.port = self.server.server_port
         return self.port
 
