@@ -32,8 +32,9 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import zmq
 import zmq.auth

@@ -328,6 +328,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "check" and args.engine == "spin":
         from epd_ring.models.check import CheckInputError, apply_defaults
+
         from .spin import run as spin_run
 
         try:
