@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time the names load o
 __all__ = [
     "Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Observer",
-    "Outcome", "Reason", "ReasonKind", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring", "RoomConflict", "Slot",
+    "Outcome", "Reason", "ReasonKind", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring",
+    "RoomConflict", "Slot",
     "StagingError", "TowerModel", "Transport", "TransportError", "ZmqControlPlane", "assign_encoded_embeddings",
     "instrument", "item_token_count", "load_engine", "shard_rows",
 ]

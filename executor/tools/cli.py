@@ -13,7 +13,6 @@ from __future__ import annotations
 
 # Only the standard library and the model's argument checks load here: every usage error is
 # found before a command's module (and torch, seconds to import) is loaded.
-
 import argparse
 import json
 import logging
