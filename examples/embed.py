@@ -15,8 +15,16 @@ import time
 
 import torch
 
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, LoopbackTransport, MonotonicClock,
-                               ReceiverFrame, RoomConflict, TowerModel)
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    LoopbackTransport,
+    MonotonicClock,
+    ReceiverFrame,
+    RoomConflict,
+    TowerModel,
+)
 
 HIDDEN = 16  # embedding width
 PATCH = 4  # pixels per side of one token
@@ -64,7 +72,7 @@ def main() -> int:
     receiver = transport.add_receiver("prefill-0:17000")
     buffers: dict[int, torch.Tensor] = {}
     frames = []
-    for rid, room, item in requests[:10]:
+    for _, room, item in requests[:10]:
         buffers[room] = torch.zeros(item.n_tokens, HIDDEN)
         receiver.register(buffers[room])
         frames.append(ReceiverFrame(room=room, session=receiver.session, dst_ptr=buffers[room].data_ptr(),

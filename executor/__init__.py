@@ -12,39 +12,52 @@ tools -> drivers -> core -> fsm):
 
 The names below are the public surface; embedding code imports them from
 `epd_ring.executor`, not from the folders, so files can move without breaking it.
-Driver names load lazily: their extras (pyzmq, Mooncake) are optional.
+Every name loads on first use, so importing this package (as the command line does) costs
+nothing until a name is asked for.
 """
 
-from .core import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, Fault, FrameError,
-                   LoopbackReceiver, LoopbackTransport, Modality, MonotonicClock, Outcome, ReceiverFrame, Ring,
-                   RoomConflict, Slot, StagingError, Transport, TransportError, assign_encoded_embeddings,
-                   item_token_count, shard_rows, TowerModel, DrainReport, Observer, Reason, ReasonKind,
-                   Pump, Concluded, Contact, Notify, Release, Submit)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and readers; at run time the names load on first use
+    from .core import (Chunk, DrainReport, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, Fault, FrameError,
+                       LoopbackReceiver, LoopbackTransport, Modality, MonotonicClock, Observer, Outcome,
+                       Reason, ReasonKind, ReceiverFrame, Ring, RoomConflict, Slot, StagingError, TowerModel,
+                       Transport, TransportError, assign_encoded_embeddings, item_token_count, shard_rows)
+    from .core import Concluded, Contact, Notify, Pump, Release, Submit
+
+__all__ = [
+    "Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
+    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Observer",
+    "Outcome", "Reason", "ReasonKind", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring",
+    "RoomConflict", "Slot", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
+    "StagingError", "TowerModel", "Transport", "TransportError", "ZmqControlPlane", "assign_encoded_embeddings",
+    "instrument", "item_token_count", "load_engine", "shard_rows",
+]
+
+# Nothing is imported until a name is asked for: the core pulls in torch (seconds), and
+# `epd-ring --version`, `--help` and usage errors must answer without it. The drivers' names
+# come from their modules (their extras, pyzmq, Mooncake and prometheus_client, are optional);
+# every other name from the core.
 _DRIVERS = {
-    "MooncakeTransport": "mooncake",
-    "load_engine": "mooncake",
-    "ZmqControlPlane": "control",
-    "ReferenceReceiver": "receiver",
-    "ReceiverProcess": "receiver",
-    "instrument": "metrics",
+    "MooncakeTransport": ".drivers.mooncake",
+    "load_engine": ".drivers.mooncake",
+    "ZmqControlPlane": ".drivers.control",
+    "ReferenceReceiver": ".drivers.receiver",
+    "ReceiverProcess": ".drivers.receiver",
+    "instrument": ".drivers.metrics",
 }
 
 
-def __getattr__(name: str):
-    module = _DRIVERS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'epd_ring.executor' has no attribute {name!r}")
-    import importlib
-    return getattr(importlib.import_module(f".drivers.{module}", __name__), name)
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_DRIVERS.get(name, ".core"), __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-__all__ = [
-    "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
-    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Outcome",
-    "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring", "RoomConflict", "Slot", "StagingError",
-    "Transport", "TransportError", "TowerModel", "DrainReport", "Observer", "Reason", "ReasonKind", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
-    "ZmqControlPlane",
-    "assign_encoded_embeddings", "instrument", "item_token_count",
-    "load_engine", "shard_rows",
-]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,7 +11,7 @@ state, event and guard valuation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from transitions import Machine
 from transitions.extensions.states import Tags, add_state_features
@@ -37,12 +37,16 @@ class TaggedMachine(Machine):
     """Machine whose states carry tags (their meaning: free, in_flight, unsure, terminal)."""
 
 
+# (predicate name, required value), in order
+Guards = tuple[tuple[str, bool], ...]
+
+
 @dataclass(frozen=True)
 class Edge:
     source: str
     event: str
     dest: str
-    guards: tuple[tuple[str, bool], ...]  # (predicate name, required value), in order
+    guards: Guards
 
     @property
     def label(self) -> str:
@@ -61,35 +65,38 @@ class CompiledMachine:
     raises InvalidTransition: nothing is ignored silently.
     """
 
-    def __init__(self, name: str, declaration: dict):
+    def __init__(self, name: str, declaration: dict[str, Any]):
         self.name = name
         self.declaration = declaration
         self.machine = build_machine(declaration)
-        self.initial: str = self.machine.initial
+        # Every declaration names its initial state (the stubs allow a machine without one).
+        self.initial = cast(str, self.machine.initial)
         self.states: tuple[str, ...] = tuple(self.machine.states)
         self.tags: dict[str, tuple[str, ...]] = {
-            s: tuple(self.machine.get_state(s).tags) for s in self.states
+            # `tags` comes from the Tags state feature, which the stubs do not add to `State`.
+            s: tuple(self.machine.get_state(s).tags) for s in self.states  # type: ignore[attr-defined]
         }
         self.docs: dict[str, str] = dict(declaration.get("docs", {}))
         edges: list[Edge] = []
         for event_name, event in self.machine.events.items():
             for source, transitions in event.transitions.items():
                 for t in transitions:
-                    guards = tuple((c.func, bool(c.target)) for c in t.conditions)
+                    # Guards are declared by name, never as callables.
+                    guards = tuple((cast(str, c.func), bool(c.target)) for c in t.conditions)
                     edges.append(Edge(source, event_name, t.dest or source, guards))
         self.edges: tuple[Edge, ...] = tuple(edges)
         self.events: tuple[str, ...] = tuple(self.machine.events)
         self.guards: tuple[str, ...] = tuple(
             sorted({g for e in edges for g, _ in e.guards})
         )
-        table: dict[tuple[str, str], list[tuple[str, tuple]]] = {}
+        table: dict[tuple[str, str], list[tuple[str, Guards]]] = {}
         for e in edges:
             table.setdefault((e.source, e.event), []).append((e.dest, e.guards))
-        self.table: dict[tuple[str, str], tuple[tuple[str, tuple], ...]] = {
+        self.table: dict[tuple[str, str], tuple[tuple[str, Guards], ...]] = {
             k: tuple(v) for k, v in table.items()
         }
         # Hot path: an unguarded single edge is stored as its bare destination.
-        self._fast: dict[tuple[str, str], object] = {
+        self._fast: dict[tuple[str, str], str | tuple[tuple[str, Guards], ...]] = {
             k: (v[0][0] if len(v) == 1 and not v[0][1] else tuple(v)) for k, v in table.items()
         }
 
@@ -100,7 +107,7 @@ class CompiledMachine:
         """Move `obj.state` along the declared edge for `event`; return the new state."""
         state = obj.state
         options = self._fast.get((state, event))
-        if options.__class__ is str:
+        if isinstance(options, str):
             obj.state = options
             return options
         if options is None:
@@ -129,7 +136,7 @@ class CompiledMachine:
         return frozenset(e.source for e in self.edges if e.event == event)
 
 
-def build_machine(declaration: dict, cls: type = TaggedMachine, **extra) -> Machine:
+def build_machine(declaration: dict[str, Any], cls: type[Machine] = TaggedMachine, **extra: Any) -> Machine:
     """Instantiate a `transitions` machine class from a declaration dict."""
     kwargs = {k: v for k, v in declaration.items() if k not in ("docs", "guard_docs")}
     kwargs.setdefault("auto_transitions", False)

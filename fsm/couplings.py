@@ -46,6 +46,23 @@ ACTION_DOCS: dict[str, str] = {
 }
 
 
+# The event a deadline sends its machine's object when it passes. The core arms a timer on
+# entry and cancels it when the object leaves the state (start_writes, conclude); the model
+# keeps no clock: the event may happen at any time while the object stays in a state whose
+# entry armed it.
+DEADLINES: dict[str, str] = {
+    "arm_announce_deadline": "expire",
+    "arm_park_deadline": "expire",
+    "arm_quarantine_deadline": "release",
+}
+
+
 def actions() -> frozenset[str]:
     """Every action named by the table: what each implementation must provide."""
     return frozenset(a for acts in (*ON_ENTER.values(), *ON_EVENT.values()) for a in acts)
+
+
+def armed_states(machine: str, without: frozenset[str] = frozenset()) -> frozenset[str]:
+    """States of `machine` whose entry arms a deadline (leaving out the actions in `without`)."""
+    return frozenset(state for (m, state), acts in ON_ENTER.items()
+                     if m == machine and any(a in DEADLINES and a not in without for a in acts))

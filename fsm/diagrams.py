@@ -7,6 +7,8 @@ output is deterministic: same declaration, same bytes.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from transitions.extensions import GraphMachine
 from transitions.extensions.states import Tags, add_state_features
@@ -36,18 +38,22 @@ def machine_dot(machine: CompiledMachine) -> str:
         pass
 
     model = Model()
-    gm = build_machine(machine.declaration, cls=TaggedGraphMachine, model=model, graph_engine="graphviz",
-                       show_conditions=True, title=f"epd-ring {machine.name} machine")
-    gm.style_attributes = copy.deepcopy(gm.style_attributes)
+    gm = cast(GraphMachine, build_machine(machine.declaration, cls=TaggedGraphMachine, model=model,
+                                          graph_engine="graphviz", show_conditions=True,
+                                          title=f"epd-ring {machine.name} machine"))
+    # A copy: the class-level styles are shared by every GraphMachine.
+    styles: dict[str, Any] = copy.deepcopy(gm.style_attributes)
     for kind, style in KIND_STYLE.items():
-        gm.style_attributes["node"][kind] = dict(gm.style_attributes["node"]["default"], **style)
+        styles["node"][kind] = dict(styles["node"]["default"], **style)
+    gm.style_attributes = styles
     graph = gm.model_graphs[id(model)]
     graph.reset_styling()
     for state in machine.states:
         graph.set_node_style(state, machine.tags[state][0])
-    dot = graph.get_graph(title=f"epd-ring {machine.name} machine")
+    # The graphviz backend hands back a graphviz.Digraph (the stubs say only GraphProtocol).
+    dot: Any = graph.get_graph(title=f"epd-ring {machine.name} machine")
     dot.graph_attr["rankdir"] = "LR"
-    return dot.source
+    return str(dot.source)
 
 
 def parse_edges(dot: str) -> set[tuple[str, str, str]]:
@@ -64,7 +70,8 @@ def parse_edges(dot: str) -> set[tuple[str, str, str]]:
     return edges
 
 
-def live_dot(slots, rooms: dict, peers: dict | None = None) -> str:
+def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
+             peers: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """A picture of live controller state: slots by state, the rooms they hold, receivers' peers.
 
     `slots`: objects with index/state/room/writes_in_flight; `rooms`: the manager's snapshot;
@@ -73,7 +80,7 @@ def live_dot(slots, rooms: dict, peers: dict | None = None) -> str:
     from .machines import ROOM, SLOT
     from .peer import PEER
 
-    def attrs(machine, state):
+    def attrs(machine: CompiledMachine, state: str) -> str:
         style = KIND_STYLE[machine.tags[state][0]]
         return " ".join(f'{k}="{v}"' for k, v in sorted(style.items()))
 

@@ -44,7 +44,7 @@ def canonical(state: tuple) -> tuple:
     Rooms are ordered by everything about them: their fields, the slot they use
     (its state, whether it holds their bytes) and their place in the deferred
     queue. Slots in use follow their rooms; the others (which hold nothing that
-    matters, see Spec.successors) follow, ordered by state. Two states get the
+    matters, see events.Events._emit) follow, ordered by state. Two states get the
     same canonical form exactly when a permutation of rooms and slots maps one
     onto the other.
     """
@@ -239,26 +239,33 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
     result.depth = depth
     result.finals = finals
     if bad:
-        by_id = {v: k for k, v in seen.items()} if bad else {}
-        for kind, (cid, detail) in bad.items():
-            path = []
-            i = cid
-            last_event = tail.get(cid)
-            if last_event is not None:  # the bad step led into a state already seen
-                i = parent[cid]
-            while i >= 0:
-                path.append(by_id[i])
-                i = parent[i]
-            path.reverse()
-            trace = concretize(spec, path, canon)
-            if last_event is not None:
-                state = trace[-1][1]
-                step = next(st for st in spec.successors(state) if _event_matches(spec, state, st, last_event))
-                trace.append((step.event, step.state))
-            if last_event is not None or detail.startswith("on ("):
-                detail = "on " + event_name(trace[-1][0])
-            result.violations[kind] = Violation(kind, detail, trace, HAZARDS.get((config.variant, kind)))
+        result.violations = _violations(spec, config, bad, seen, parent, tail, canon)
     return result
+
+
+def _violations(spec: Spec, config: Config, bad: dict, seen: dict, parent: list, tail: dict, canon) -> dict:
+    """kind -> Violation, each with a concrete trace rebuilt from the canonical path to its bad state."""
+    by_id = {v: k for k, v in seen.items()}
+    out = {}
+    for kind, (cid, detail) in bad.items():
+        path = []
+        i = cid
+        last_event = tail.get(cid)
+        if last_event is not None:  # the bad step led into a state already seen
+            i = parent[cid]
+        while i >= 0:
+            path.append(by_id[i])
+            i = parent[i]
+        path.reverse()
+        trace = concretize(spec, path, canon)
+        if last_event is not None:
+            state = trace[-1][1]
+            step = next(st for st in spec.successors(state) if _event_matches(spec, state, st, last_event))
+            trace.append((step.event, step.state))
+        if last_event is not None or detail.startswith("on ("):
+            detail = "on " + event_name(trace[-1][0])
+        out[kind] = Violation(kind, detail, trace, HAZARDS.get((config.variant, kind)))
+    return out
 
 
 def _event_matches(spec: Spec, state: tuple, step, event: tuple) -> bool:

@@ -1,13 +1,20 @@
 """Hypothesis profiles: `ci` (default) is derandomized and bounded; `deep` explores far more.
 
-Select with EPD_RING_HYPOTHESIS=deep (or ci).
+Select with EPD_RING_HYPOTHESIS=deep (or ci). Also the fixtures that cost seconds and are
+shared by every test of a run that needs them (the wheel, built and installed once; the model's
+explorations, each configuration explored once).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
@@ -37,3 +44,33 @@ if _expect:
 
     assert epd_ring.executor.__file__.startswith(_expect), (
         f"expected the mutant tree at {_expect}, imported {epd_ring.executor.__file__}")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> tuple[Path, Path]:
+    """(the project's wheel, a folder it is pip-installed into): built once per run, for the
+    tests that look inside it or run it from outside the source tree."""
+    where = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(where / "dist"), str(ROOT)], check=True)
+    wheel = next((where / "dist").glob("epd_ring-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(where / "site"),
+                    str(wheel)], check=True)
+    return wheel, where / "site"
+
+
+@pytest.fixture(scope="session")
+def explored():
+    """`explore(cfg, symmetry=...)`, each (configuration, symmetry) explored once per run: several
+    tests read the same space (the unreduced ones take tens of seconds). The results are read,
+    never changed."""
+    from epd_ring.models.explore import explore
+
+    @functools.cache
+    def run(cfg, *, symmetry: bool = True):
+        return explore(cfg, symmetry=symmetry)
+
+    return run

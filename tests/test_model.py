@@ -12,17 +12,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from epd_ring.models.conformance import Harness, replay_on_implementation
-from epd_ring.models.explore import explore, format_trace, replay, trace_to_json
+from epd_ring.models.explore import format_trace, replay, trace_to_json
 from epd_ring.models.fixtures import hazard_traces
 from epd_ring.models.spec import Config, Spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hazards"
 
 
-def test_project_has_no_violation_and_symmetry_shrinks_the_space():
+def test_project_has_no_violation_and_symmetry_shrinks_the_space(explored):
     cfg = Config(slots=2, rooms=3, receivers=2, faults=1)
-    reduced = explore(cfg)
-    full = explore(cfg, symmetry=False)
+    reduced = explored(cfg)
+    full = explored(cfg, symmetry=False)
     assert reduced.violations == {} and full.violations == {}
     assert reduced.finals > 0 and full.finals > 0
     assert reduced.states * 5 < full.states  # rooms and slots are interchangeable
@@ -30,21 +30,21 @@ def test_project_has_no_violation_and_symmetry_shrinks_the_space():
 
 @pytest.mark.parametrize("cfg", [Config(1, 2, 1, 1), Config(2, 3, 2, 1), Config(3, 3, 1, 1), Config(2, 3, 1, 2)],
                          ids=str)
-def test_reduced_states_stand_for_exactly_the_unreduced_space(cfg):
+def test_reduced_states_stand_for_exactly_the_unreduced_space(cfg, explored):
     """The canonical form is complete: orbit sizes add up to the unreduced state count."""
-    reduced = explore(cfg)
-    full = explore(cfg, symmetry=False)
+    reduced = explored(cfg)
+    full = explored(cfg, symmetry=False)
     assert reduced.represented == full.states
     assert reduced.violations == full.violations == {}
 
 
-def test_symmetry_reduction_finds_the_same_violations():
+def test_symmetry_reduction_finds_the_same_violations(explored):
     cfg = Config(2, 3, 1, 2, variant="seed")
-    assert sorted(explore(cfg).violations) == sorted(explore(cfg, symmetry=False).violations)
+    assert sorted(explored(cfg).violations) == sorted(explored(cfg, symmetry=False).violations)
 
 
-def test_project_is_clean_with_two_faults():
-    assert explore(Config(slots=1, rooms=3, receivers=1, faults=2)).violations == {}
+def test_project_is_clean_with_two_faults(explored):
+    assert explored(Config(slots=1, rooms=3, receivers=1, faults=2)).violations == {}
 
 
 @pytest.mark.parametrize("kind, hazard", [
@@ -53,8 +53,8 @@ def test_project_is_clean_with_two_faults():
     ("write-for-concluded-room", "H15"),
     ("deadline-extended", "H16"),
 ])
-def test_seed_variant_admits_its_hazards(kind, hazard):
-    r = explore(Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed"))
+def test_seed_variant_admits_its_hazards(kind, hazard, explored):
+    r = explored(Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed"))
     assert kind in r.violations
     assert r.violations[kind].hazard == hazard
 
@@ -64,16 +64,16 @@ def test_seed_variant_admits_its_hazards(kind, hazard):
     ("busy-wait", "deadlock"),
     ("reaped-deferred-crash", "crash"),
 ])
-def test_named_historical_bugs_are_caught(variant, kind):
-    r = explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant))
+def test_named_historical_bugs_are_caught(variant, kind, explored):
+    r = explored(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant))
     assert list(r.violations) == [kind]
 
 
 @pytest.mark.parametrize("cfg", [Config(1, 2, 1, 1, peers=True), Config(2, 3, 1, 2, peers=True),
                                  Config(2, 2, 2, 1, peers=True)], ids=str)
-def test_project_with_peers_is_clean_and_reaches_every_peer_state(cfg):
+def test_project_with_peers_is_clean_and_reaches_every_peer_state(cfg, explored):
     """No write to a peer that is not up, a down peer's rooms all fail and are told, no loop step waits."""
-    r = explore(cfg)
+    r = explored(cfg)
     assert r.violations == {}
     spec = Spec(cfg)
     seen = set()
@@ -90,22 +90,22 @@ def test_project_with_peers_is_clean_and_reaches_every_peer_state(cfg):
             stack.append(step.state)
     assert {"unknown", "connecting", "up", "down", "connected", "refused", "connect_expired",
             "frame_after_backoff"} <= seen
-    assert r.represented == explore(cfg, symmetry=False).states
+    assert r.represented == explored(cfg, symmetry=False).states
 
 
 @pytest.mark.parametrize("variant, kind", [
     ("blocking-contact", "loop-waits-on-peer"),
     ("write-before-up", "write-to-peer-not-up"),
 ])
-def test_peer_hazards_are_caught(variant, kind):
-    r = explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant, peers=True))
+def test_peer_hazards_are_caught(variant, kind, explored):
+    r = explored(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant, peers=True))
     assert list(r.violations) == [kind]
-    assert explore(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant)).violations == {}
+    assert explored(Config(slots=1, rooms=2, receivers=1, faults=1, variant=variant)).violations == {}
 
 
-def test_traces_are_shortest_and_printed_one_event_per_line():
+def test_traces_are_shortest_and_printed_one_event_per_line(explored):
     cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed")
-    r = explore(cfg)
+    r = explored(cfg)
     v = r.violations["overwrite-under-late-write"]
     # register both, both frames, tower, copied, write_unsure, tower: 8 events, nothing shorter exists
     assert len(v.trace) - 1 == 8
@@ -114,9 +114,9 @@ def test_traces_are_shortest_and_printed_one_event_per_line():
     assert "write_unsure room0" in text and "slot0=copying<room1" in text
 
 
-def test_trace_json_round_trips_and_replays_to_the_same_violation(tmp_path):
+def test_trace_json_round_trips_and_replays_to_the_same_violation(tmp_path, explored):
     cfg = Config(slots=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash")
-    v = explore(cfg).violations["crash"]
+    v = explored(cfg).violations["crash"]
     data = json.loads(trace_to_json(cfg, v))
     steps, problem = replay(data)
     assert problem[0] == "crash"
@@ -199,12 +199,12 @@ def test_conformance_reaches_every_chunk_location_region_and_write_state(cfg):
         print(f"{cfg}: {name} reached on the implementation in {len(events)} events")
 
 
-def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone():
+def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone(explored):
     from epd_ring.models import promela
 
-    on, off = explore(Config(2, 3, 2, 1)), explore(Config(2, 3, 2, 1, regions=False))
+    on, off = explored(Config(2, 3, 2, 1)), explored(Config(2, 3, 2, 1, regions=False))
     assert on.violations == off.violations == {} and on.states > off.states
-    seed_off = explore(Config(1, 2, 2, 1, variant="seed", regions=False))
+    seed_off = explored(Config(1, 2, 2, 1, variant="seed", regions=False))
     assert "write-into-released-region" not in seed_off.violations and "overwrite-under-late-write" in seed_off.violations
     # SPIN covers both ends (tests/test_spin.py): the region moves come from REGION's table
     on_pml, off_pml = promela.generate(Config(1, 2, 1, 1)), promela.generate(Config(1, 2, 1, 1, regions=False))

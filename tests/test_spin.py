@@ -7,17 +7,16 @@ import pytest
 
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import promela
-from epd_ring.models.explore import explore
 from epd_ring.models.spec import PEER_VARIANTS, RCV, VARIANTS, Config
 
 pytestmark = pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
-def test_spin_stores_exactly_the_explorers_canonical_states(regions):
+def test_spin_stores_exactly_the_explorers_canonical_states(regions, explored):
     """Same symmetry reduction, one atomic step per event: the two state spaces are the same set."""
     cfg = Config(slots=2, rooms=3, receivers=2, faults=1, regions=regions)
-    spin, ours = spin_tool.check(cfg), explore(cfg)
+    spin, ours = spin_tool.check(cfg), explored(cfg)
     assert spin.violations == ours.violations == {}
     assert spin.states == ours.states
     print(f"{cfg}: {spin.states} states in both engines; SPIN {spin.transitions} transitions "
@@ -27,9 +26,9 @@ def test_spin_stores_exactly_the_explorers_canonical_states(regions):
 
 @pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - PEER_VARIANTS))  # the generator has no peers
-def test_spin_and_explorer_find_the_same_violations(variant, regions):
+def test_spin_and_explorer_find_the_same_violations(variant, regions, explored):
     cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant, regions=regions)
-    spin, ours = spin_tool.check(cfg), explore(cfg)
+    spin, ours = spin_tool.check(cfg), explored(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     assert (variant == "project") == (not spin.violations)
     for kind, v in spin.violations.items():
@@ -55,10 +54,10 @@ def test_spin_finds_the_seeds_receiver_side_region_reuse():
                                                                         regions=False)).violations
 
 
-def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree():
+def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
     """Drop `write_unsure` from the slot's `settle` edges: an unsure write frees its slot at once."""
     cfg = Config(slots=1, rooms=2, receivers=1, faults=1, regions=False)
-    assert explore(cfg).violations == {}
+    assert explored(cfg).violations == {}
     assert spin_tool.check(cfg).violations == {}
     mutant = promela.generate(cfg, drop_guard=("slot", "settle", "write_unsure"))
     assert "write_unsure" not in mutant.split("inline slot_settle", 1)[1].split("inline", 1)[0]

@@ -32,8 +32,9 @@ import logging
 import os
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import zmq
 import zmq.auth
@@ -163,7 +164,7 @@ class ZmqControlPlane:
         self.push_hwm = push_hwm
         self._push: OrderedDict[tuple[str, str], zmq.Socket] = OrderedDict()
         self._backlog: deque[tuple[str, list[bytes]]] = deque()
-        self._draining = False  # mid-way through discarding a refused message's parts
+        self._discarding = False  # mid-way through discarding a refused message's parts
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
         if pump is not None:
@@ -210,11 +211,11 @@ class ZmqControlPlane:
             try:
                 part = self.pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:  # cannot happen mid-message; be safe anyway
-                self._draining = False
+                self._discarding = False
                 break
             n += 1
             if not part.more:
-                self._draining = False
+                self._discarding = False
                 break
         self.stats["parts_drained"] += n
         return n
@@ -235,7 +236,7 @@ class ZmqControlPlane:
             parts.append(part)
             too_big = too_big or len(part) > self.max_part_bytes
         if part.more:
-            self._draining = True
+            self._discarding = True
             self.stats["frames_refused"] += 1
             self.stats["frames_too_many_parts"] += 1
             self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
@@ -280,9 +281,9 @@ class ZmqControlPlane:
         if self.zap is not None:
             self._answer_zap()
         budget = self.max_frames_per_poll
-        if self._draining:
+        if self._discarding:
             self._drain(deadline)
-            if self._draining:
+            if self._discarding:
                 self._note(t0)
                 return 0
         seen: Counter = Counter()
@@ -310,9 +311,9 @@ class ZmqControlPlane:
             if got is None:
                 break
             n += 1
-            if self._draining:
+            if self._discarding:
                 self._drain(deadline)
-                if self._draining:
+                if self._discarding:
                     break
                 continue
             identity, parts = got

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..core.observe import Observer
 from ..core.reasons import ReasonKind
@@ -50,7 +51,7 @@ class _Histogram:
 
     def buckets(self) -> list[tuple[str, int]]:
         out, acc = [], 0
-        for bound, n in zip(BUCKETS + (float("inf"),), list(self.counts)):
+        for bound, n in zip(BUCKETS + (float("inf"),), list(self.counts), strict=True):
             acc += n
             out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
         return out
@@ -89,7 +90,7 @@ class RingMetrics(Observer):
         self._parked: dict[int, float] = {}
         self._writes_done = 0
 
-    def attach(self) -> "RingMetrics":
+    def attach(self) -> RingMetrics:
         if self.manager.observer is not None and self.manager.observer is not self:
             raise RuntimeError("the manager already has an observer")
         self.manager.observer = self
@@ -223,7 +224,7 @@ class Instrumented:
         """Serve /metrics over HTTP from a thread; return the port (0 picks a free one)."""
         from prometheus_client import start_http_server
 
-        self.server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self.port = self.server.server_port
         return self.port
 

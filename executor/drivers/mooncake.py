@@ -25,7 +25,8 @@ import os
 import queue
 import threading
 from collections import Counter, deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..core.transport import Buf, Outcome, Transport, TransportError
 

@@ -245,7 +245,7 @@ class _OnlyKey:
         return key == self.key  # zmq.auth hands the client key over z85-encoded
 
 
-def receiver_from_env(encode_endpoint: str, **kw: Any) -> "ReferenceReceiver":
+def receiver_from_env(encode_endpoint: str, **kw: Any) -> ReferenceReceiver:
     """A receiver keyed from EPD_RING_SECRET_KEY / EPD_RING_ENCODER_KEY (insecure if neither is set)."""
     import os
 

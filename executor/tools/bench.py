@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from . import seed_bench
-from .progress import Progress
 from ..core.clock import FakeClock
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
 from ..core.loopback import LoopbackTransport
 from ..core.manager import EncodeManager
+from . import seed_bench
+from .progress import Progress
 
 TOKENS, HIDDEN = 16, 64
 

@@ -110,7 +110,8 @@ def run(sizes=(1 << 20, 16 << 20), slots: int = 4, seconds: float = 2.0, items: 
     rx_buf = torch.zeros(slots * max(sizes) // 4)
     assert rx_engine.register_memory(rx_buf.data_ptr(), slots * max(sizes)) == 0
     echo(f"Mooncake over TCP on 127.0.0.1, {slots} writes in flight, one receiver engine")
-    echo(f"{'size':>7} {'items':>6} {'ctrl GB/s':>10} {'ctrl img/s':>11} {'raw GB/s':>9} {'raw img/s':>10} {'ratio':>6}")
+    echo(f"{'size':>7} {'items':>6} {'ctrl GB/s':>10} {'ctrl img/s':>11} "
+         f"{'raw GB/s':>9} {'raw img/s':>10} {'ratio':>6}")
     out = {}
     progress = Progress("bench", len(sizes), unit="sizes", enabled=not quiet)
     for size in sizes:

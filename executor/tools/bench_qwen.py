@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -132,7 +133,6 @@ def run_loopback(model: Any, reqs: list[Request], slots: int) -> tuple[float, Co
 
 def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: int) -> tuple[float, Counter, float]:
     import json
-    import os
     import tempfile
 
     from epd_ring.executor import MonotonicClock, MooncakeTransport, ZmqControlPlane
@@ -205,7 +205,7 @@ def run(requests: int = 24, dtype: str = "float32", transports: tuple[str, ...] 
     # Best of `repeat`, interleaved, so load from other jobs on the machine hits both sides alike.
     mono = float("inf")
     best: dict[str, tuple] = {}
-    for k in range(repeat):
+    for _ in range(repeat):
         for kind in transports:
             if kind == "loopback":
                 res = run_loopback(model, reqs, slots)

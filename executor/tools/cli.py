@@ -11,6 +11,8 @@ Exit codes:
 
 from __future__ import annotations
 
+# Only the standard library and the model's argument checks load here: every usage error is
+# found before a command's module (and torch, seconds to import) is loaded.
 import argparse
 import json
 import logging
@@ -302,11 +304,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             if args.seed is not None:
                 raise UsageError("--seed runs the seed's executor on the loopback cycle; it cannot be "
                                  "combined with --transport mooncake")
+            if any(s > 1024 for s in args.sizes or ()):
+                raise UsageError("--sizes on mooncake are MiB per embedding, at most 1024")
             from .bench_mooncake import run as mc_run
             from .enginelog import engine_log_filtered
 
-            if any(s > 1024 for s in args.sizes or ()):
-                raise UsageError("--sizes on mooncake are MiB per embedding, at most 1024")
             with engine_log_filtered(quiet):
                 out = mc_run(sizes=tuple(s << 20 for s in (args.sizes or [1, 16])), items=args.items,
                              quiet=quiet or args.json, echo=_silent if args.json else print)
@@ -325,6 +327,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "check" and args.engine == "spin":
         from epd_ring.models.check import CheckInputError, apply_defaults
+
         from .spin import run as spin_run
 
         try:

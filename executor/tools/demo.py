@@ -80,7 +80,8 @@ def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_r
         pixels = torch.randn(3, h, w, generator=torch.Generator().manual_seed(10_000 + r))
         item = EncodeItem("image", tower.tokens_for(h, w), pixel_values=pixels, meta={"poison": fault == "tower_error"})
         arrive = r // 2
-        sessions = ["prefill-doomed:0"] if fault == "receiver_killed" else [f"prefill-{k}:{rng.randint(0, 3)}" for k in range(n)]
+        sessions = (["prefill-doomed:0"] if fault == "receiver_killed"
+                    else [f"prefill-{k}:{rng.randint(0, 3)}" for k in range(n)])
         if fault == "receiver_killed":
             n, shard = 1, False
         if fault == "late":

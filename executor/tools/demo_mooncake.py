@@ -19,15 +19,15 @@ from typing import Any
 import torch
 
 from ..core.clock import MonotonicClock
-from ..drivers.control import ZmqControlPlane, generate_keypair
-from .demo import EXPECT, PoisonableModel, drained, serve_metrics, summary
-from .timeline import TimelineRecorder
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import shard_rows
 from ..core.manager import EncodeManager
+from ..drivers.control import ZmqControlPlane, generate_keypair
 from ..drivers.mooncake import MooncakeTransport
 from ..drivers.receiver import ReceiverProcess
+from .demo import EXPECT, PoisonableModel, drained, serve_metrics, summary
 from .progress import Progress
+from .timeline import TimelineRecorder
 from .tower import TinyVisionTower
 
 # Relative weights of the faults a real engine lets us inject (no scripted transport faults).
@@ -104,7 +104,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             if i >= rooms // 4 and procs["doomed"].proc.poll() is None:
                 procs["doomed"].proc.kill()
                 procs["doomed"].proc.wait()
-            for room, item, *_ in chunk:
+            for room, *_ in chunk:
                 executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=owner[room])
             while executor.has_deferred():  # backpressure: no tower run while sends wait
                 executor.poll()

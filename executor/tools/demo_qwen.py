@@ -23,8 +23,9 @@ receiving over Mooncake (TCP) with frames and statuses on the ZMQ control plane.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,8 +116,8 @@ def report(title: str, reqs: list[Request], extra: list[str]) -> int:
         wrong += not ok
         print(f"{r.rid:<8} {items:<34} {route:<9} {r.fault:<11} {'' if ok else 'WRONG '}{v}")
     n_ok = sum(r.expect == "success" for r in reqs)
-    equal = sum(r.expect == "success" and all(x == "equal" for x in r.verdicts.values()) and len(r.verdicts) == len(r.workers)
-                for r in reqs)
+    equal = sum(r.expect == "success" and all(x == "equal" for x in r.verdicts.values())
+                and len(r.verdicts) == len(r.workers) for r in reqs)
     faulted = [r for r in reqs if r.expect == "failed"]
     reported = sum(all(x.startswith("failed") for x in r.verdicts.values()) and bool(r.verdicts) for r in faulted)
     print(f"requests equal to the monolithic model (logits and 8 greedy tokens): {equal}/{n_ok}")

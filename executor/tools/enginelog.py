@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 GLOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^ \]]+:\d+\] ")
 

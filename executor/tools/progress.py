@@ -32,8 +32,15 @@ class Progress:
         self._task: Any = None
         if enabled and getattr(self.stream, "isatty", lambda: False)():
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress as RichProgress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             columns = [TextColumn("{task.description}")]
             columns += [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
@@ -69,7 +76,7 @@ class Progress:
             self._bar.stop()
             self._bar = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -27,7 +27,7 @@ class DrainOnSignal:
     def exit_code(self) -> int:
         return EXIT_FOR_SIGNAL.get(self.requested, 1) if self.requested is not None else 0
 
-    def __enter__(self) -> "DrainOnSignal":
+    def __enter__(self) -> DrainOnSignal:
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._saved[sig] = signal.signal(sig, self._handle)

@@ -6,12 +6,12 @@ reading trails, replaying them on the spec) is in `models/promela.py`.
 
 from __future__ import annotations
 
+import re
+import resource
 import shutil
 import subprocess
 import tempfile
 import time
-import re
-import resource
 from pathlib import Path
 
 from epd_ring.models.explore import Violation, event_name, format_trace, trace_to_json
@@ -114,7 +114,7 @@ def run(args, out=print) -> int:
         f"room, {cfg.faults} fault(s); "
         + ("both ends (receivers' regions too)" if regions else "encode side only (no receivers' regions)")
         + "; exhaustive, "
-        f"symmetry reduced in the model"
+        "symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
 
     def progress(text):
@@ -126,8 +126,8 @@ def run(args, out=print) -> int:
     r = check(cfg, opt=opt, collapse=args.spin_collapse, hash_bits=hash_bits, memlim_mb=args.spin_memlim,
               keep=args.spin_keep, progress=progress)
     out(f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth}, pan {r.seconds:.2f} s "
-        f"({r.states_per_s:,.0f} states/s; {r.search_cpu:.2f} s CPU), {r.runs} pan run(s), {r.wall:.1f} s with spin -a and gcc "
-        f"({r.cpu:.1f} s CPU), "
+        f"({r.states_per_s:,.0f} states/s; {r.search_cpu:.2f} s CPU), {r.runs} pan run(s), "
+        f"{r.wall:.1f} s with spin -a and gcc ({r.cpu:.1f} s CPU), "
         f"{r.memory_mb:,.0f} MB; pan {r.options}")
     if not r.violations:
         out("  no violation: no assertion fails and no invalid end state in any reachable state")

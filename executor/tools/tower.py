@@ -7,7 +7,7 @@ as in Qwen-VL towers; a video is a stack of frames, each encoded the same way.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -22,8 +22,9 @@ Only `hf.py` touches transformers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,7 +132,7 @@ class Prompt:
         return {"input_ids": self.input_ids[0].tolist(), "items": [i.meta() for i in self.items]}
 
     @classmethod
-    def from_meta(cls, meta: dict, s: hf.Spec) -> "Prompt":
+    def from_meta(cls, meta: dict, s: hf.Spec) -> Prompt:
         """A request received as metadata; each item's grid is checked against its placeholder run."""
         try:
             items = [MMItem(str(i["modality"]), _grid(i["grid_thw"]), int(i["room"])) for i in meta["items"]]
@@ -161,7 +162,7 @@ def build_prompt(s: hf.Spec, items: list[MMItem], rng: np.random.Generator, text
     ids = text(text_len)
     spans = []
     for it in items:
-        t, h, w = it.grid_thw
+        t = it.grid_thw[0]
         token = s.image_token if it.modality == "image" else s.video_token
         groups = t if it.modality == "video" else 1
         per = it.rows(s.merge) // groups
@@ -192,7 +193,8 @@ def placeholder_spans(p: Prompt, s: hf.Spec) -> list[tuple[int, int]]:
             if it.modality != modality:
                 continue
             if it.grid_thw[1] % s.merge or it.grid_thw[2] % s.merge:
-                raise ArrivalError(f"item {idx}: grid_thw {it.grid_thw} is not a multiple of the {s.merge}x{s.merge} merge")
+                raise ArrivalError(f"item {idx}: grid_thw {it.grid_thw} is not a multiple of the "
+                                   f"{s.merge}x{s.merge} merge")
             n = it.rows(s.merge)
             if k + n > len(pos):
                 raise ArrivalError(f"item {idx} ({modality}, grid {it.grid_thw}) needs {n} placeholders, "
@@ -212,7 +214,7 @@ def check_arrival(s: hf.Spec, p: Prompt, received: Sequence[tuple[torch.Tensor, 
     """Each item's received rows fit its grid, the model's width and dtype, and its deepstack levels."""
     if len(received) != len(p.items):
         raise ArrivalError(f"{len(received)} items arrived for a request of {len(p.items)}")
-    for idx, (it, (main, deep)) in enumerate(zip(p.items, received)):
+    for idx, (it, (main, deep)) in enumerate(zip(p.items, received, strict=True)):
         want = it.rows(s.merge)
         where = f"item {idx} (room {it.room}, {it.modality}, grid_thw {tuple(it.grid_thw)})"
         if main.dtype != dtype or (deep is not None and deep.dtype != dtype):
@@ -235,7 +237,7 @@ def prefill(model: Any, p: Prompt, received: Sequence[tuple[torch.Tensor, torch.
     ids = p.input_ids
     embeds = hf.embed_tokens(model, ids)
     visual = torch.zeros_like(ids, dtype=torch.bool)
-    for (start, end), (main, _) in zip(p.spans, received):
+    for (start, end), (main, _) in zip(p.spans, received, strict=True):
         # A video's run includes its timestamp text between groups: write only placeholders.
         mask = (ids[0, start:end] == s.image_token) | (ids[0, start:end] == s.video_token)
         embeds[0, start:end][mask] = main

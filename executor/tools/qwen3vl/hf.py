@@ -13,8 +13,9 @@ Tested with transformers 5.24.0 (the `qwen` extra pins the 5.x series).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,7 +102,8 @@ def embed_tokens(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def rope_index(model: Any, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor,
-               image_grid_thw: torch.Tensor | None, video_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+               image_grid_thw: torch.Tensor | None,
+               video_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """M-RoPE positions [3, 1, S] and the delta decode positions add, from the grids."""
     return model.model.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw,
                                       video_grid_thw=video_grid_thw)

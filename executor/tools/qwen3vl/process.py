@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from epd_ring.executor import ReferenceReceiver
-from epd_ring.executor.drivers.receiver import ask_json_child, child_env, receiver_from_env, spawn_json_child
 from epd_ring.executor.core.frames import frame_to_parts
+from epd_ring.executor.drivers.receiver import ask_json_child, child_env, receiver_from_env, spawn_json_child
 
 from . import ArrivalError, Placement, PrefillWorker, hf
 

@@ -1,0 +1,293 @@
+"""The spec's events, one method per family: each adds the successors its events give from one state.
+
+Room families run for each room in turn, in `ROOM_FAMILIES` order, then the
+global ones: that order is the order of `Spec.successors`, which the saved
+traces and the explorer's shortest traces rely on. A family builds each
+successor in a `Draft`, moves the machines through `Rules` (so the couplings
+run), and emits it.
+"""
+
+from __future__ import annotations
+
+from .rules import Rules
+from .state import (CH, CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_NONE, CH_SENT, CONCLUDED, CONTENT, GHOST, INFL, OK,
+                    RCV, REG, RS, SLOTI, SND, SS, STAGEABLE, TOLD, UNSURE, W_FLIGHT, W_GHOST, W_IDLE, Draft, Step,
+                    first_of_each, receivers)
+
+
+class Events(Rules):
+    """The event families; `Spec.successors` runs them, each room's in turn, then the encoder's."""
+
+    ROOM_FAMILIES = ("_register", "_frame", "_tower", "_copied", "_write_outcomes", "_late_landings", "_deadlines",
+                     "_withdraws", "_abort")
+    GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends")
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self._room_families = tuple(getattr(self, f) for f in self.ROOM_FAMILIES)
+        self._global_families = tuple(getattr(self, f) for f in self.GLOBAL_FAMILIES)
+
+    def _emit(self, out: list, d: Draft, event: tuple) -> None:
+        # A slot no room uses holds nothing that matters any more: forget whose bytes it had,
+        # so states that differ only in stale bytes are one state.
+        rooms, slots = d.rooms, d.slots
+        used = None
+        for s, sl in enumerate(slots):
+            if sl[CONTENT] >= 0:
+                if used is None:
+                    used = {r[SLOTI] for r in rooms}
+                if s not in used:
+                    sl = slots[s] = list(sl)
+                    sl[CONTENT] = -1
+        if self.regions:
+            rooms = [list(x) for x in rooms]
+            for x in rooms:
+                x[RCV] = tuple(sorted(x[RCV]))
+        else:  # no receivers modelled: only an emptied list to turn back into a tuple
+            for k, x in enumerate(rooms):
+                if x[RCV].__class__ is not tuple:
+                    x = rooms[k] = list(x)
+                    x[RCV] = tuple(sorted(x[RCV]))
+        st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), d.deferred, d.faults, d.halt, d.peers)
+        out.append(Step(event, st, d.violation, d.detail))
+
+    # -- senders and receivers ---------------------------------------------------------------
+    def _register(self, state: tuple, i: int, out: list) -> None:
+        """The encode request is registered: the room's sender."""
+        if state[0][i][SND] != 0:
+            return
+        d = Draft.of(state)
+        if d.rooms[i][RS] not in CONCLUDED:
+            self._move_room(d, i, "bind_sender")
+        d.rooms[i][SND] = 1
+        self._emit(out, d, ("register", i))
+
+    def _frame(self, state: tuple, i: int, out: list) -> None:
+        """A receiver registers: early, late, or after the room concluded."""
+        r = state[0][i]
+        if r[REG] >= self.N:
+            return
+        if state[5] and r[RS] not in CONCLUDED:
+            self._frame_with_peer(state, i, out)
+            return
+        d = Draft.of(state)
+        self._offer(d.rooms[i])
+        if r[RS] in CONCLUDED:
+            self._move_room(d, i, "add_receiver")
+            self._late_receiver(d, i)
+        else:
+            self._add_receiver(d, i)
+        self._emit(out, d, ("frame", i))
+
+    def _add_receiver(self, d: Draft, i: int) -> None:
+        self._move_room(d, i, "add_receiver")
+
+    def _late_receiver(self, d: Draft, i: int) -> None:
+        """A receiver of a concluded room is told Failed at once (no write will go there), and released."""
+        ro = d.rooms[i]
+        ro[TOLD] += 1
+        if self.regions:
+            self._notice(ro, len(ro[RCV]) - 1, "failed")
+            self._release_settled(ro)
+
+    def _frame_with_peer(self, state: tuple, i: int, out: list) -> None:
+        """Receiver rank k of live room i registers; its peer is peer k."""
+        k = state[0][i][REG]
+        ps = state[5][k]
+        event = "frame"
+        if ps == "down":
+            # During the backoff the frame fails its room at once; after it, contact starts again.
+            d = Draft.of(state)
+            self._offer(d.rooms[i])
+            self._move_room(d, i, "fail")
+            self._emit(out, d, ("frame", i))
+            event = "frame_after_backoff"
+        d = Draft.of(state)
+        self._move_peer(d, k, "contact")
+        if d.peers[k] == "connecting" and ps != "connecting" and self.blocking_contact:
+            # First contact on the loop: it answers at once, or the loop waits on the peer.
+            halted = Draft.of(state)
+            halted.peers, halted.halt = d.peers, "peer-wait"
+            self._offer(halted.rooms[i])
+            self._emit(out, halted, (event, i))
+            self._move_peer(d, k, "connected")
+        self._offer(d.rooms[i])
+        self._add_receiver(d, i)
+        self._emit(out, d, (event, i))
+
+    # -- the tower and the ring ------------------------------------------------------------
+    def _tower(self, state: tuple, i: int, out: list) -> None:
+        """The tower runs (or a cache hit arrives) for the room's single item, or it or the staging fails."""
+        r = state[0][i]
+        if r[SND] != 1 or r[CH] != CH_NONE:
+            return
+        if r[RS] not in STAGEABLE:
+            d = Draft.of(state)
+            d.rooms[i][CH] = CH_DROPPED  # its room concluded: never written, never deferred
+            self._emit(out, d, ("tower", i))
+            return
+        d = Draft.of(state)
+        d.rooms[i][CH] = CH_DEFERRED  # placeholder until offered
+        for served in self._serve_deferred(d):
+            self._offer_chunk(served, i, out)
+        if state[3]:
+            for ev in ("tower_error", "stage_error"):
+                d = Draft.of(state)
+                d.rooms[i][CH] = CH_DROPPED
+                d.faults -= 1
+                self._move_room(d, i, "fail")
+                self._emit(out, d, (ev, i))
+
+    def _offer_chunk(self, d: Draft, i: int, out: list) -> None:
+        """Room i's chunk, once the deferred sends were served: staged, or deferred while the ring is full."""
+        if d.halt is None and (d.deferred or not self._leasable(d.rooms, d.slots)):
+            if self.busy_wait:
+                d.halt = "spin"
+            else:
+                d.deferred += (i,)
+        elif d.halt is None:
+            for staged in self._stage(d, i):
+                self._emit(out, staged, ("tower", i))
+            return
+        self._emit(out, d, ("tower", i))
+
+    def _copied(self, state: tuple, i: int, out: list) -> None:
+        """The copy into the slot completed: the chunk goes to the manager, or is dropped."""
+        r = state[0][i]
+        if r[CH] != CH_COPYING or state[1][r[SLOTI]][SS] != "copying":
+            return
+        d = Draft.of(state)
+        self._move_slot(d, r[SLOTI], "copied")
+        if r[RS] not in STAGEABLE:
+            self._drop_chunk(d, i)
+        else:
+            self._move_room(d, i, "stage")
+        self._emit(out, d, ("copied", i))
+
+    # -- writes ----------------------------------------------------------------------------
+    def _write_outcomes(self, state: tuple, i: int, out: list) -> None:
+        """A write completes, or reports failure or timeout (it may still land)."""
+        r = state[0][i]
+        for k in self._choices(r, W_FLIGHT, r[INFL]):
+            for ev in ("write_done", "write_unsure") if state[3] else ("write_done",):
+                d = Draft.of(state)
+                self._write_outcome(d, i, k, ev == "write_unsure")
+                self._emit(out, d, (ev, i) if k is None else (ev, i, k))
+
+    def _write_outcome(self, d: Draft, i: int, k: int | None, unsure: bool) -> None:
+        ro = d.rooms[i]
+        ro[INFL] -= 1
+        if k is not None:
+            rc = receivers(ro)
+            if not unsure and rc[k][0] == "released":
+                d.flag("write-into-released-region",
+                       f"room {i}'s write landed in a region its receiver had released (and may reuse)")
+            rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE)
+        if unsure:
+            ro[GHOST] += 1
+            d.slots[ro[SLOTI]][UNSURE] = True
+            d.faults -= 1
+        self._settle(d, i, unsure)
+        if ro[RS] == "transferring":
+            if unsure:
+                self._move_room(d, i, "fail")
+            else:
+                ro[OK] += 1
+                if ro[OK] == self.N:
+                    self._move_room(d, i, "written")
+        elif not unsure and ro[RS] == "failed":
+            self._release_settled(ro)
+        if not self._holds_slot(ro) and ro[CH] == CH_SENT:
+            ro[SLOTI] = -1
+
+    def _late_landings(self, state: tuple, i: int, out: list) -> None:
+        """A write reported unsure lands after all."""
+        r = state[0][i]
+        for k in self._choices(r, W_GHOST, r[GHOST]):
+            d = Draft.of(state)
+            ro = d.rooms[i]
+            s = ro[SLOTI]
+            if d.slots[s][CONTENT] != i:
+                d.flag("overwrite-under-late-write", f"bytes of room {d.slots[s][CONTENT]} landed for room {i}")
+            elif k is not None and r[RCV][k][0] == "released":
+                d.flag("write-into-released-region",
+                       f"room {i}'s late write landed in a region its receiver had released (and may reuse)")
+            ro[GHOST] -= 1
+            if k is not None:
+                rc = receivers(ro)
+                rc[k] = (rc[k][0], self.LANDED)
+            if not self._holds_slot(ro):
+                ro[SLOTI] = -1
+            self._emit(out, d, ("late_landing", i) if k is None else ("late_landing", i, k))
+
+    # -- deadlines and aborts ----------------------------------------------------------------
+    def _deadlines(self, state: tuple, i: int, out: list) -> None:
+        """The room's deadline passes: it is in a state whose entry armed one (fsm/couplings.py)."""
+        if state[0][i][RS] in self._armed["room"]:
+            d = Draft.of(state)
+            self._move_room(d, i, "expire")
+            self._emit(out, d, ("expire", i))
+
+    def _withdraws(self, state: tuple, i: int, out: list) -> None:
+        """A receiver's request is aborted: it withdraws its region."""
+        r = state[0][i]
+        if not state[3] or r[RS] in CONCLUDED:
+            return
+        for k in sorted({k_ for k_, (g, _) in first_of_each(r[RCV]) if g == "offered"}):
+            d = Draft.of(state)
+            d.faults -= 1
+            self._withdraw(d, i, k)
+            self._emit(out, d, ("withdraw", i, k))
+
+    def _withdraw(self, d: Draft, i: int, k: int) -> None:
+        rc = receivers(d.rooms[i])
+        rc[k] = (self._region_step(rc[k][0], "withdraw"), rc[k][1])
+        self._move_room(d, i, "fail")
+
+    def _abort(self, state: tuple, i: int, out: list) -> None:
+        """The client aborts: the encode loop fails the room."""
+        r = state[0][i]
+        if state[3] and r[SND] == 1 and r[RS] not in CONCLUDED:
+            d = Draft.of(state)
+            d.faults -= 1
+            self._move_room(d, i, "fail")
+            self._emit(out, d, ("abort", i))
+
+    # -- events of the whole encoder -------------------------------------------------------
+    def _connect_outcomes(self, state: tuple, out: list) -> None:
+        """The edge reports first contact with a peer, or its connect deadline passes."""
+        for k, ps in enumerate(state[5]):
+            if ps != "connecting":
+                continue
+            d = Draft.of(state)
+            self._move_peer(d, k, "connected")
+            self._emit(out, d, ("connected", k))
+            if state[3]:
+                for ev in ("refused", "connect_expired"):
+                    d = Draft.of(state)
+                    d.faults -= 1
+                    self._move_peer(d, k, ev)
+                    self._emit(out, d, (ev, k))
+
+    def _deferred_served(self, state: tuple, out: list) -> None:
+        """The loop serves deferred sends when slots free up."""
+        if state[2] and self._leasable(state[0], state[1]):
+            for d in self._serve_deferred(Draft.of(state)):
+                self._emit(out, d, ("drain",))
+
+    def _reap(self, state: tuple, out: list) -> None:
+        """Senders of concluded rooms whose tower already ran are reaped."""
+        reap = [i for i, r in enumerate(state[0]) if r[SND] == 1 and r[RS] in CONCLUDED and r[CH] != CH_NONE]
+        if reap:
+            d = Draft.of(state)
+            for i in reap:
+                d.rooms[i][SND] = 2
+            self._emit(out, d, ("reap",))
+
+    def _quarantine_ends(self, state: tuple, out: list) -> None:
+        """A quarantine deadline passes; writes that could land have landed by then."""
+        for s, sl in enumerate(state[1]):
+            if sl[SS] in self._armed["slot"] and not self._writes_pending(state[0], s):
+                d = Draft.of(state)
+                self._move_slot(d, s, "release")
+                self._emit(out, d, ("release", s))

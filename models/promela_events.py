@@ -1,0 +1,328 @@
+"""The environment's events in Promela, one family per family of `models/events.py`, in its order.
+
+Each room family is a function giving its arms for room `i` (receiver `j`): the
+event's name, its guard, the statement that takes it, and whether it is about
+one receiver; and a text holding the family's inlines. The rules follow the
+spec's (same names, same order of effects); machine moves go through the
+`move_room_<event>` / `move_slot_<event>` inlines, which run the couplings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Arm = tuple[str, str, str, bool]  # (event, guard, statement, about one receiver)
+
+# -- the regions and the ring: the rules the event families share -------------------------------
+REGIONS = r"""
+/* the encoder sends receiver gk of room gx a notice (rules._notice); the seed's receiver frees on Failed */
+inline notice_success(gx, gk) {
+  if :: SEED -> room[gx].rg[gk] = SEED_SUCCESS
+     :: else -> region_NOTICE_success(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi
+}
+inline notice_failed(gx, gk) {
+  if :: SEED -> room[gx].rg[gk] = SEED_FAILED
+     :: else -> region_NOTICE_failed(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi
+}
+inline notice_released(gx, gk) { region_NOTICE_released(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
+inline notice_withdrawn(gx, gk) { region_NOTICE_withdrawn(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
+
+/* rules._release_settled: a Failed room's region is released (its withdraw acked) once no write can land */
+inline release_settled(gx) {
+  if
+  :: REGIONS && !SEED ->
+     gq = 0;
+     do
+     :: gq < room[gx].reg ->
+        if
+        :: room[gx].rw[gq] == W_IDLE && room[gx].rg[gq] == G_failed -> notice_released(gx, gq)
+        :: room[gx].rw[gq] == W_IDLE && room[gx].rg[gq] == G_withdrawing -> notice_withdrawn(gx, gq)
+        :: else -> skip
+        fi;
+        gq++
+     :: else -> break
+     od;
+     gq = 0
+  :: else -> skip
+  fi
+}
+
+/* rules._offer: one more receiver registered; with regions it offers its receive region */
+inline offer(ox) {
+  if :: REGIONS -> room[ox].rg[room[ox].reg] = G_offered; room[ox].rw[room[ox].reg] = W_IDLE :: else -> skip fi;
+  room[ox].reg++
+}
+"""
+
+RING = r"""
+/* rules._issue_writes: one write per receiver from the room's slot */
+inline issue_writes(wx) {
+  if :: CONCLUDED(room[wx].rs) -> kind = K_WRITE_FOR_CONCLUDED_ROOM :: else -> skip fi;
+  move_slot_send(room[wx].sl, 0);
+  room[wx].ch = CH_SENT; room[wx].infl = N;
+  gj = 0; do :: gj < room[wx].reg -> room[wx].rw[gj] = W_FLIGHT; gj++ :: else -> break od; gj = 0
+}
+
+/* rules._drop_chunk: the room's chunk will never be sent, its slot goes back free */
+inline drop_chunk(dx) {
+  move_slot_abandon(room[dx].sl, 0); room[dx].ch = CH_DROPPED; room[dx].sl = NONE
+}
+
+/* lease a slot for room gx and start its copy: any leasable slot may be taken */
+inline stage(gx) {
+  if
+  :: !STAGEABLE(room[gx].rs) -> room[gx].ch = CH_DROPPED
+  :: else ->
+     if
+     CHOOSE_SLOT
+     fi;
+     if
+     :: slot[ls].ss != S_free -> slot[ls].ss = S_copying; slot[ls].unsure = 0
+     :: else -> move_slot_lease(ls, 0)
+     fi;
+     slot[ls].content = gx; room[gx].ch = CH_COPYING; room[gx].sl = ls; ls = 0
+  fi
+}
+
+/* serve deferred sends oldest first while a slot is leasable */
+inline serve_deferred() {
+  do
+  :: dlen == 0 || !ANY_LEASABLE -> break
+  :: else ->
+     h = dq[0];
+     if
+     :: room[h].snd == 2 && REAP_CRASH -> hlt = 1; break
+     :: else ->
+        k = 0; do :: k + 1 < dlen -> dq[k] = dq[k + 1]; k++ :: else -> break od;
+        dlen--; dq[dlen] = 0; k = 0;
+        if
+        :: room[h].snd == 2 -> room[h].ch = CH_DROPPED
+        :: else -> stage(h)
+        fi
+     fi;
+     h = 0
+  od
+}
+"""
+
+
+# -- room families ---------------------------------------------------------------------------------
+def register(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    return [("register", f"{r}.snd == 0", f"ev_register({i})", False)]
+
+
+REGISTER = r"""
+inline ev_register(x) {
+  if :: !CONCLUDED(room[x].rs) -> move_room_bind_sender(x) :: else -> skip fi;
+  room[x].snd = 1
+}
+"""
+
+
+def frame(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    return [("frame", f"{r}.reg < N", f"ev_frame({i})", False)]
+
+
+FRAME = r"""
+inline ev_frame(x) {
+  offer(x);
+  if
+  :: CONCLUDED(room[x].rs) -> move_room_add_receiver(x); late_receiver(x)
+  :: else ->
+     move_room_add_receiver(x);
+     /* the seed re-arms the park deadline on a partial registration */
+     if :: SEED && room[x].rs == R_parked -> kind = K_DEADLINE_EXTENDED :: else -> skip fi
+  fi
+}
+
+/* a receiver of a concluded room is told Failed at once (no write will go there), and released with it;
+   the seed tells it nothing, and the last one of a failed room flushes its parked chunk, which is sent */
+inline late_receiver(x) {
+  if
+  :: !SEED ->
+     room[x].told++;
+     if :: REGIONS -> notice_failed(x, room[x].reg - 1); release_settled(x) :: else -> skip fi
+  :: SEED && room[x].rs == R_failed && room[x].ch == CH_HELD && room[x].reg >= N -> issue_writes(x)
+  :: else -> skip
+  fi
+}
+"""
+
+
+def tower(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    waiting = f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER"
+    return [("tower", f"{waiting} && !STAGEABLE({r}.rs)", f"{r}.ch = CH_DROPPED", False),
+            ("tower", f"{waiting} && STAGEABLE({r}.rs)", f"ev_tower({i})", False),
+            ("tower_error", f"{waiting} && STAGEABLE({r}.rs) && faults > 0", f"ev_tower_error({i})", False),
+            ("stage_error", f"{waiting} && STAGEABLE({r}.rs) && faults > 0", f"ev_tower_error({i})", False)]
+
+
+TOWER = r"""
+inline ev_tower(x) {
+  room[x].ch = CH_DEFERRED;
+  serve_deferred();
+  if
+  :: hlt == 1 -> skip
+  :: else ->
+     if
+     :: dlen > 0 || !ANY_LEASABLE ->
+        if :: BUSY_WAIT -> hlt = 2
+           :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi
+     :: else -> stage(x)
+     fi
+  fi
+}
+
+inline ev_tower_error(x) {
+  room[x].ch = CH_DROPPED; move_room_fail(x); faults--
+}
+"""
+
+
+def copied(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    return [("copied", f"{r}.ch == CH_COPYING && slot[{r}.sl].ss == S_copying", f"ev_copied({i})", False)]
+
+
+COPIED = r"""
+inline ev_copied(x) {
+  move_slot_copied(room[x].sl, 0);
+  if
+  :: !STAGEABLE(room[x].rs) -> drop_chunk(x)
+  :: else -> move_room_stage(x)
+  fi
+}
+"""
+
+
+def write_outcomes(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    flight = f" && {r}.rw[{j}] == W_FLIGHT" if regions else ""
+    return [("write_done", f"{r}.infl > 0{flight}", f"ev_write({i}, {j}, 0)", True),
+            ("write_unsure", f"{r}.infl > 0 && faults > 0{flight}", f"ev_write({i}, {j}, 1)", True)]
+
+
+WRITE_OUTCOMES = r"""
+inline ev_write(x, j, UNSURE) {
+  room[x].infl--;
+  if
+  :: REGIONS ->
+     if :: !UNSURE && room[x].rg[j] == G_released -> kind = K_WRITE_INTO_RELEASED_REGION :: else -> skip fi;
+     if :: UNSURE -> room[x].rw[j] = W_GHOST :: else -> room[x].rw[j] = W_IDLE fi
+  :: else -> skip
+  fi;
+  if :: UNSURE -> room[x].ghost++; slot[room[x].sl].unsure = 1 :: else -> skip fi;
+  if
+  :: SEED -> if :: UNSURE || room[x].infl == 0 -> slot[room[x].sl].ss = S_free :: else -> skip fi
+  :: else -> move_slot_settle(room[x].sl, PENDING(room[x].sl))
+  fi;
+  if
+  :: room[x].rs == R_transferring ->
+     if
+     :: !UNSURE -> room[x].ok++; if :: room[x].ok == N -> move_room_written(x) :: else -> skip fi
+     :: else -> move_room_fail(x)
+     fi
+  :: !UNSURE && room[x].rs == R_failed -> release_settled(x)
+  :: else -> skip
+  fi;
+  if :: !HOLDS(x) && room[x].ch == CH_SENT -> room[x].sl = NONE :: else -> skip fi;
+  if :: UNSURE -> faults-- :: else -> skip fi
+}
+"""
+
+
+def late_landings(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    ghost = f" && {r}.rw[{j}] == W_GHOST" if regions else ""
+    return [("late_landing", f"{r}.ghost > 0{ghost}", f"ev_late_landing({i}, {j})", True)]
+
+
+LATE_LANDINGS = r"""
+inline ev_late_landing(x, j) {
+  if
+  :: slot[room[x].sl].content != x -> kind = K_OVERWRITE_UNDER_LATE_WRITE
+  :: REGIONS && slot[room[x].sl].content == x && room[x].rg[j] == G_released -> kind = K_WRITE_INTO_RELEASED_REGION
+  :: else -> skip
+  fi;
+  room[x].ghost--;
+  /* the seed waits out no quarantine: a landed write is simply gone */
+  if :: REGIONS -> if :: SEED -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi :: else -> skip fi;
+  if :: !HOLDS(x) -> room[x].sl = NONE :: else -> skip fi
+}
+"""
+
+
+def deadlines(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    return [("expire", f"SEED && {r}.rs == R_failed && {r}.ch == CH_HELD", f"drop_chunk({i})", False),
+            ("expire", f"ARMED_ROOM({r}.rs)", f"move_room_expire({i})", False)]
+
+
+def withdraws(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    if not regions:  # no receivers modelled: nothing to withdraw
+        return []
+    return [("withdraw", f"faults > 0 && !CONCLUDED({r}.rs) && {r}.rg[{j}] == G_offered", f"ev_withdraw({i}, {j})",
+             True)]
+
+
+WITHDRAWS = r"""
+/* a receiver withdraws an offered region; the seed's receiver frees it, the encoder never hears */
+inline ev_withdraw(x, j) {
+  if
+  :: SEED -> room[x].rg[j] = G_released
+  :: else -> region_withdraw(room[x].rg[j], gt); room[x].rg[j] = gt; gt = 0; move_room_fail(x)
+  fi;
+  faults--
+}
+"""
+
+
+def abort(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+    return [("abort", f"faults > 0 && {r}.snd == 1 && !CONCLUDED({r}.rs)", f"move_room_fail({i}); faults--", False)]
+
+
+Family = Callable[[str, str, str, bool], list[Arm]]
+ROOM_FAMILIES: tuple[tuple[Family, str], ...] = (
+    (register, REGISTER), (frame, FRAME), (tower, TOWER), (copied, COPIED), (write_outcomes, WRITE_OUTCOMES),
+    (late_landings, LATE_LANDINGS), (deadlines, ""), (withdraws, WITHDRAWS), (abort, ""))
+
+
+def room_arms(i: str, j: str, regions: bool) -> list[Arm]:
+    """Every room family's arms for room i (receiver j), in spec.successors' order."""
+    r = f"room[{i}]"
+    live = "LIVE && " if i != "x" else ""
+    # With regions a write, a late landing or a withdraw is about receiver j; without, about the room ("0").
+    j = j if regions else "0"
+    return [(name, live + guard, act, per)
+            for family, _ in ROOM_FAMILIES for name, guard, act, per in family(r, i, j, regions)]
+
+
+# -- the encoder's families: (guards that enable them, the proctype's arm) ---------------------------
+def deferred_served(event: int) -> tuple[list[str], str]:
+    guard = "LIVE && dlen > 0 && ANY_LEASABLE"
+    return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_deferred()"
+
+
+def reap(event: int, rooms: int) -> tuple[list[str], str]:
+    reapable = " || ".join(f"(room[{i}].snd == 1 && CONCLUDED(room[{i}].rs) && room[{i}].ch != CH_AWAITING_TOWER)"
+                           for i in range(rooms))
+    guard = f"LIVE && ({reapable})"
+    return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre(); reap() }}"
+
+
+REAP = r"""
+inline reap() {
+  k = 0;
+  do
+  :: k < R -> if :: room[k].snd == 1 && CONCLUDED(room[k].rs) && room[k].ch != CH_AWAITING_TOWER -> room[k].snd = 2
+                 :: else -> skip fi; k++
+  :: else -> break
+  od;
+  k = 0
+}
+"""
+
+
+def quarantine_ends(event: int, slots: int) -> tuple[list[str], str]:
+    guards = [f"LIVE && ARMED_SLOT(slot[{s}].ss) && !PENDING({s})" for s in range(slots)]
+    pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
+    return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_slot_release(x, 0) }}"
+
+
+TEXT = "".join((REGIONS, RING, *(text for _, text in ROOM_FAMILIES), REAP))

@@ -1,0 +1,233 @@
+"""The Promela around the rules: what runs after every step, and how a state is printed.
+
+`post()` checks the step (its own violation, failure sticky, status forward, the
+rank, then the invariants, in `spec.Spec`'s order) and relabels rooms and slots
+into `explore.canonical`'s order (`canon()`), so SPIN stores exactly the
+explorer's canonical states; `show_state()` prints a state for
+`promela.parse_trail`.
+"""
+
+SEARCH = r"""
+inline pre() {
+  k = 0; do :: k < R -> ors[k] = room[k].rs; k++ :: else -> break od; orank = RANK; kind = 0; k = 0
+}
+
+inline report() {
+  if
+  :: (ASSERTED >> kind) & 1 -> printf("VIOLATION %d\n", kind); assert(false)
+  :: else -> stop = 1
+  fi
+}
+
+inline post() {
+  d_step {
+    /* each room's receivers in order (events.Events._emit sorts them) */
+    if :: REGIONS -> sort_receivers() :: else -> skip fi;
+    /* a slot no room uses forgets whose bytes it held (events.Events._emit) */
+    q = 0;
+    do
+    :: q < S ->
+       k = 0; n = 0;
+       do :: k < R -> if :: room[k].sl == q -> n = 1 :: else -> skip fi; k++ :: else -> break od;
+       if :: n == 0 -> slot[q].content = NONE :: else -> skip fi; q++
+    :: else -> break
+    od;
+    /* the checks: the step's own violation, then failure sticky / status forward / rank, then the invariant */
+    if
+    :: kind == 0 ->
+       k = 0;
+       do
+       :: k < R && kind == 0 ->
+          if :: CONCLUDED(ors[k]) && room[k].rs != ors[k] ->
+                if :: ors[k] == R_failed -> kind = K_FAILURE_NOT_STICKY :: else -> kind = K_STATUS_NOT_FORWARD fi
+             :: else -> skip fi;
+          k++
+       :: else -> break
+       od;
+       if :: kind == 0 && RANK <= orank -> kind = K_MODEL_CYCLE :: else -> skip fi
+    :: else -> skip
+    fi;
+    if
+    :: kind == 0 && hlt == 1 -> kind = K_CRASH
+    :: else -> skip
+    fi;
+    k = 0;
+    do
+    :: k < R && kind == 0 ->
+       if
+       :: room[k].sl != NONE && slot[room[k].sl].content != k ->
+          if
+          :: room[k].ghost > 0 -> kind = K_OVERWRITE_UNDER_LATE_WRITE
+          :: room[k].ghost == 0 && room[k].infl > 0 -> kind = K_OVERWRITE_UNDER_WRITE
+          :: room[k].ghost == 0 && room[k].infl == 0 && (room[k].ch == CH_COPYING || room[k].ch == CH_HELD) ->
+             kind = K_OVERWRITE_UNDER_CHUNK
+          :: else -> skip
+          fi
+       :: else -> skip
+       fi;
+       if
+       :: kind == 0 && CONCLUDED(room[k].rs) && room[k].told < room[k].reg -> kind = K_RECEIVER_NOT_TOLD
+       :: kind == 0 && room[k].rs == R_success && room[k].ok < N -> kind = K_SUCCESS_WITHOUT_ALL_WRITES
+       :: else -> skip
+       fi;
+       gj = 0;
+       do
+       :: REGIONS && kind == 0 && gj < room[k].reg ->
+          if
+          :: room[k].rg[gj] == G_written && (room[k].rw[gj] == W_FLIGHT || room[k].rw[gj] == W_GHOST) ->
+             kind = K_SUCCESS_UNDER_WRITE
+          :: (room[k].rg[gj] == G_written && room[k].rs != R_success) || (room[k].rg[gj] == G_failed && room[k].rs == R_success) ->
+             kind = K_WRONG_OUTCOME
+          :: else -> skip
+          fi;
+          gj++
+       :: else -> break
+       od;
+       gj = 0;
+       k++
+    :: else -> break
+    od;
+    canon();
+    printf("EV %d %d\n", ev, x);
+    show_state();
+    if :: kind != 0 -> report() :: else -> skip fi;
+    kind = 0; k = 0; n = 0; q = 0; orank = 0;
+    k = 0; do :: k < R -> ors[k] = 0; k++ :: else -> break od; k = 0
+  }
+}
+
+inline show_state() {
+  printf("ST %d %d %d", hlt, faults, dlen);
+  k = 0; do :: k < dlen -> printf(" %d", dq[k]); k++ :: else -> break od;
+  printf("\n");
+  k = 0;
+  do
+  :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
+                     room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sl);
+     gj = 0; do :: gj < N -> printf(" %d %d", room[k].rg[gj], room[k].rw[gj]); gj++ :: else -> break od; gj = 0;
+     printf("\n"); k++
+  :: else -> break
+  od;
+  k = 0;
+  do :: k < S -> printf("SL %d %d %d\n", slot[k].ss, slot[k].content, slot[k].unsure); k++ :: else -> break od;
+  k = 0
+}
+
+/* sort each room's registered receivers by (region, write): stable insertion sort */
+inline sort_receivers() {
+  k = 0;
+  do
+  :: k < R ->
+     gj = 1;
+     do
+     :: gj < room[k].reg ->
+        gq = gj;
+        do
+        :: gq > 0 && room[k].rg[gq - 1] * 4 + room[k].rw[gq - 1] > room[k].rg[gq] * 4 + room[k].rw[gq] ->
+           gt = room[k].rg[gq]; room[k].rg[gq] = room[k].rg[gq - 1]; room[k].rg[gq - 1] = gt;
+           gt = room[k].rw[gq]; room[k].rw[gq] = room[k].rw[gq - 1]; room[k].rw[gq - 1] = gt;
+           gq--
+        :: else -> break
+        od;
+        gj++
+     :: else -> break
+     od;
+     k++
+  :: else -> break
+  od;
+  k = 0; gj = 0; gq = 0; gt = 0
+}
+
+/* relabel rooms and slots into explore.canonical's order */
+inline canon() {
+  k = 0;
+  do
+  :: k < R ->
+     n = NONE;
+     q = 0; do :: q < dlen -> if :: dq[q] == k -> n = q :: else -> skip fi; q++ :: else -> break od;
+     if
+     :: room[k].sl != NONE ->
+        SETKEYS(k, slot[room[k].sl].ss, slot[room[k].sl].unsure, slot[room[k].sl].content == k,
+                (n == NONE -> 0 : n + 1))
+     :: else -> SETKEYS(k, 0, 0, 0, (n == NONE -> 0 : n + 1))
+     fi;
+     ord[k] = k; k++
+  :: else -> break
+  od;
+  /* stable insertion sort of rooms by key (ties keep their index order) */
+  k = 1;
+  do
+  :: k < R ->
+     tmp = ord[k]; q = k;
+     do :: q > 0 && KEYGT(ord[q - 1], tmp) -> ord[q] = ord[q - 1]; q-- :: else -> break od;
+     ord[q] = tmp; k++
+  :: else -> break
+  od;
+  k = 0; do :: k < R -> rmap[ord[k]] = k; k++ :: else -> break od;
+  /* used slots follow their rooms */
+  k = 0; do :: k < S -> smap[k] = NONE; k++ :: else -> break od;
+  n = 0; k = 0;
+  do
+  :: k < R ->
+     tmp = room[ord[k]].sl;
+     if :: tmp != NONE && smap[tmp] == NONE -> smap[tmp] = n; n++ :: else -> skip fi; k++
+  :: else -> break
+  od;
+  /* unused slots next, by state then unsure (stable) */
+  q = 0; k = 0;
+  do :: k < S -> if :: smap[k] == NONE -> sord[q] = k; q++ :: else -> skip fi; k++ :: else -> break od;
+  k = 1;
+  do
+  :: k < q ->
+     tmp = sord[k]; best = k;
+     do
+     :: best > 0 && (slot[sord[best - 1]].ss * 2 + slot[sord[best - 1]].unsure > slot[tmp].ss * 2 + slot[tmp].unsure) ->
+        sord[best] = sord[best - 1]; best--
+     :: else -> break
+     od;
+     sord[best] = tmp; k++
+  :: else -> break
+  od;
+  k = 0; do :: k < q -> smap[sord[k]] = n; n++; k++ :: else -> break od;
+  /* permute */
+  k = 0;
+  do
+  :: k < R ->
+     t_rs[k] = room[k].rs; t_snd[k] = room[k].snd; t_ch[k] = room[k].ch; t_reg[k] = room[k].reg;
+     t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
+     t_sl[k] = room[k].sl;
+     gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj]; gj++
+                :: else -> break od; gj = 0;
+     k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < R ->
+     tmp = rmap[k];
+     room[tmp].rs = t_rs[k]; room[tmp].snd = t_snd[k]; room[tmp].ch = t_ch[k]; room[tmp].reg = t_reg[k];
+     room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
+     if :: t_sl[k] == NONE -> room[tmp].sl = NONE :: else -> room[tmp].sl = smap[t_sl[k]] fi;
+     gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj]; gj++
+                :: else -> break od; gj = 0;
+     k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < S -> t_ss[k] = slot[k].ss; t_content[k] = slot[k].content; t_unsure[k] = slot[k].unsure; k++
+  :: else -> break
+  od;
+  k = 0;
+  do
+  :: k < S ->
+     tmp = smap[k];
+     slot[tmp].ss = t_ss[k]; slot[tmp].unsure = t_unsure[k];
+     if :: t_content[k] == NONE -> slot[tmp].content = NONE :: else -> slot[tmp].content = rmap[t_content[k]] fi;
+     k++
+  :: else -> break
+  od;
+  k = 0; do :: k < dlen -> dq[k] = rmap[dq[k]]; k++ :: else -> break od;
+  k = 0; n = 0; q = 0; tmp = 0; best = 0
+}
+"""

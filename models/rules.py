@@ -1,0 +1,293 @@
+"""The executor's and manager's rules as the spec has them: machine moves, the couplings, the ring.
+
+Every move of a room, slot or peer goes through `_move_room`, `_move_slot` or
+`_move_peer`: the destination is looked up in the fsm/ declarations, and the
+actions fsm/couplings.py lists for the state entered (`ON_ENTER`) and the event
+taken (`ON_EVENT`) run after it, each one method named after its action. The
+variants (models/seed.py, and the flags set here) change these rules, never the
+machines or the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+from epd_ring.fsm import PEER, REGION, ROOM, SLOT, couplings
+from epd_ring.fsm.regions import NOTICE_EVENTS
+
+from .state import (CH, CH_COPYING, CH_DROPPED, CH_HELD, CH_SENT, CONCLUDED, CONTENT, GHOST, INFL, RCV, REG, RS, SLOTI,
+                    SND, SS, STAGEABLE, TOLD, UNSURE, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Draft, first_of_each,
+                    receivers)
+
+Action = Callable[[Draft, int, str], None]
+
+
+class Rules:
+    """Moves, the couplings' actions and the ring, over a `Draft`; `Events` builds successors from them."""
+
+    # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
+    # the index of the room, slot or peer that moved, and the event that moved it.
+    ACTIONS = frozenset(("arm_announce_deadline", "park_slot", "arm_park_deadline", "start_writes", "conclude",
+                         "abandon_slot", "arm_quarantine_deadline", "resume_rooms", "fail_rooms",
+                         "release_regions"))
+    UNARMED: frozenset[str] = frozenset()  # deadline actions a variant does without
+    LANDED = W_LANDED  # where a late write that landed leaves its region's write
+
+    def __init__(self, config) -> None:
+        self.cfg = config
+        v = config.variant
+        self.no_parked_check = v == "no-parked-check"
+        self.busy_wait = v == "busy-wait"
+        self.reap_crash = v == "reaped-deferred-crash"
+        self.blocking_contact = v == "blocking-contact"
+        self.write_before_up = v == "write-before-up"
+        self.N = config.receivers
+        self.regions = config.regions
+        self.peers = config.peers
+        self._read_couplings()
+
+    def _read_couplings(self) -> None:
+        """Bind fsm/couplings.py's table to this spec's methods (read at construction, as the core reads it)."""
+        unknown = couplings.actions() - self.ACTIONS
+        if unknown:
+            raise AssertionError(f"model bug: fsm/couplings.py names actions the spec lacks: {sorted(unknown)}")
+
+        def bind(table: dict) -> dict[tuple[str, str], tuple[Action, ...]]:
+            return {key: tuple(getattr(self, "_" + a) for a in acts) for key, acts in table.items()}
+
+        self._on_enter = bind(couplings.ON_ENTER)
+        self._on_event = bind(couplings.ON_EVENT)
+        # The model keeps no clock: a deadline may pass while its object stays in the state that armed it.
+        self._armed = {m: couplings.armed_states(m, self.UNARMED) for m in ("room", "slot")}
+
+    def _couple(self, d: Draft, machine: str, index: int, old: str, new: str, event: str) -> None:
+        if new != old:
+            for act in self._on_enter.get((machine, new), ()):
+                act(d, index, event)
+        for act in self._on_event.get((machine, event), ()):
+            act(d, index, event)
+
+    # -- moves: the declarations decide where, the table what follows --------------------
+    # Moves are looked up once per (state, event, guard values), then remembered: the explorer
+    # asks the same few questions millions of times.
+    _room_moves: ClassVar[dict] = {}
+    _slot_moves: ClassVar[dict] = {}
+
+    @staticmethod
+    def _room_step(rs: str, event: str, all_receivers: bool) -> str:
+        key = (rs, event, all_receivers)
+        dest = Rules._room_moves.get(key)
+        if dest is None:
+            dest = Rules._room_moves[key] = ROOM.destinations(rs, event, {"all_receivers": all_receivers})
+        if dest is None:
+            raise AssertionError(f"model bug: room event {event!r} not declared from {rs!r}")
+        return dest
+
+    def _slot_step(self, slot: list, event: str, pending: bool = False) -> None:
+        key = (slot[SS], event, pending, slot[UNSURE])
+        dest = Rules._slot_moves.get(key)
+        if dest is None:
+            dest = Rules._slot_moves[key] = SLOT.destinations(
+                slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
+        if dest is None:
+            raise AssertionError(f"model bug: slot event {event!r} not declared from {slot[SS]!r}")
+        slot[SS] = dest
+        if dest == "free":
+            slot[UNSURE] = False
+
+    @staticmethod
+    def _peer_step(ps: str, event: str, backing_off: bool = False) -> str:
+        dest = PEER.destinations(ps, event, {"backing_off": backing_off, "at_threshold": False})
+        if dest is None:
+            raise AssertionError(f"model bug: peer event {event!r} not declared from {ps!r}")
+        return dest
+
+    def _move_room(self, d: Draft, i: int, event: str) -> None:
+        ro = d.rooms[i]
+        old = ro[RS]
+        ro[RS] = self._room_step(old, event, ro[REG] >= self.N)
+        self._couple(d, "room", i, old, ro[RS], event)
+
+    def _move_slot(self, d: Draft, s: int, event: str, pending: bool = False) -> None:
+        sl = d.slots[s]
+        old = sl[SS]
+        self._slot_step(sl, event, pending)
+        self._couple(d, "slot", s, old, sl[SS], event)
+
+    def _move_peer(self, d: Draft, k: int, event: str, backing_off: bool = False) -> None:
+        old = d.peers[k]
+        new = self._peer_step(old, event, backing_off)
+        d.peers = d.peers[:k] + (new,) + d.peers[k + 1:]
+        self._couple(d, "peer", k, old, new, event)
+
+    # -- the couplings' actions (fsm/couplings.py ACTION_DOCS says what each is for) ---------
+    def _arm_deadline(self, d: Draft, index: int, cause: str) -> None:
+        """Nothing to record: the deadline's event is enabled by the state itself (see `_armed`)."""
+
+    _arm_announce_deadline = _arm_park_deadline = _arm_quarantine_deadline = _arm_deadline
+
+    def _park_slot(self, d: Draft, i: int, cause: str) -> None:
+        ro = d.rooms[i]
+        self._move_slot(d, ro[SLOTI], "park")
+        ro[CH] = CH_HELD
+
+    def _start_writes(self, d: Draft, i: int, cause: str) -> None:
+        self._issue_writes(d, i)
+
+    def _conclude(self, d: Draft, i: int, cause: str) -> None:
+        """Every receiver is told the outcome; a failed room's settled regions are released."""
+        ro = d.rooms[i]
+        ro[TOLD] = ro[REG]
+        outcome = "success" if ro[RS] == "success" else "failed"
+        for k, (g, _) in enumerate(receivers(ro)):
+            if g in ("offered", "withdrawing"):
+                self._notice(ro, k, outcome)
+        if outcome == "failed":
+            self._release_settled(ro)
+
+    def _abandon_slot(self, d: Draft, i: int, cause: str) -> None:
+        # A copying chunk is abandoned when its copy completes; one not yet in the ring, when it gets there.
+        if d.rooms[i][CH] == CH_HELD:
+            self._drop_chunk(d, i)
+
+    def _resume_rooms(self, d: Draft, k: int, cause: str) -> None:
+        for i, r in enumerate(d.rooms):
+            if r[RS] == "transferring" and r[CH] == CH_HELD:
+                self._issue_writes(d, i)
+
+    def _fail_rooms(self, d: Draft, k: int, cause: str) -> None:
+        """Every live room with a receiver on peer k (its rank-k receiver) fails."""
+        for i, r in enumerate(d.rooms):
+            if r[REG] > k and r[RS] not in CONCLUDED:
+                self._move_room(d, i, "fail")
+
+    def _release_regions(self, d: Draft, s: int, cause: str) -> None:
+        """Writes from slot s that could land have landed: its rooms' failed regions are released."""
+        for ro in d.rooms:
+            if ro[SLOTI] == s and self._holds_slot(ro):
+                ro[GHOST] = 0
+                rc = receivers(ro)
+                for k, (g, w) in enumerate(rc):
+                    if w in (W_GHOST, W_LANDED):
+                        rc[k] = (g, W_IDLE)
+                self._release_settled(ro)
+                if not self._holds_slot(ro):
+                    ro[SLOTI] = -1
+
+    # -- writes and chunks --------------------------------------------------------------
+    def _issue_writes(self, d: Draft, i: int) -> None:
+        """One write per receiver from the room's slot; held back while a peer of the room is not up."""
+        r = d.rooms[i]
+        d.flag("write-for-concluded-room" if r[RS] in CONCLUDED else None)
+        if any(ps != "up" for ps in d.peers):
+            if not self.write_before_up:
+                # The chunk waits in its slot until every peer of the room is up (a down one failed it).
+                r[CH] = CH_HELD
+                return
+            d.flag("write-to-peer-not-up")
+        self._move_slot(d, r[SLOTI], "send")
+        r[CH], r[INFL] = CH_SENT, self.N
+        r[RCV] = [(g, W_FLIGHT) for g, _ in r[RCV]]
+
+    def _drop_chunk(self, d: Draft, i: int) -> None:
+        """The room's chunk will never be sent: its slot goes back free."""
+        ro = d.rooms[i]
+        self._move_slot(d, ro[SLOTI], "abandon")
+        ro[CH], ro[SLOTI] = CH_DROPPED, -1
+
+    def _settle(self, d: Draft, i: int, unsure: bool) -> None:
+        """A write from the room's slot completed or was reported unsure."""
+        s = d.rooms[i][SLOTI]
+        self._move_slot(d, s, "settle", self._writes_pending(d.rooms, s))
+
+    def _holds_slot(self, ro) -> bool:
+        if not self.regions:
+            return bool(ro[INFL] or ro[GHOST])
+        return any(w != W_IDLE for _, w in ro[RCV])
+
+    @staticmethod
+    def _writes_pending(rooms, s: int) -> bool:
+        return any(r[SLOTI] == s and r[INFL] for r in rooms)
+
+    def _choices(self, r: tuple, w: int, count: int) -> list:
+        """Receivers whose write is in state w (alike ones are one choice); [None] without regions."""
+        if not count:
+            return []
+        if not self.regions:
+            return [None]
+        return sorted({k for k, (_, x) in first_of_each(r[RCV]) if x == w})
+
+    # -- the receivers' regions ------------------------------------------------------------
+    def _notice(self, ro: list, k: int, notice: str) -> None:
+        """The encoder tells receiver k `notice`; its region moves by the region machine."""
+        rc = receivers(ro)
+        g, w = rc[k]
+        rc[k] = (self._region_step(g, NOTICE_EVENTS[notice]), w)
+
+    _region_moves: ClassVar[dict] = {}
+
+    @staticmethod
+    def _region_step(g: str, event: str) -> str:
+        dest = Rules._region_moves.get((g, event))
+        if dest is None:
+            dest = Rules._region_moves[g, event] = REGION.destinations(g, event, {})
+        if dest is None:
+            raise AssertionError(f"model bug: region event {event!r} not declared from {g!r}")
+        return dest
+
+    def _release_settled(self, ro: list) -> None:
+        """A failed room's region is released (or its withdraw acked) once no write into it can land."""
+        rc = receivers(ro)
+        for k, (g, w) in enumerate(rc):
+            if w == W_IDLE and g in ("failed", "withdrawing"):
+                self._notice(ro, k, "released" if g == "failed" else "withdrawn")
+
+    def _offer(self, ro: list) -> None:
+        """One more receiver registered (and, with regions, offered its receive region)."""
+        ro[REG] += 1
+        if self.regions:
+            receivers(ro).append(("offered", W_IDLE))
+
+    # -- the ring --------------------------------------------------------------------------
+    def _leasable(self, rooms, slots) -> list[int]:
+        ok = ("free", "parked") if self.no_parked_check else ("free",)
+        return [s for s, sl in enumerate(slots) if sl[SS] in ok]
+
+    def _stage(self, d: Draft, i: int) -> Iterator[Draft]:
+        """Lease a slot for room i and start the copy: one draft per slot it may take."""
+        if d.rooms[i][RS] not in STAGEABLE:
+            d2 = d.copy()
+            d2.rooms[i][CH] = CH_DROPPED
+            yield d2
+            return
+        for s in self._leasable(d.rooms, d.slots):
+            d2 = d.copy()
+            sl = d2.slots[s]
+            if sl[SS] != "free":
+                sl[SS], sl[UNSURE] = "copying", False  # a variant leasing a parked slot: no move declared
+            else:
+                self._move_slot(d2, s, "lease")
+            sl[CONTENT] = i
+            d2.rooms[i][CH], d2.rooms[i][SLOTI] = CH_COPYING, s
+            yield d2
+
+    def _serve_deferred(self, d: Draft) -> Iterator[Draft]:
+        """Serve deferred sends oldest first while slots are leasable (a crash halts the draft)."""
+        if not d.deferred or not self._leasable(d.rooms, d.slots):
+            yield d
+            return
+        head, rest = d.deferred[0], d.deferred[1:]
+        if d.rooms[head][SND] == 2:
+            if self.reap_crash:
+                d.halt = "crash"
+                yield d
+                return
+            d2 = d.copy()
+            d2.rooms[head][CH] = CH_DROPPED
+            d2.deferred = rest
+            yield from self._serve_deferred(d2)
+            return
+        for d2 in self._stage(d, head):
+            d2.deferred = rest
+            yield from self._serve_deferred(d2)

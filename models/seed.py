@@ -1,0 +1,91 @@
+"""The seed's rules, where they differ from the project's: the `seed` variant of the spec.
+
+The seed has no slot machine (a slot is reusable when its tenant room is
+concluded and its chunk not parked), no release protocol for regions, no
+announce deadline and no peers; a partial registration re-arms the park
+deadline, expiry tells nobody, a failed write frees its slot at once. Each
+override below is one of those rules; everything else is the project's.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .spec import Config, Spec
+from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers
+
+
+class SeedSpec(Spec):
+    """`Spec(Config(variant="seed"))`: the project's spec with the seed's rules where they differ."""
+
+    UNARMED = frozenset(("arm_announce_deadline",))
+    LANDED = W_IDLE  # it waits out no quarantine: a landed write is simply gone
+    # Each slot move sets the state it names, from whatever state the slot is in.
+    SLOT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked",
+                                            "send": "sending", "abandon": "free"}
+    # Its receiver frees a region on Failed.
+    NOTICES: ClassVar[dict[str, str]] = {"success": "written", "failed": "released"}
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.peers = False
+
+    def _slot_step(self, slot: list, event: str, pending: bool = False) -> None:
+        slot[SS] = self.SLOT_MOVES[event]
+        if event == "lease":
+            slot[UNSURE] = False
+
+    def _notice(self, ro: list, k: int, notice: str) -> None:
+        rc = receivers(ro)
+        rc[k] = (self.NOTICES[notice], rc[k][1])
+
+    def _release_settled(self, ro: list) -> None:
+        """No release protocol: nothing waits for the writes to settle."""
+
+    def _leasable(self, rooms, slots) -> list[int]:
+        out = []
+        for s, sl in enumerate(slots):
+            t = sl[CONTENT]
+            if t < 0 or (rooms[t][RS] in ("success", "failed") and rooms[t][CH] != CH_HELD):
+                out.append(s)
+        return out
+
+    def _abandon_slot(self, d: Draft, i: int, cause: str) -> None:
+        # A room failed by the loop keeps its parked chunk: the seed's reaper pops it later.
+        if cause != "fail":
+            super()._abandon_slot(d, i, cause)
+
+    def _conclude(self, d: Draft, i: int, cause: str) -> None:
+        # No Failed on expiry: its receivers are never told.
+        if cause != "expire":
+            super()._conclude(d, i, cause)
+
+    def _add_receiver(self, d: Draft, i: int) -> None:
+        super()._add_receiver(d, i)
+        if d.rooms[i][RS] == "parked":  # a partial registration re-arms the park deadline
+            d.flag("deadline-extended")
+
+    def _late_receiver(self, d: Draft, i: int) -> None:
+        # No Failed for late receivers; the last one of a failed room flushes its parked chunk, and it is sent.
+        ro = d.rooms[i]
+        if ro[RS] == "failed" and ro[CH] == CH_HELD and ro[REG] >= self.N:
+            self._issue_writes(d, i)
+
+    def _settle(self, d: Draft, i: int, unsure: bool) -> None:
+        ro = d.rooms[i]
+        if unsure or not ro[INFL]:
+            d.slots[ro[SLOTI]][SS] = "free"  # a failed write frees the slot at once
+
+    def _deadlines(self, state: tuple, i: int, out: list) -> None:
+        r = state[0][i]
+        if r[RS] == "failed" and r[CH] == CH_HELD:
+            # its reaper pops a parked chunk of a room already failed
+            d = Draft.of(state)
+            self._drop_chunk(d, i)
+            self._emit(out, d, ("expire", i))
+        super()._deadlines(state, i, out)
+
+    def _withdraw(self, d: Draft, i: int, k: int) -> None:
+        # No withdraw message: its receiver frees the region, the encoder never hears.
+        rc = receivers(d.rooms[i])
+        rc[k] = ("released", rc[k][1])

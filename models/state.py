@@ -1,0 +1,83 @@
+"""The layout of the spec's global state, and the draft a successor is built in.
+
+A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`; see
+models/spec.py for what each part means. The constants here name the places in
+a room and a slot tuple and the values they take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
+CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
+RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SLOTI = range(10)
+# The write into one receiver's region: none that can land (never issued, or done), in
+# flight, reported failed or timed out but may still land, or landed late (the encoder
+# cannot tell: it waits out the quarantine either way).
+W_IDLE, W_FLIGHT, W_GHOST, W_LANDED = range(4)
+W_MARK = ("", "~", "?", ".")
+REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X", "released": "R"}
+_REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
+SS, CONTENT, UNSURE = range(3)
+CONCLUDED = frozenset(("success", "failed"))
+# Rooms whose chunk may still be staged: a sender bound, no chunk in the ring yet.
+STAGEABLE = ("registered", "ready")
+# Peer states in the order the model moves them (down -> connecting needs a new frame).
+_PEER_RANK = {"unknown": 0, "connecting": 1, "suspect": 1, "up": 2, "down": 3}
+
+
+@dataclass
+class Step:
+    """One successor of a state: the event taken, the state reached, and the check the step itself breaks."""
+    event: tuple
+    state: tuple
+    violation: str | None = None
+    detail: str = ""
+
+
+class Draft:
+    """One successor being built: mutable copies of the rooms and slots, and what else the step changes."""
+
+    __slots__ = ("deferred", "detail", "faults", "halt", "peers", "rooms", "slots", "violation")
+
+    def __init__(self, rooms: list, slots: list, deferred: tuple, faults: int, peers: tuple) -> None:
+        self.rooms, self.slots = rooms, slots
+        self.deferred, self.faults, self.peers = deferred, faults, peers
+        self.halt: str | None = None
+        self.violation: str | None = None
+        self.detail = ""
+
+    @classmethod
+    def of(cls, state: tuple) -> Draft:
+        rooms, slots, deferred, faults, _, peers = state
+        return cls([list(x) for x in rooms], [list(x) for x in slots], deferred, faults, peers)
+
+    def copy(self) -> Draft:
+        d = Draft([list(x) for x in self.rooms], [list(x) for x in self.slots], self.deferred, self.faults,
+                  self.peers)
+        d.halt, d.violation, d.detail = self.halt, self.violation, self.detail
+        return d
+
+    def flag(self, violation: str | None, detail: str = "") -> None:
+        """Mark the step as breaking a transition check; the first one named stays."""
+        if violation and self.violation is None:
+            self.violation, self.detail = violation, detail
+
+
+def receivers(ro: list) -> list:
+    """The room's receivers as a mutable list (sorted again when the state is emitted)."""
+    if type(ro[RCV]) is tuple:
+        ro[RCV] = list(ro[RCV])
+    return ro[RCV]
+
+
+def first_of_each(rcv) -> list[tuple[int, tuple]]:
+    """(index, receiver) for the first receiver of each distinct kind: receivers alike are one choice."""
+    seen = set()
+    out = []
+    for k, x in enumerate(rcv):
+        if x not in seen:
+            seen.add(x)
+            out.append((k, x))
+    return out
