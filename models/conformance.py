@@ -18,16 +18,36 @@ every receive buffer as room labels.
 from __future__ import annotations
 
 import torch
-
-from epd_ring.executor.core import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Outcome,
-                               ReceiverFrame)
-
+from epd_ring.executor.core import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Outcome,
+    Pump,
+    ReceiverFrame,
+)
 from epd_ring.fsm import REGION, InvalidTransition
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
 from .explore import canonical, event_name
-from .spec import (CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NONE, CH_SENT, RCV, SLOTI, W_FLIGHT, W_GHOST,
-                   W_IDLE, W_LANDED, Config, Spec)
+from .spec import (
+    CH_COPYING,
+    CH_DEFERRED,
+    CH_DROPPED,
+    CH_HELD,
+    CH_NONE,
+    CH_SENT,
+    RCV,
+    SLOTI,
+    W_FLIGHT,
+    W_GHOST,
+    W_IDLE,
+    W_LANDED,
+    Config,
+    Spec,
+)
 
 HIDDEN = 4
 # Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
@@ -82,6 +102,9 @@ class Harness:
         self.tower = RoomTower()
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
                                        ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
+        # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
+        # finishing copies are events of their own in the spec.
+        self.pump = Pump(self.manager, self.transport)
         R, N = config.rooms, config.receivers
         self.frames = []
         self.buffers = {}
@@ -135,7 +158,8 @@ class Harness:
                 self.armed.pop(key, None)
         for h in m.writes.by_handle:
             self.armed.setdefault(("write", h, ""), now)
-        for h, w in self.manager.writes.by_handle.items():
+        for h, write in self.pump.handles().items():  # transport handle -> the core's write
+            w = m.writes.by_handle[write]
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
@@ -168,8 +192,8 @@ class Harness:
         rid = self.room(i)
         if any(w.room == rid and w.frame.session == session for w in self.manager.writes.by_handle.values()):
             return W_FLIGHT
-        ghosts = self.transport._ghosts
-        if any(r == i and h in ghosts and ghosts[h][0] == session for h, r in self.ghosts.items()):
+        t = self.transport
+        if any(r == i and t.session_of(h) == session for h, r in self.ghosts.items()):
             return W_GHOST
         if self.manager.regions.is_open(rid, session):
             return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
@@ -177,7 +201,7 @@ class Harness:
 
     def abstract(self) -> tuple:
         ex, m = self.executor, self.manager
-        deferred = tuple(int(rid[1:]) for rid, _ in ex._deferred)
+        deferred = tuple(int(rid[1:]) for rid in ex.deferred_requests())
         slot_of = {s.room - self.ROOM_BASE: s for s in ex.ring.slots if s.room is not None}
         infl = [0] * self.cfg.rooms
         for w in m.writes.values():
@@ -254,13 +278,13 @@ class Harness:
                 self.faults -= 1
             ex.execute([(self.rid(i), item)])
         elif name == "copied":
-            for fence, sender, _ in ex._copies:
-                if sender.room == self.room(i):
+            for fence, room in ex.copy_fences():
+                if room == self.room(i):
                     fence.done = True
             ex.finish_copies()
         elif name in ("write_done", "write_unsure"):
             session = self._session_for(i, args[1])
-            h = min(h for h in t.held if self.handle_room.get(h) == i and t._held[h][0] == session)
+            h = min(h for h in t.held if self.handle_room.get(h) == i and t.session_of(h) == session)
             was = m.room_status(self.room(i))
             if name == "write_done":
                 t.complete(h, Outcome.DONE)
@@ -270,10 +294,10 @@ class Harness:
                 t.complete(h, Outcome.TIMED_OUT, land=False, land_later=True)
                 self.ghosts[h] = i
                 self.faults -= 1
-            m.poll()
+            self.pump.tick()
         elif name == "late_landing":
             session = self._session_for(i, args[1])
-            h = min(h for h, r in self.ghosts.items() if r == i and t._ghosts[h][0] == session)
+            h = min(h for h, r in self.ghosts.items() if r == i and t.session_of(h) == session)
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
@@ -292,7 +316,7 @@ class Harness:
             assert t.answer(f"p.{i}", ok=name == "connected")
             if name == "refused":
                 self.faults -= 1
-            m.poll()
+            self.pump.tick()
         elif name == "connect_expired":
             assert m.expire_peer_now(f"p.{i}")
             self.faults -= 1
@@ -306,9 +330,10 @@ class Harness:
             assert m.release_slot_now(slot)
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
-                t._ghosts.pop(h, None)
+                t.forget_ghost(h)
         else:
             raise ValueError(f"unknown event {event}")
+        self.pump.flush()
         self._observe()
 
     def check_full_state(self) -> None:
@@ -406,7 +431,8 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
 def coverage_targets(cfg: Config) -> dict:
     """Name -> predicate on spec states: every chunk location, two deferred sends, every region
     and write state, and states just after each kind of deadline fired."""
-    from .spec import CH, CH_NAMES, RCV as _RCV
+    from .spec import CH, CH_NAMES
+    from .spec import RCV as _RCV
 
     t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}
     t["two deferred sends"] = lambda st: len(st[2]) >= 2

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import TableTower  # noqa: E402
+from helpers import TableTower, drive  # noqa: E402
 
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
                                Outcome, ReceiverFrame, shard_rows)
@@ -100,8 +100,11 @@ class EncodeWorker(RuleBasedStateMachine):
                                      peer_backoff=BACKOFF, peer_fail_threshold=2)
         self.tower = TableTower(hidden=HIDDEN, n_deep=1 if deep else 0)
         self.slot_tokens = 6
-        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=slots,
-                                       ring_bytes=self.slot_tokens * HIDDEN * 4)
+        # Driven as a worker drives it: every call flushes its effects, poll() is the pump's tick.
+        self.executor = drive(EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=slots,
+                                             ring_bytes=self.slot_tokens * HIDDEN * 4))
+        self.manager = self.executor.manager
+        self.pump = self.executor.pump
         self.rooms: dict[int, Room] = {}
         self.pending: list[Room] = []  # registered, tower not yet run
         self.buffers: dict[tuple[int, str], tuple] = {}
@@ -248,7 +251,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @rule(data=st.data(), outcome=st.sampled_from(["done", "failed", "timed_out", "timed_out_lands_later"]))
     def transfer_completes(self, data, outcome):
         handle = data.draw(st.sampled_from(self.transport.held))
-        write = self.manager.writes.by_handle.get(handle)
+        write = self.manager.writes.by_handle.get(self.pump.write_of(handle))
         if outcome != "done" and write is not None:
             # From this report on, the write may still land: its slot must not be reused
             # for a full quarantine.
@@ -315,7 +318,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @rule(data=st.data())
     def client_aborts_deferred(self, data):
         """A request whose send waits for a slot is aborted (its item stays queued)."""
-        rid = data.draw(st.sampled_from([rid for rid, _ in self.executor._deferred]))
+        rid = data.draw(st.sampled_from(self.executor.deferred_requests()))
         self.executor.fail_rooms([rid], RuntimeError("client abort while deferred"))
 
     @precondition(lambda self: hasattr(self, "executor"))
@@ -474,8 +477,9 @@ class EncodeWorker(RuleBasedStateMachine):
     def write_deadlines_are_their_value(self):
         """Each write in flight is due exactly `write_timeout` after it was submitted, not before."""
         if hasattr(self, "manager"):
-            for h, w in self.manager.writes.by_handle.items():
-                at = self.transport.submitted_at.get(h)  # None: a synthetic failure, never submitted
+            for h, write in self.pump.handles().items():
+                w = self.manager.writes.by_handle[write]
+                at = self.transport.submitted_at.get(h)
                 if w.timer and at is not None:
                     assert w.due == at + WRITE_T, f"write {h} due at {w.due}, submitted at {at}"
 

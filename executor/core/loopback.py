@@ -337,6 +337,15 @@ class LoopbackTransport(Transport):
     def ghosts(self) -> list[int]:
         return list(self._ghosts)
 
+    def session_of(self, handle: int) -> str | None:
+        """The session a held or ghost write is addressed to (None if it is neither)."""
+        entry = self._held.get(handle) or self._ghosts.get(handle)
+        return entry[0] if entry is not None else None
+
+    def forget_ghost(self, handle: int) -> bool:
+        """Drop a ghost write without landing it (a driver assumes it gone past its quarantine)."""
+        return self._ghosts.pop(handle, None) is not None
+
     @property
     def held(self) -> list[int]:
         return list(self._held)

@@ -50,6 +50,10 @@ class Pump:
         """The core's write id for a transport handle still in flight (None if none)."""
         return self._handles.get(handle)
 
+    def handles(self) -> dict[int, int]:
+        """Transport handle -> the core's write id, for every write submitted and not yet reported."""
+        return dict(self._handles)
+
     # doing the effects ---------------------------------------------------------
     def flush(self) -> int:
         """Do every effect the core has decided, and those that doing them decides; return how many."""

@@ -118,6 +118,15 @@ class Staging:
     def deferred_count(self) -> int:
         return len(self._deferred)
 
+    def deferred_requests(self) -> list[Any]:
+        """Request ids of the deferred sends, oldest (served first) first."""
+        return [rid for rid, _ in self._deferred]
+
+    def copy_fences(self) -> list[tuple[Any, int]]:
+        """(fence, room) of each copy still pending: a driver that steps finer than a tick (the model's
+        lockstep test) completes a fence, then calls `finish_copies`."""
+        return [(fence, sender.room) for fence, sender, _ in self._copies]
+
     @property
     def copies_pending(self) -> int:
         """Chunks whose copy into their slot has not finished (their fence has not passed)."""
