@@ -198,6 +198,7 @@ def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
     rig.manager.poll()
     assert drain.step() is True and drain.done is True
     assert drain.step() is True  # a later step changes nothing and still says so
+    assert ex.pump.flush() == 1  # the step decided one Release (only once): the pump does it
     assert drain.report() == DrainReport(clean=True, rooms_failed=0, rooms_finished=1)
     assert set(ex.ring.counts()) == {"retired"} and len(transport.local) == 0
     assert not transport.closed  # close_transport=False: the transport is the caller's
