@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, Rig, TableTower, counters, make_rig, reason_kind, reason_text  # noqa: E402
+from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind, reason_text  # noqa: E402
 
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
@@ -131,9 +131,9 @@ def tokens(item) -> int:
 def plain_rig(**kw):
     clock = FakeClock()
     transport = LoopbackTransport(clock)
-    manager = EncodeManager(transport, clock)
-    ex = EncodeExecutor(manager, PlainTower(**kw), "cpu", ring_slots=2, ring_bytes=4096)
-    return Rig(clock, transport, manager, ex, TableTower())
+    ex = drive(EncodeExecutor(EncodeManager(transport, clock), PlainTower(**kw), "cpu", ring_slots=2,
+                              ring_bytes=4096))
+    return Rig(clock, transport, ex.manager, ex, TableTower())
 
 
 class EngineItem:
