@@ -17,6 +17,10 @@ ENTRY_POINTS = frozenset((
     "register", "execute", "send_item", "fail_rooms", "reap_concluded_senders", "serve_deferred", "finish_copies",
     "begin_close", "bind_sender", "unbind_sender", "register_receiver", "withdraw", "submit_chunk", "fail_room",
     "expire_room_now", "expire_peer_now", "release_slot_now", "writes_reported", "contacts_reported"))
+# The peer table's own steps (tests of the table drive it directly): each may decide a contact.
+PEER_ENTRY_POINTS = frozenset(("contact", "report", "expired", "write_ok", "write_failed"))
+# Parts of a driven core reached as attributes, driven too: attribute -> its entry points.
+DRIVEN_PARTS = {"manager": ENTRY_POINTS, "peers": PEER_ENTRY_POINTS}
 
 
 class Driven:
@@ -24,23 +28,26 @@ class Driven:
     followed by the pump's `flush()`, `poll()` is the pump's `tick()` and `close()` the pump's.
 
     So one call in a test shows its whole effect (writes submitted, receivers told), as in a
-    worker; every other attribute is the core's own."""
+    worker; every other attribute is the core's own. Its `manager` and `peers` are driven the same
+    way (a peer table's `contact` answered at once by the transport is answered on return)."""
 
-    __slots__ = ("_core", "_pump")
+    __slots__ = ("_core", "_pump", "_entries")
 
-    def __init__(self, core, pump: Pump):
+    def __init__(self, core, pump: Pump, entries: frozenset[str] = ENTRY_POINTS):
         object.__setattr__(self, "_core", core)
         object.__setattr__(self, "_pump", pump)
+        object.__setattr__(self, "_entries", entries)
 
     def __getattr__(self, name: str):
-        if name == "poll":
+        core_entries = self._entries is ENTRY_POINTS
+        if core_entries and name == "poll":
             return self._pump.tick
-        if name == "close":
+        if core_entries and name == "close":
             return self._pump.close
         value = getattr(self._core, name)
-        if name == "manager":
-            return Driven(value, self._pump)
-        if name in ENTRY_POINTS:
+        if core_entries and name in DRIVEN_PARTS:
+            return Driven(value, self._pump, DRIVEN_PARTS[name])
+        if name in self._entries:
             flush = self._pump.flush
 
             def call(*args, **kw):
