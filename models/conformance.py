@@ -336,35 +336,6 @@ class Harness:
         self.pump.flush()
         self._observe()
 
-    def check_full_state(self) -> None:
-        """What the spec abstracts: frames, deadline values, bytes at receivers. Raise AssertionError."""
-        m, N = self.manager, self.cfg.receivers
-        timeout = {"announced": m.announce_timeout, "parked": m.park_timeout}
-        for i in range(self.cfg.rooms):
-            rid = self.room(i)
-            room = m.rooms.get(rid)
-            if room is not None:
-                sent = {f.session: f for f in self.frames[i][:self.frames_sent[i]]}
-                assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
-                if room.timer:
-                    assert room.state in timeout, f"room {i} has a deadline in state {room.state}"
-                    want = self.armed[("room", rid, room.state)] + timeout[room.state]
-                    assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
-                elif room.state in timeout:
-                    raise AssertionError(f"room {i} is {room.state} without a deadline")
-            for k in range(N):
-                vals = set(self.buffers[(i, k)].unique().tolist())
-                assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
-                if k < self.frames_sent[i] and self.region(i, self.session(i, k)) == "written":
-                    assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
-        for h, w in m.writes.by_handle.items():
-            want = self.armed[("write", h, "")] + m.write_timeout
-            assert w.timer and w.due == want, f"write {h} due at {w.due}, not {want}"
-        for s in self.executor.ring.slots:
-            if s.state == "quarantined":
-                want = self.armed[("slot", s.index, "quarantine")] + m.quarantine_s
-                assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
-
     def _session_for(self, i: int, k: int) -> str:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
         want = self.state[0][i][RCV][k]
@@ -381,7 +352,7 @@ class Harness:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
         self.clock.advance(1.0)  # every event at its own time, far below every timeout
         self.apply(event)
-        self.check_full_state()
+        check_full_state(self)
         got = self.abstract()
         want = {canonical(s.state) for s in options}
         if canonical(got) not in want:
@@ -393,6 +364,37 @@ class Harness:
             raise AssertionError(f"invariant {problem[0]} broken on the implementation: {problem[1]}")
         self.state = got  # the implementation's labelling of the same canonical state
         return got
+
+
+def check_full_state(h: Harness) -> None:
+    """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
+    receivers. Raise AssertionError."""
+    m, N = h.manager, h.cfg.receivers
+    timeout = {"announced": m.announce_timeout, "parked": m.park_timeout}
+    for i in range(h.cfg.rooms):
+        rid = h.room(i)
+        room = m.rooms.get(rid)
+        if room is not None:
+            sent = {f.session: f for f in h.frames[i][:h.frames_sent[i]]}
+            assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
+            if room.timer:
+                assert room.state in timeout, f"room {i} has a deadline in state {room.state}"
+                want = h.armed[("room", rid, room.state)] + timeout[room.state]
+                assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
+            elif room.state in timeout:
+                raise AssertionError(f"room {i} is {room.state} without a deadline")
+        for k in range(N):
+            vals = set(h.buffers[(i, k)].unique().tolist())
+            assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
+            if k < h.frames_sent[i] and h.region(i, h.session(i, k)) == "written":
+                assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
+    for write, w in m.writes.by_handle.items():
+        want = h.armed[("write", write, "")] + m.write_timeout
+        assert w.timer and w.due == want, f"write {write} due at {w.due}, not {want}"
+    for s in h.executor.ring.slots:
+        if s.state == "quarantined":
+            want = h.armed[("slot", s.index, "quarantine")] + m.quarantine_s
+            assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
 
 
 def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
