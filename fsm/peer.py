@@ -56,4 +56,3 @@ PEER_DECLARATION = {
 }
 
 PEER = CompiledMachine("peer", PEER_DECLARATION)
-PEER_WRITABLE = "up"
