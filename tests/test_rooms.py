@@ -74,7 +74,8 @@ def test_poll_counts_every_input_it_took():
     rig = make_rig(park_timeout=10.0, announce_timeout=7.0)
     m, t, clock = rig.manager, rig.transport, rig.clock
     assert m.poll() == 0  # nothing happened
-    m.sources += [lambda: 2, lambda: 3]  # a control plane's sockets, say: each says how many frames it took
+    # A control plane's sockets, say: each says how many frames it took.
+    rig.executor.pump.sources += [lambda: 2, lambda: 3]
     assert m.poll() == 5
     # two writes that land at once: their outcomes are taken by the next poll
     m.register_receiver(rig.frame(1, "a", 2, n=2))

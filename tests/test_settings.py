@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import ManagerRig, TableTower, reason_kind, reason_text  # noqa: E402
+from helpers import ManagerRig, TableTower, drive, reason_kind, reason_text  # noqa: E402
 
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import (EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
@@ -112,7 +112,7 @@ def test_defaults():
 
 def test_default_timeouts_at_work():
     b = ManagerRig(park_timeout=120.0, write_timeout=60.0, quarantine_s=30.0)
-    m = EncodeManager(b.t, b.clock)  # all defaults, on the bench's transport and ring
+    m = drive(EncodeManager(b.t, b.clock))  # all defaults, on the bench's transport and ring
     b.m = m
     b.ring.actions = m.actions  # the bench's ring is coupled to the manager under test
     assert m.register_receiver(b.frame(1, "p1"))

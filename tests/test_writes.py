@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import AddressedLoopback, ManagerRig, make_rig, reason_kind, reason_text  # noqa: E402
+from helpers import AddressedLoopback, ManagerRig, drive, make_rig, reason_kind, reason_text  # noqa: E402
 
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor import EncodeManager, Outcome, Ring  # noqa: E402
@@ -107,7 +107,7 @@ def test_synthetic_handles_never_collide_with_a_transports_handle_zero():
 
     b = ManagerRig()
     b.t = ZeroBased(b.clock)
-    b.m = EncodeManager(b.t, b.clock)
+    b.m = drive(EncodeManager(b.t, b.clock))
     b.ring = Ring(b.t, 2, 4096)
     m = b.m
     assert m.bind_sender(1) == "registered"
