@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,9 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 import zmq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import drive  # noqa: E402
 
 from epd_ring.executor import EncodeManager, FakeClock, FrameError, LoopbackTransport, ReceiverFrame  # noqa: E402
 from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
@@ -46,8 +51,8 @@ def test_each_malformed_part_is_named(index, value, needle):
 
 def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
     clock = FakeClock()
-    manager = EncodeManager(LoopbackTransport(clock), clock)
-    control = ZmqControlPlane(manager, insecure=True)
+    manager = drive(EncodeManager(LoopbackTransport(clock), clock))  # its poll() is the pump's tick
+    control = ZmqControlPlane(manager.pump, insecure=True)
     try:
         assert control.endpoint.startswith("tcp://127.0.0.1:")
         assert manager.poll() == 0  # nothing queued: returns at once
@@ -88,8 +93,8 @@ def test_a_withdraw_on_the_frame_socket_fails_its_room_and_a_bad_one_is_refused_
 
     clock = FakeClock()
     transport = LoopbackTransport(clock)
-    manager = EncodeManager(transport, clock)
-    control = ZmqControlPlane(manager, insecure=True)
+    manager = drive(EncodeManager(transport, clock))  # its poll() is the pump's tick
+    control = ZmqControlPlane(manager.pump, insecure=True)
     try:
         f = FRAME._replace(room=8, n_receivers=1, n_tokens=9, row_start=0)
         transport.add_receiver(f.session)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,9 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 import zmq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import drive  # noqa: E402
 
 from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, ReceiverFrame  # noqa: E402
 from epd_ring.executor.core.frames import WIRE_MAGIC, frame_to_parts  # noqa: E402
@@ -32,9 +37,10 @@ class Side:
 
     def __init__(self, **kw):
         self.clock = FakeClock()
-        self.manager = EncodeManager(LoopbackTransport(self.clock), self.clock, **kw.pop("manager_kw", {}))
+        # Driven as a worker drives it: its poll() is the pump's tick, which reads the control plane.
+        self.manager = drive(EncodeManager(LoopbackTransport(self.clock), self.clock, **kw.pop("manager_kw", {})))
         self.keys = generate_keypair()
-        self.control = ZmqControlPlane(self.manager, keypair=self.keys, **kw)
+        self.control = ZmqControlPlane(self.manager.pump, keypair=self.keys, **kw)
         self.ctx = zmq.Context()
         self.socks = []
 
