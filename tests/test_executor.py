@@ -145,7 +145,7 @@ def test_full_ring_defers_then_drains_in_order():
     assert [rid for rid, _ in rig.executor._deferred] == ["req-2", "req-3", "req-4"]
     assert rig.executor.ring.free_count == 0
     order = []
-    rig.manager.on_conclude.append(lambda room, state: order.append(room))
+    rig.executor.pump.on_conclude.append(lambda room, state: order.append(room))  # the driver hears of each
     for r in range(5):
         rig.manager.register_receiver(rig.frame(r, f"p{r}", 2))
         rig.executor.poll()
@@ -206,8 +206,9 @@ def test_chunk_of_a_failed_room_is_never_written():
 
 def test_deferred_queue_is_bounded():
     clock = FakeClock()
-    manager = EncodeManager(LoopbackTransport(clock), clock)
-    ex = EncodeExecutor(manager, TableTower(), "cpu", ring_slots=1, ring_bytes=4096, max_deferred=2)
+    ex = drive(EncodeExecutor(EncodeManager(LoopbackTransport(clock), clock), TableTower(), "cpu", ring_slots=1,
+                              ring_bytes=4096, max_deferred=2))
+    manager = ex.manager
     for r in range(5):
         ex.register(f"q{r}", "h", 1, r)
     ex.execute([(f"q{r}", EncodeItem("image", 2, meta={"seed": r})) for r in range(5)])

@@ -474,7 +474,7 @@ def test_conclusions_are_counted_told_and_forgotten_by_their_peers():
     rig = make_rig()
     m = rig.manager
     seen = []
-    m.on_conclude.append(lambda room, state: seen.append((room, state)))
+    rig.executor.pump.on_conclude.append(lambda room, state: seen.append((room, state)))
     for s in ("a", "b"):
         m.register_receiver(rig.frame(1, s, 2, n=2))
     rig.send(1)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import ManagerRig, make_rig, reason_text  # noqa: E402
+from helpers import ManagerRig, drive, make_rig, reason_text  # noqa: E402
 
 from epd_ring.executor import EncodeManager  # noqa: E402
 
@@ -122,7 +122,7 @@ def test_first_poll_trims_aged_tombstones():
 
 def test_default_tombstone_lifetime():
     b = ManagerRig()
-    m = EncodeManager(b.t, b.clock)
+    m = drive(EncodeManager(b.t, b.clock))  # the default lifetime
     b.m = m
     b.announced_failed(1, "p1")
     b.clock.advance(0.5)
