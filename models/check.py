@@ -37,7 +37,8 @@ def count_at_least(low: int, what: str = ""):
 
 def add_arguments(p) -> None:
     d = DEFAULTS
-    p.add_argument("--slots", type=count_at_least(1), default=None, help=f"ring slots in the model (default: {d['slots']})")
+    p.add_argument("--slots", type=count_at_least(1), default=None,
+                   help=f"ring slots in the model (default: {d['slots']})")
     p.add_argument("--rooms", type=count_at_least(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
     p.add_argument("--receivers", type=count_at_least(1), default=None,
                    help=f"receivers per room (default: {d['receivers']})")
@@ -58,7 +59,8 @@ def add_arguments(p) -> None:
                    "states' worth of bound, else -O2: compiling at -O2 takes ~30 s)")
     p.add_argument("--spin-collapse", action="store_true", help="spin only: pan -DCOLLAPSE, lossless state "
                    "compression")
-    p.add_argument("--spin-hash", type=count_at_least(1), default=None, help="spin only: pan -w, log2 of the hash table size")
+    p.add_argument("--spin-hash", type=count_at_least(1), default=None,
+                   help="spin only: pan -w, log2 of the hash table size")
     p.add_argument("--spin-memlim", type=count_at_least(1), default=None, help="spin only: pan -DMEMLIM, in MB "
                    "(default: 8192)")
     p.add_argument("--spin-keep", metavar="DIR", help="spin only: keep the Promela model, pan.c and trails in DIR")
@@ -156,7 +158,7 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 
-        def on_states(states, seconds, depth):
+        def on_states(states, seconds, depth, bar=bar):
             bar.update(states, states_per_s=f"{states / seconds:,.0f}", depth=depth)
 
         try:

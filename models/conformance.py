@@ -18,6 +18,7 @@ every receive buffer as room labels.
 from __future__ import annotations
 
 import torch
+
 from epd_ring.executor.core import (
     EncodeExecutor,
     EncodeItem,
@@ -433,8 +434,7 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
 def coverage_targets(cfg: Config) -> dict:
     """Name -> predicate on spec states: every chunk location, two deferred sends, every region
     and write state, and states just after each kind of deadline fired."""
-    from .spec import CH, CH_NAMES
-    from .spec import RCV as _RCV
+    from .spec import CH, CH_NAMES, RCV as _RCV
 
     t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}
     t["two deferred sends"] = lambda st: len(st[2]) >= 2

@@ -10,9 +10,35 @@ run), and emits it.
 from __future__ import annotations
 
 from .rules import Rules
-from .state import (CH, CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_NONE, CH_SENT, CONCLUDED, CONTENT, GHOST, INFL, OK,
-                    RCV, REG, RS, SLOTI, SND, SS, STAGEABLE, TOLD, UNSURE, W_FLIGHT, W_GHOST, W_IDLE, Draft, Step,
-                    first_of_each, receivers)
+from .state import (
+    CH,
+    CH_COPYING,
+    CH_DEFERRED,
+    CH_DROPPED,
+    CH_NONE,
+    CH_SENT,
+    CONCLUDED,
+    CONTENT,
+    GHOST,
+    INFL,
+    OK,
+    RCV,
+    REG,
+    RS,
+    SLOTI,
+    SND,
+    SS,
+    STAGEABLE,
+    TOLD,
+    UNSURE,
+    W_FLIGHT,
+    W_GHOST,
+    W_IDLE,
+    Draft,
+    Step,
+    first_of_each,
+    receivers,
+)
 
 
 class Events(Rules):

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Spec
-
 
 
 def _keys(state: tuple) -> list:
@@ -80,7 +79,8 @@ def canonical(state: tuple) -> tuple:
     for s, sl in enumerate(slots):
         c = sl[CONTENT]
         new_slots[smap[s]] = sl if c < 0 or rmap[c] == c else (sl[SS], rmap[c], sl[UNSURE])
-    return (tuple(new_rooms), tuple(new_slots), tuple(rmap[i] for i in deferred) if deferred else (), faults, halt, peers)
+    new_deferred = tuple(rmap[i] for i in deferred) if deferred else ()
+    return (tuple(new_rooms), tuple(new_slots), new_deferred, faults, halt, peers)
 
 
 _IDENTITY = [list(range(n)) for n in range(16)]

@@ -10,8 +10,7 @@ from epd_ring.fsm.diagrams import KIND_STYLE
 
 from .explore import _transition_check, canonical, event_name, replay
 from .fixtures import hazard_traces
-from .spec import (CH, CH_NAMES, CONTENT, GHOST, INFL, RCV, REG, REGION_MARK, RS, SLOTI, SS, TOLD, W_MARK, Config,
-                   Spec)
+from .spec import CH, CH_NAMES, CONTENT, GHOST, INFL, RCV, REG, REGION_MARK, RS, SLOTI, SS, TOLD, W_MARK, Config, Spec
 
 TINY = dict(slots=1, rooms=2, receivers=1, faults=1)
 BAD = {"style": "filled", "fillcolor": "#f4b6b6", "color": "#b71c1c", "penwidth": "2"}
@@ -85,7 +84,8 @@ def room_view(state: tuple, i: int = 0) -> tuple:
 def _view_label(spec: Spec, v: tuple) -> str:
     rs, ch, reg, told, infl, ghost, rcv, (ss, mine), deferred, halt = v
     lines = [rs, f"chunk {CH_NAMES[ch]}" + (" (queued)" if deferred and CH_NAMES[ch] != "deferred" else "")]
-    counts = f"reg {reg}/{spec.N} told {told}" + (f" writes {infl}" if infl else "") + (f" ghosts {ghost}" if ghost else "")
+    counts = f"reg {reg}/{spec.N} told {told}" + (f" writes {infl}" if infl else "")
+    counts += f" ghosts {ghost}" if ghost else ""
     lines.append(counts)
     if rcv:
         lines.append("receivers " + ",".join(REGION_MARK[g] + W_MARK[w] for g, w in rcv))

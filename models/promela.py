@@ -26,8 +26,8 @@ does not store states inside atomic steps, so for a configuration without a
 violation SPIN stores exactly the explorer's canonical states, a second
 agreement check besides the verdict.
 
-`epd_ring.executor.tools.spin.check(config)` (a tool: it runs processes) runs `spin -a`, gcc and `pan` (exhaustive, no hash compaction or
-bitstate), once per kind of violation: a run asserts every kind not yet found
+`epd_ring.executor.tools.spin.check(config)` (a tool: it runs processes) runs `spin -a`, gcc and
+`pan` (exhaustive, no hash compaction or bitstate), once per kind of violation: a run asserts every kind not yet found
 and treats the found ones as dead ends (as the explorer does: a bad state is
 reported, not explored), so the set of kinds found is the explorer's set.
 Each SPIN trail is replayed with `spin -t`, whose printfs give the events and
@@ -446,7 +446,7 @@ def _room_event_arms(cfg: Config) -> tuple[list[str], list[str]]:
         arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; {body}")
     return arms, enabled
 
-# -- reading SPIN's results ----------------------------------------------------------------------------------------------
+# -- reading SPIN's results -------------------------------------------------------------------------
 
 
 class Disagreement(AssertionError):

@@ -76,7 +76,8 @@ inline post() {
           if
           :: room[k].rg[gj] == G_written && (room[k].rw[gj] == W_FLIGHT || room[k].rw[gj] == W_GHOST) ->
              kind = K_SUCCESS_UNDER_WRITE
-          :: (room[k].rg[gj] == G_written && room[k].rs != R_success) || (room[k].rg[gj] == G_failed && room[k].rs == R_success) ->
+          :: (room[k].rg[gj] == G_written && room[k].rs != R_success) ||
+             (room[k].rg[gj] == G_failed && room[k].rs == R_success) ->
              kind = K_WRONG_OUTCOME
           :: else -> skip
           fi;

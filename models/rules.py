@@ -16,9 +16,33 @@ from typing import ClassVar
 from epd_ring.fsm import PEER, REGION, ROOM, SLOT, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
-from .state import (CH, CH_COPYING, CH_DROPPED, CH_HELD, CH_SENT, CONCLUDED, CONTENT, GHOST, INFL, RCV, REG, RS, SLOTI,
-                    SND, SS, STAGEABLE, TOLD, UNSURE, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Draft, first_of_each,
-                    receivers)
+from .state import (
+    CH,
+    CH_COPYING,
+    CH_DROPPED,
+    CH_HELD,
+    CH_SENT,
+    CONCLUDED,
+    CONTENT,
+    GHOST,
+    INFL,
+    RCV,
+    REG,
+    RS,
+    SLOTI,
+    SND,
+    SS,
+    STAGEABLE,
+    TOLD,
+    UNSURE,
+    W_FLIGHT,
+    W_GHOST,
+    W_IDLE,
+    W_LANDED,
+    Draft,
+    first_of_each,
+    receivers,
+)
 
 Action = Callable[[Draft, int, str], None]
 

@@ -42,10 +42,40 @@ from dataclasses import dataclass
 from epd_ring.fsm import PEER, ROOM, SLOT
 
 from .events import Events
+
 # The state's layout, imported from here by the spec's users.
-from .state import (_PEER_RANK, _REGION_RANK, CH, CH_COPYING, CH_DEFERRED, CH_DROPPED, CH_HELD, CH_NAMES,  # noqa: F401
-                    CH_NONE, CH_SENT, CONCLUDED, CONTENT, GHOST, INFL, OK, RCV, REG, REGION_MARK, RS, SLOTI,
-                    SND, SS, TOLD, UNSURE, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, W_MARK, Step)
+from .state import (  # noqa: F401
+    _PEER_RANK,
+    _REGION_RANK,
+    CH,
+    CH_COPYING,
+    CH_DEFERRED,
+    CH_DROPPED,
+    CH_HELD,
+    CH_NAMES,
+    CH_NONE,
+    CH_SENT,
+    CONCLUDED,
+    CONTENT,
+    GHOST,
+    INFL,
+    OK,
+    RCV,
+    REG,
+    REGION_MARK,
+    RS,
+    SLOTI,
+    SND,
+    SS,
+    TOLD,
+    UNSURE,
+    W_FLIGHT,
+    W_GHOST,
+    W_IDLE,
+    W_LANDED,
+    W_MARK,
+    Step,
+)
 
 VARIANTS = {
     "project": "our design",
@@ -163,7 +193,8 @@ class Spec(Events):
                 return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
             for g, w in r[RCV]:
                 if g == "written" and w in (W_FLIGHT, W_GHOST):
-                    return "success-under-write", f"room {i}: a receiver was told success while a write into it may land"
+                    return ("success-under-write",
+                            f"room {i}: a receiver was told success while a write into it may land")
                 if (g == "written" and r[RS] != "success") or (g == "failed" and r[RS] == "success"):
                     return "wrong-outcome", f"room {i} is {r[RS]} but a receiver's region is {g}"
         return None

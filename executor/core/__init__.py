@@ -14,19 +14,19 @@ transport implements; `loopback` the in-process transport with fault injection. 
 """
 
 from .clock import FakeClock, MonotonicClock
+from .drain import DrainReport
+from .effects import Concluded, Contact, Notify, Release, Submit
 from .executor import EncodeExecutor, EncodeItem, Modality, assign_encoded_embeddings, item_token_count
-from .reasons import Reason, ReasonKind
-from .staging import StagingError
 from .frames import FrameError, ReceiverFrame, shard_rows
 from .loopback import Fault, LoopbackReceiver, LoopbackTransport
 from .manager import Chunk, EncodeManager, RoomConflict
-from .ring import Ring, Slot
-from .transport import Outcome, Transport, TransportError
-from .tower import TowerModel
-from .drain import DrainReport
 from .observe import Observer
 from .pump import Pump
-from .effects import Concluded, Contact, Notify, Release, Submit
+from .reasons import Reason, ReasonKind
+from .ring import Ring, Slot
+from .staging import StagingError
+from .tower import TowerModel
+from .transport import Outcome, Transport, TransportError
 
 __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",

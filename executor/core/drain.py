@@ -47,7 +47,7 @@ class DrainReport:
 
 
 class Drain:
-    def __init__(self, executor: "EncodeExecutor", deadline: float, close_transport: bool):
+    def __init__(self, executor: EncodeExecutor, deadline: float, close_transport: bool):
         self.executor = executor
         self.deadline = deadline
         self.close_transport = close_transport

@@ -12,7 +12,7 @@ list everything a tick decided.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from .transport import Buf
 
@@ -60,6 +60,6 @@ class Release:
     close_transport: bool
 
 
-Effect = Union[Submit, Contact, Notify, Concluded, Release]
+Effect = Submit | Contact | Notify | Concluded | Release
 
 __all__ = ["Concluded", "Contact", "Effect", "Notify", "Release", "Submit"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -23,8 +24,8 @@ from . import settings
 from .drain import DRAINING, Drain
 from .manager import Chunk, EncodeManager
 from .reasons import Reason, ReasonKind, as_reason
-from .staging import Sender, Staging
 from .ring import Ring
+from .staging import Sender, Staging
 from .tower import TowerModel
 
 log = logging.getLogger("epd_ring.executor")
@@ -56,7 +57,7 @@ class EncodeItem:
     n_tokens: int  # post-merge token count: the rows this item owns in the tower output
     pixel_values: Any = None
     hash: Any = None
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     encoded: torch.Tensor | None = None
     encoded_deepstack: torch.Tensor | None = None
 
@@ -101,7 +102,7 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
             item.encoded_deepstack = None
 
 
-_MODALITY_NAMES: dict = {}
+_MODALITY_NAMES: dict[Any, str] = {}
 _TOWER_MODALITIES = frozenset(("image", "video"))
 
 
@@ -122,7 +123,7 @@ def _modality_name(m: Any) -> str:
 
 
 def _cuda_fence() -> Any:
-    ev = torch.cuda.Event()
+    ev = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch's stubs leave it untyped
     ev.record()
     return ev
 
@@ -189,7 +190,7 @@ class EncodeExecutor(Staging):
             self._concluded.append(sender.request_id)
 
     # the tower -------------------------------------------------------------
-    def _feature_fn(self, modality: Any) -> Callable:
+    def _feature_fn(self, modality: Any) -> Callable[[list[Any]], torch.Tensor]:
         name = _modality_name(modality)
         # Images go through the `image_encoder` seam, which a CUDA-graph wrapper may replace.
         if name == "image":
@@ -342,7 +343,7 @@ class EncodeExecutor(Staging):
         return reaped
 
     # health and debugging ------------------------------------------------------
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """A cheap view for health checks and metrics (O(slots + peers + writes); not for the hot path).
 
         `loop_lag_s`: seconds since the last `poll()` read the clock (None before the

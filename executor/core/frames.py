@@ -85,7 +85,8 @@ def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
     room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity = f
     return (
-        type(identity) is str and type(endpoint) is str and _plain_text(session) and (not endpoint or _endpoint_ok(endpoint))
+        type(identity) is str and type(endpoint) is str and _plain_text(session)
+        and (not endpoint or _endpoint_ok(endpoint))
         and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
         and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
@@ -174,7 +175,8 @@ def check_against_chunk(f: ReceiverFrame, n_tokens: int, hidden: int, dtype: str
     if f.has_deepstack != has_deep:
         raise FrameError(
             f"room {f.room}: receiver {f.session} "
-            + ("expects deepstack rows the chunk lacks" if f.has_deepstack else "lacks a deepstack buffer the chunk has")
+            + ("expects deepstack rows the chunk lacks" if f.has_deepstack
+               else "lacks a deepstack buffer the chunk has")
         )
     if f.deep_levels != deep_levels:
         raise FrameError(f"room {f.room}: receiver {f.session} expects {f.deep_levels} deepstack levels, "

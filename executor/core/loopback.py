@@ -16,8 +16,9 @@ import bisect
 import ctypes
 import heapq
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .clock import Clock, FakeClock
 from .transport import Buf, Outcome, Transport, TransportError
@@ -109,7 +110,7 @@ class LoopbackReceiver:
     def register(self, tensor_or_ptr: Any, length: int | None = None) -> int:
         if length is None:
             t = tensor_or_ptr
-            ptr, length = t.data_ptr(), t.numel() * t.element_size()
+            ptr, length = int(t.data_ptr()), t.numel() * t.element_size()
             self.regions.add(ptr, length, owner=t)
         else:
             ptr = int(tensor_or_ptr)
@@ -265,10 +266,7 @@ class LoopbackTransport(Transport):
         if r is None or not r.alive:
             return False
         local, remote = self.local, r.regions
-        for s, d, n in bufs:
-            if n and not (local.covers(s, n) and remote.covers(d, n)):
-                return False
-        return True
+        return all(not n or (local.covers(s, n) and remote.covers(d, n)) for s, d, n in bufs)
 
     def _land(self, session: str, bufs: Sequence[Buf]) -> bool:
         if not self._valid(session, bufs):

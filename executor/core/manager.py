@@ -22,13 +22,13 @@ from epd_ring.fsm import ROOM, ROOM_CONCLUDED
 from . import settings
 from .admission import Admission
 from .clock import Clock, MonotonicClock
+from .effects import Effect
 from .frames import FrameError, ReceiverFrame, check_against_chunk
 from .lifecycle import Lifecycle
 from .peers import PeerTable
 from .ratelog import RateLimitedLog
 from .reasons import Reason, ReasonKind, as_reason
 from .regions import RegionBook
-from .effects import Effect
 from .ring import Slot
 from .rooms import ACCEPTS_CHUNK, EXPIRABLE, Chunk, Room, RoomConflict
 from .tenancy import Tenancy

@@ -32,7 +32,7 @@ _CONTACTING = PEER.sources("connected")
 class Peer:
     __slots__ = ("session", "state", "fails", "attempt", "timer", "due", "retry_at", "rooms", "reason", "table")
 
-    def __init__(self, session: str, table: "PeerTable"):
+    def __init__(self, session: str, table: PeerTable):
         self.session = session
         self.state = PEER.initial
         self.fails = 0  # consecutive failed or overdue writes
@@ -73,7 +73,7 @@ class PeerTable:
         # The coupling actions (fsm/couplings.py) a peer's step runs: the manager's.
         self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
         self.by_session: OrderedDict[str, Peer] = OrderedDict()
-        self.stats: Counter = Counter()
+        self.stats: Counter[str] = Counter()
 
     def step(self, peer: Peer, event: str) -> str:
         """The one place a peer is stepped: its machine, then the actions of the state entered."""
@@ -87,7 +87,7 @@ class PeerTable:
     def get(self, session: str) -> Peer | None:
         return self.by_session.get(session)
 
-    def snapshot(self) -> dict[str, dict]:
+    def snapshot(self) -> dict[str, dict[str, Any]]:
         """Each peer's state, consecutive failures, live rooms and last reason, for dumps."""
         return {s: {"state": p.state, "fails": p.fails, "rooms": len(p.rooms), "reason": p.reason}
                 for s, p in self.by_session.items()}

@@ -49,7 +49,7 @@ class Reason(str):
     def __repr__(self) -> str:
         return f"Reason({self.kind.value}, {self.detail!r})"
 
-    def __reduce__(self) -> tuple:  # pickles (process drivers) keep the kind
+    def __reduce__(self) -> tuple[type[Reason], tuple[ReasonKind, str]]:  # pickles (process drivers) keep the kind
         return (Reason, (self.kind, self.detail))
 
 

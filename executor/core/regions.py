@@ -11,7 +11,8 @@ issued pass through here, so the success path costs nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 RELEASED, WITHDRAWN = "released", "withdrawn"
 
@@ -32,7 +33,7 @@ class RegionBook:
         self._tell = tell  # tell(frame, room, status)
         self._room_closed = room_closed  # called when a room's last open region closes
         self._per_room: dict[int, int] = {}  # room -> its regions still open
-        self._open: dict[tuple[int, str], list] = {}  # (room, session) -> [frame, withdrawn]
+        self._open: dict[tuple[int, str], list[Any]] = {}  # (room, session) -> [frame, withdrawn]
         self._by_handle: dict[int, tuple[int, str]] = {}  # write still in flight -> its region
         self._by_slot: dict[Any, list[tuple[int, str]]] = {}  # slot in quarantine -> regions waiting on it
 

@@ -27,7 +27,7 @@ _UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _S
 class Slot:
     __slots__ = ("index", "state", "ring", "room", "writes_in_flight", "unsure", "timer", "due")
 
-    def __init__(self, index: int, ring: "Ring"):
+    def __init__(self, index: int, ring: Ring):
         self.index = index
         self.ring = ring
         self.state = SLOT.initial
@@ -122,9 +122,10 @@ class Ring:
 
     def deep_view(self, slot: Slot, nbytes: int) -> torch.Tensor:
         start = slot.index * self.deep_slot_bytes
+        assert self.deep is not None, "this ring has no deepstack half"
         return self.deep[start:start + nbytes]
 
-    def counts(self) -> Counter:
+    def counts(self) -> Counter[str]:
         return Counter(s.state for s in self.slots)
 
     def close(self) -> int:

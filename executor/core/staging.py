@@ -28,7 +28,10 @@ class StagingError(ValueError):
     """An item that cannot be staged (too large, wrong shape); fails only its room."""
 
 
-_DTYPE_NAMES: dict = {}
+# An item's embedding and deepstack half with their byte sizes, as `_check` found them.
+Checked = tuple[torch.Tensor, int, 'torch.Tensor | None', int]
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -140,7 +143,7 @@ class Staging:
             self._deferred.clear()
         return n
 
-    def _check(self, item: Any) -> tuple[torch.Tensor, int, torch.Tensor | None, int]:
+    def _check(self, item: Any) -> Checked:
         """The item's embedding (and deepstack half) with their byte sizes, or StagingError."""
         ring = self.ring
         enc = item.encoded
@@ -173,7 +176,7 @@ class Staging:
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
 
-    def _stage(self, sender: Sender, item: Any, checked: tuple | None = None) -> None:
+    def _stage(self, sender: Sender, item: Any, checked: Checked | None = None) -> None:
         room = sender.room
         manager = self.manager
         if checked is None:  # from the deferred queue: the room may have concluded meanwhile
@@ -192,6 +195,7 @@ class Staging:
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
         slot = ring.lease()
+        assert slot is not None, "staged only when the ring has a free slot"
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)

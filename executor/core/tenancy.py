@@ -18,13 +18,14 @@ class Tenancy:
     __slots__ = ("max_sessions_per_identity", "max_sessions", "max_announced_per_identity", "_owner", "_sessions_of",
                  "announced")
 
-    def __init__(self, max_sessions_per_identity: int = 256, max_sessions: int = 65536, max_announced_per_identity: int = 1024):
+    def __init__(self, max_sessions_per_identity: int = 256, max_sessions: int = 65536,
+                 max_announced_per_identity: int = 1024):
         self.max_sessions_per_identity = max_sessions_per_identity
         self.max_sessions = max_sessions
         self.max_announced_per_identity = max_announced_per_identity
         self._owner: dict[str, str] = {}
         self._sessions_of: dict[str, OrderedDict[str, None]] = {}
-        self.announced: Counter = Counter()
+        self.announced: Counter[str | None] = Counter()
 
     def session_owner(self, session: str) -> str | None:
         return self._owner.get(session)

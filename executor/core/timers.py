@@ -9,7 +9,8 @@ outnumber live ones, so it stays bounded by the live deadlines.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _COMPACT_FLOOR = 4096
 

@@ -12,7 +12,8 @@ shipped (main: `[rows, hidden]`, deepstack: `[rows, hidden * levels]`).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

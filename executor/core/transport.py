@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # (source pointer, destination pointer, length in bytes)
 Buf = tuple[int, int, int]
@@ -59,8 +60,8 @@ class Transport(ABC):
     def notify(self, frame: Any, room: int, status: str, reason: str = "") -> None:
         """Tell the receiver that sent `frame` its room's final status."""
 
-    def unregister_memory(self, owner: Any) -> None:
+    def unregister_memory(self, owner: Any) -> None:  # noqa: B027 (optional: nothing to undo by default)
         """Unregister every region registered for `owner` (at shutdown, once no write can read them)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: nothing to release by default)
         """Release the engine; nothing may be submitted afterwards."""
