@@ -2,7 +2,8 @@
 
 The cycle, per item: register the request, a receiver frame arrives, `execute`
 one 16 x 64 float32 image through a tower that returns a fixed tensor, the
-loopback write completes at once, `poll`, reap. All but 4 slots are held by
+pump's `flush` (the write goes out and completes at once on the loopback), the
+pump's `tick` (its outcome comes back; the room concludes), reap. All but 4 slots are held by
 rooms whose writes never complete, so any scan over busy slots or senders
 shows up as a cost that grows with the ring.
 
@@ -24,6 +25,7 @@ from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
 from ..core.loopback import LoopbackTransport
 from ..core.manager import EncodeManager
+from ..core.pump import Pump
 from . import seed_bench
 from .progress import Progress
 
@@ -69,6 +71,7 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
     executor = EncodeExecutor(manager, FixedTower(), "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
+    pump = Pump(executor)
     receiver = transport.add_receiver("prefill:0")
     dst = torch.empty(TOKENS, HIDDEN)
     receiver.register(dst)
@@ -85,6 +88,7 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
         manager.register_receiver(ReceiverFrame(room, "prefill:held", held_dst.data_ptr(), 0, TOKENS, 0,
                                                 TOKENS, HIDDEN, "torch.float32", False, 1))
         executor.execute([(("held", room), EncodeItem("image", TOKENS))])
+        pump.flush()  # the held writes go out (and never complete)
     assert executor.ring.free_count == free_slots
     pending: set = set()
 
@@ -95,8 +99,10 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
             executor.register(room, "h", 1, room)
             manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
                                                     "torch.float32", False, 1))
+            pump.flush()  # as after a control plane's frames
             executor.execute([(room, EncodeItem("image", TOKENS))])
-            executor.poll()
+            pump.flush()  # as a real loop does after execute: the write is submitted here
+            pump.tick()
             executor.reap_concluded_senders(pending)
 
     best = _best_of(cycle, items, repeats)

@@ -16,6 +16,7 @@ from ..core.clock import MonotonicClock
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
 from ..core.manager import EncodeManager
+from ..core.pump import Pump
 from ..drivers.mooncake import MooncakeTransport, load_engine
 from .progress import Progress
 
@@ -39,6 +40,7 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
     transport = MooncakeTransport()
     manager = EncodeManager(transport, MonotonicClock())
     ex = EncodeExecutor(manager, FixedTower(rows), "cpu", ring_slots=slots, ring_bytes=size)
+    pump = Pump(ex)
     dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
     room = 0
 
@@ -48,20 +50,22 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
         ex.register(room, "127.0.0.1", 0, room)
         manager.register_receiver(ReceiverFrame(room, rx_session, dsts[k % slots], 0, rows, 0, rows, HIDDEN,
                                                 "torch.float32", False, 1))
+        pump.flush()
         while not ex.ring.has_free():
-            ex.poll()
+            pump.tick()
         ex.execute([(room, EncodeItem("image", rows))])
+        pump.flush()  # the write is submitted here
 
     for k in range(slots):  # warm-up: opens the segment, touches the ring
         one(k)
     while manager.rooms:
-        ex.poll()
+        pump.tick()
     t0 = time.perf_counter()
     for k in range(items):
         one(k)
-        ex.poll()
+        pump.tick()
     while manager.rooms:
-        ex.poll()
+        pump.tick()
     elapsed = time.perf_counter() - t0
     assert manager.stats["success"] == items + slots, manager.stats
     ex.reap_concluded_senders(set())

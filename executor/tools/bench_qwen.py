@@ -6,8 +6,9 @@ on the same inputs, through the unsplit model's `generate` (tower, prefill and
 the same 8 tokens). Time is split by where it is spent:
 
 - tower: inside the vision tower;
-- controller: inside `EncodeExecutor.execute` / `poll` less the tower and the
-  transport calls (scatter, lease, staging copy into the ring slot, rooms, frames);
+- controller: inside `EncodeExecutor.execute` and the pump's `flush` / `tick`
+  less the tower and the transport calls (scatter, lease, staging copy into the
+  ring slot, rooms, frames, effects);
 - transfer: inside the transport's calls, plus (Mooncake) the wait for writes in flight;
 - prefill: the language model on what arrived, and the decode steps.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from epd_ring.executor import EncodeExecutor, EncodeManager
+from epd_ring.executor import EncodeExecutor, EncodeManager, Pump
 
 from .demo_qwen import DTYPES, Request, plan
 from .qwen3vl import PrefillWorker, Qwen3VLTower, hf
@@ -70,27 +71,38 @@ def monolithic_s(model: Any, reqs: list[Request]) -> float:
     return time.perf_counter() - t0
 
 
+class _Encode:
+    """The encode side as the benchmark drives it: the executor, its pump, and the pump's calls timed."""
+
+    def __init__(self, ex: EncodeExecutor, timer: _Timer):
+        self.ex = ex
+        self.pump = Pump(ex)
+        # Timed here, not on the pump: `tick` calls `flush` itself, which must not count twice.
+        self.tick = timer.wrap("executor", self.pump.tick)
+        self.flush = timer.wrap("executor", self.pump.flush)
+
+
 def _encode_side(model: Any, transport: Any, manager: EncodeManager, reqs: list[Request], slots: int,
-                 timer: _Timer) -> EncodeExecutor:
+                 timer: _Timer) -> _Encode:
     spec = hf.spec(model)
     tower = Qwen3VLTower(model)
     tower.image_encoder = timer.wrap("tower", tower.image_encoder)
     tower.get_video_feature = timer.wrap("tower", tower.get_video_feature)
-    for name in ("submit_write", "poll", "notify"):
+    for name in ("submit_write", "poll", "notify", "connect", "peer_reports"):
         setattr(transport, name, timer.wrap("transport", getattr(transport, name)))
     es = torch.tensor([], dtype=model.lm_head.weight.dtype).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
     ex = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=max_rows * spec.hidden * es)
     ex.execute = timer.wrap("executor", ex.execute)
-    ex.poll = timer.wrap("executor", ex.poll)
-    return ex
+    return _Encode(ex, timer)
 
 
-def _start(ex: EncodeExecutor, r: Request, merge: int) -> list[int]:
+def _start(enc: _Encode, r: Request, merge: int) -> list[int]:
     rooms = [it.room for it in r.prompt.items]
     for it in r.prompt.items:
-        ex.register(f"room-{it.room}", "127.0.0.1", 0, it.room)
-    ex.execute([(f"room-{it.room}", it.encode_item(merge)) for it in r.prompt.items])
+        enc.ex.register(f"room-{it.room}", "127.0.0.1", 0, it.room)
+    enc.ex.execute([(f"room-{it.room}", it.encode_item(merge)) for it in r.prompt.items])
+    enc.flush()  # the writes go out
     return rooms
 
 
@@ -112,22 +124,22 @@ def run_loopback(model: Any, reqs: list[Request], slots: int) -> tuple[float, Co
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     timer = _Timer()
-    ex = _encode_side(model, transport, manager, reqs, slots, timer)
-    worker = PrefillWorker(model, LoopbackPrefillReceiver(transport, manager, "prefill-a:0", model.dtype))
+    enc = _encode_side(model, transport, manager, reqs, slots, timer)
+    worker = PrefillWorker(model, LoopbackPrefillReceiver(transport, enc.pump, "prefill-a:0", model.dtype))
     prefill_s = 0.0
     t0 = time.perf_counter()
     for r in reqs:
         worker.accept(r.rid, r.prompt.meta(), r.placement("a"))
-        _start(ex, r, spec.merge)
+        _start(enc, r, spec.merge)
         while worker.outcome(r.rid) is None:
-            ex.poll()
+            enc.tick()
         if worker.outcome(r.rid) != "success":
             raise RuntimeError(f"{r.rid} failed during the benchmark: {worker.failure(r.rid)}")
         t1 = time.perf_counter()
         worker.run(r.rid)
         prefill_s += time.perf_counter() - t1
         worker.forget(r.rid)
-        ex.reap_concluded_senders(())
+        enc.ex.reap_concluded_senders(())
     return time.perf_counter() - t0, timer.s, prefill_s
 
 
@@ -146,11 +158,11 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
     control = ZmqControlPlane(keypair=encoder_keys, allowed_keys=[instance[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=5.0, quarantine_s=1.0, write_timeout=30.0)
-    control.attach(manager)
     timer = _Timer()
-    ex = _encode_side(model, transport, manager, reqs, slots, timer)
+    enc = _encode_side(model, transport, manager, reqs, slots, timer)
+    control.attach(enc.pump)  # frames are read on every tick
     outcome: dict[int, str] = {}
-    manager.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
+    enc.pump.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
     prefill_s = 0.0
     with tempfile.TemporaryDirectory(prefix="epd-ring-bench-") as out_dir:
         proc = PrefillProcess(control.endpoint, dtype, seed, out_dir, encoder_key=encoder_keys[0], keypair=instance)
@@ -160,11 +172,11 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
             pending = None
             t0 = time.perf_counter()
             for r in reqs:
-                rooms = _start(ex, r, spec.merge)
+                rooms = _start(enc, r, spec.merge)
                 w0, polled = time.perf_counter(), 0.0
                 while not all(room in outcome for room in rooms):
                     p0 = time.perf_counter()
-                    ex.poll()
+                    enc.tick()
                     polled += time.perf_counter() - p0
                     time.sleep(0.0002)  # leave the cores to the prefill process while writes fly
                 timer.s["wait"] += time.perf_counter() - w0 - polled
@@ -175,7 +187,7 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
                 proc.proc.stdin.write(json.dumps({"cmd": "run", "rid": r.rid, "timeout": 30}) + "\n")
                 proc.proc.stdin.flush()
                 pending = r
-                ex.reap_concluded_senders(())
+                enc.ex.reap_concluded_senders(())
             if pending is not None:
                 prefill_s += _answer(proc)
             wall = time.perf_counter() - t0

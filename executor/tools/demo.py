@@ -24,6 +24,7 @@ from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame, shard_rows
 from ..core.loopback import Fault, LoopbackTransport
 from ..core.manager import EncodeManager
+from ..core.pump import Pump
 from .progress import Progress
 from .timeline import TimelineRecorder
 from .tower import TinyVisionModel, TinyVisionTower
@@ -122,9 +123,10 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     max_tokens = 8 * 8  # plan_rooms draws images of up to 8 x 8 merged tokens; larger ones are "oversized"
     slot_bytes = max_tokens * tower.hidden * 4
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
+    pump = Pump(executor)  # does what the executor decides: writes, notices, contacts
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
     serve_metrics(executor, metrics_port, metrics_hook)
-    recorder = TimelineRecorder(executor, clock) if timeline else None
+    recorder = TimelineRecorder(pump, clock) if timeline else None
 
     # Receivers and their buffers; a fault policy keyed by destination pointer.
     write_faults: dict[int, Fault] = {}
@@ -166,7 +168,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     kill_tick = rooms // 4
     last_frame_tick = max(frames_at) if frames_at else 0
     outcome: dict[int, str] = {}
-    manager.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
+    pump.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
 
     t0 = time.perf_counter()
     progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
@@ -174,7 +176,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     while True:
         if stop is not None and stop.requested is not None:
             progress.close()
-            return drained(executor, stop, lambda: clock.advance(tick_s), len(outcome), rooms, json_out,
+            return drained(pump, stop, lambda: clock.advance(tick_s), len(outcome), rooms, json_out,
                            recorder=recorder, timeline=timeline)
         for p, k in frames_at.pop(tick, ()):
             manager.register_receiver(frame_for(p, k))
@@ -182,6 +184,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
             p = arrivals.popleft()
             executor.register(p.rid, "prefill-bootstrap", 8998, p.room)
             queue.append(p)
+        pump.flush()  # what the frames and registrations decided goes out before the tower runs
         if tick == kill_tick:
             doomed = transport.receivers.get("prefill-doomed:0")
             if doomed is not None:
@@ -191,19 +194,20 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
             if any(p.item.meta["poison"] for p in run_now):
                 batch_mates.update(p.room for p in run_now if not p.item.meta["poison"])
             executor.execute([(p.rid, p.item) for p in run_now])
+            pump.flush()
             if recorder is not None:
                 recorder.sample()  # after the writes went out, before their outcomes
             for p in run_now:
                 if p.item.encoded is not None:
                     enc, deep = p.item.encoded, p.item.encoded_deepstack
                     p.expected = torch.cat([enc, deep], dim=1) if deep is not None else enc.clone()
-        executor.poll()
+        pump.tick()
         executor.reap_concluded_senders({p.rid for p in queue})
         if recorder is not None:
             recorder.sample()
         clock.advance(tick_s)
         tick += 1
-        progress.update(len(outcome), tick=tick, queued=len(queue), deferred=len(executor._deferred),
+        progress.update(len(outcome), tick=tick, queued=len(queue), deferred=executor.deferred_count,
                         free_slots=f"{executor.ring.free_count}/{slots}")
         if len(outcome) == rooms and not queue and tick > last_frame_tick:
             break
@@ -217,7 +221,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     # Quiesce: let every quarantine and late landing pass.
     for _ in range(int(3.0 / tick_s)):
         clock.advance(tick_s)
-        executor.poll()
+        pump.tick()
         if recorder is not None:
             recorder.sample()
     if recorder is not None:
@@ -277,15 +281,15 @@ def serve_metrics(executor: EncodeExecutor, port: int | None, hook: Any = None) 
     return inst
 
 
-def drained(executor: EncodeExecutor, stop: Any, idle: Any, concluded: int, rooms: int, json_out: bool,
+def drained(pump: Pump, stop: Any, idle: Any, concluded: int, rooms: int, json_out: bool,
             timeout: float = 10.0, recorder: Any = None, timeline: str | None = None) -> int:
-    """Drain after SIGTERM or Ctrl-C, report what the drain did, and exit as the signal asks."""
+    """Drain `pump`'s executor after SIGTERM or Ctrl-C, report what the drain did, and exit as the signal asks."""
     if recorder is not None:
         def idle_and_sample(idle=idle) -> None:
             idle()
             recorder.sample()
         idle = idle_and_sample
-    report = executor.close(timeout, idle)
+    report = pump.close(timeout, idle)
     if recorder is not None:
         recorder.sample()  # every slot retired
         recorder.write(timeline, f"epd-ring demo, drained after {concluded} of {rooms} rooms concluded")

@@ -22,6 +22,7 @@ from ..core.clock import MonotonicClock
 from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import shard_rows
 from ..core.manager import EncodeManager
+from ..core.pump import Pump
 from ..drivers.control import ZmqControlPlane, generate_keypair
 from ..drivers.mooncake import MooncakeTransport
 from ..drivers.receiver import ReceiverProcess
@@ -56,10 +57,11 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
     control = ZmqControlPlane(keypair=encoder, allowed_keys=[instance[0], doomed[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
-    control.attach(manager)
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * hidden * 4)
+    pump = Pump(executor)
+    control.attach(pump)  # frames are read on every tick
     serve_metrics(executor, metrics_port, metrics_hook)
-    recorder = TimelineRecorder(executor, manager.clock) if timeline else None
+    recorder = TimelineRecorder(pump, manager.clock) if timeline else None
     keys = {"a": instance, "b": instance, "doomed": doomed}
     procs = {name: ReceiverProcess(control.endpoint, encoder_key=encoder[0], keypair=keys[name])
              for name in ("a", "b", "doomed")}
@@ -87,14 +89,14 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             owner[room] = keys[names[0]][0].decode()
         expected: dict[int, torch.Tensor] = {}
         outcome: dict[int, str] = {}
-        manager.on_conclude.append(lambda r, st: outcome.__setitem__(r, st))
+        pump.on_conclude.append(lambda r, st: outcome.__setitem__(r, st))
         batch_mates: set[int] = set()
         t0 = time.perf_counter()
         progress = Progress("demo", rooms, unit="rooms concluded", enabled=not (quiet or json_out))
         for i in range(0, rooms, batch):
             if stop is not None and stop.requested is not None:
                 progress.close()
-                return drained(executor, stop, lambda: time.sleep(0.002), len(outcome), rooms, json_out,
+                return drained(pump, stop, lambda: time.sleep(0.002), len(outcome), rooms, json_out,
                                recorder=recorder, timeline=timeline)
             chunk = plans[i:i + batch]
             for name, proc in procs.items():
@@ -106,11 +108,13 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                 procs["doomed"].proc.wait()
             for room, *_ in chunk:
                 executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=owner[room])
+            pump.flush()
             while executor.has_deferred():  # backpressure: no tower run while sends wait
-                executor.poll()
+                pump.tick()
             if any(p[2] == "tower_error" for p in chunk):
                 batch_mates.update(p[0] for p in chunk if p[2] != "tower_error")
             executor.execute([(f"r{room}", item) for room, item, *_ in chunk])
+            pump.flush()
             for room, item, *_ in chunk:
                 if item.encoded is not None:
                     d = item.encoded_deepstack
@@ -119,15 +123,15 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                 late = [p[0] for p in chunk if p[2] == "late" and name in p[5]]
                 if late and proc.proc.poll() is None:
                     proc.ask(cmd="register", rooms=late)
-            executor.poll()
+            pump.tick()
             executor.reap_concluded_senders(set())
             if recorder is not None:
                 recorder.sample()
-            progress.update(len(outcome), batch=i // batch, deferred=len(executor._deferred),
+            progress.update(len(outcome), batch=i // batch, deferred=executor.deferred_count,
                             free_slots=f"{executor.ring.free_count}/{slots}")
         deadline = time.monotonic() + 60
         while len(outcome) < rooms and time.monotonic() < deadline:
-            executor.poll()
+            pump.tick()
             executor.reap_concluded_senders(set())
             progress.update(len(outcome))
             if recorder is not None:
@@ -137,7 +141,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
         wall = time.perf_counter() - t0
         quiesce = time.monotonic() + 5
         while executor.ring.free_count < slots and time.monotonic() < quiesce:
-            executor.poll()
+            pump.tick()
             if recorder is not None:
                 recorder.sample()
             time.sleep(0.005)

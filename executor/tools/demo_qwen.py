@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from epd_ring.executor import EncodeExecutor, EncodeManager
+from epd_ring.executor import EncodeExecutor, EncodeManager, Pump
 
 from .qwen3vl import MMItem, Placement, Prompt, Qwen3VLTower, build_prompt, hf, monolithic, patchify_video
 
@@ -130,20 +130,23 @@ def report(title: str, reqs: list[Request], extra: list[str]) -> int:
     return 0 if not wrong else 1
 
 
-def encode_wave(executor: EncodeExecutor, manager: EncodeManager, wave: list[Request], merge: int,
-                step: Callable[[], None], timeout_s: float, host: str = "127.0.0.1") -> dict[int, str]:
-    """Register every room of the wave, run the tower once, then poll until each room concluded."""
+def encode_wave(pump: Pump, wave: list[Request], merge: int, step: Callable[[], None], timeout_s: float,
+                host: str = "127.0.0.1") -> dict[int, str]:
+    """Register every room of the wave, run the tower once, then step (tick) until each room concluded."""
+    executor, manager = pump.executor, pump.manager
+    assert executor is not None
     items = [(it.room, it) for r in wave for it in r.prompt.items]
     outcome: dict[int, str] = {}
 
     def concluded(room: int, state: str) -> None:
         outcome[room] = state
 
-    manager.on_conclude.append(concluded)
+    pump.on_conclude.append(concluded)
     try:
         for room, _ in items:
             executor.register(f"room-{room}", host, 0, room)
         executor.execute([(f"room-{room}", it.encode_item(merge)) for room, it in items])
+        pump.flush()  # the writes go out
         deadline = time.monotonic() + timeout_s
         while len(outcome) < len(items) and time.monotonic() < deadline:
             step()
@@ -152,20 +155,20 @@ def encode_wave(executor: EncodeExecutor, manager: EncodeManager, wave: list[Req
             r.encode_failures = [f"room {it.room}: {manager.failure_reason(it.room) or outcome.get(it.room)}"
                                  for it in r.prompt.items if outcome.get(it.room) != "success"]
     finally:
-        manager.on_conclude.remove(concluded)
+        pump.on_conclude.remove(concluded)
     return outcome
 
 
 # -- loopback: everything in this process -----------------------------------------------------
 class LoopbackPrefillReceiver:
-    """The reference receiver's surface over a loopback receiver: frames go straight to the manager."""
+    """The reference receiver's surface over a loopback receiver: frames go straight to the pump's manager."""
 
-    def __init__(self, transport: Any, manager: EncodeManager, session: str, dtype: torch.dtype):
+    def __init__(self, transport: Any, pump: Pump, session: str, dtype: torch.dtype):
         from epd_ring.executor import ReceiverFrame, shard_rows
 
         self._frame, self._shard_rows = ReceiverFrame, shard_rows
         self.rcv = transport.add_receiver(session)
-        self.manager, self.session, self.dtype = manager, session, dtype
+        self.pump, self.session, self.dtype = pump, session, dtype
         self.frames: dict[int, Any] = {}
         self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.bad_rooms: set[int] = set()
@@ -186,7 +189,8 @@ class LoopbackPrefillReceiver:
 
     def register(self, room: int) -> None:
         if self.rcv.alive:
-            self.manager.register_receiver(self.frames[room])
+            self.pump.manager.register_receiver(self.frames[room])
+            self.pump.flush()
 
     def result(self, room: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.views[room]
@@ -217,7 +221,8 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
     executor = EncodeExecutor(manager, tower(model), "cpu", ring_slots=slots, ring_bytes=max_rows * spec.hidden * es)
-    receivers = {w: LoopbackPrefillReceiver(transport, manager, f"prefill-{w}:0", DTYPES[dtype]) for w in "ab"}
+    pump = Pump(executor)
+    receivers = {w: LoopbackPrefillReceiver(transport, pump, f"prefill-{w}:0", DTYPES[dtype]) for w in "ab"}
     # Each worker runs the same checkpoint (here: the same seed) as the encode worker's full model.
     workers = {w: PrefillWorker(model, receivers[w]) for w in "ab"}
     fail_ptrs: set[int] = set()
@@ -227,7 +232,7 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     alive = {"a": True, "b": True}
 
     def step() -> None:
-        executor.poll()
+        pump.tick()
         clock.advance(0.01)
 
     t0 = time.perf_counter()
@@ -245,7 +250,7 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
         if killing:  # after b registered this wave's frames, before any byte is written
             receivers["b"].rcv.kill()
             alive["b"] = False
-        encode_wave(executor, manager, wave, spec.merge, step, timeout_s=60)
+        encode_wave(pump, wave, spec.merge, step, timeout_s=60)
         for r in wave:
             collect(r, {w: workers[w] for w in r.workers if alive[w]}, dead=[w for w in r.workers if not alive[w]])
         if not quiet:
@@ -329,11 +334,12 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     control = ZmqControlPlane(keypair=encoder_keys, allowed_keys=[instance[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
-    control.attach(manager)
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
     executor = EncodeExecutor(manager, Qwen3VLTower(model), "cpu", ring_slots=slots,
                               ring_bytes=max_rows * spec.hidden * es)
+    pump = Pump(executor)
+    control.attach(pump)  # frames are read on every tick
     inject_write_fault(reqs)
     kill_wave = min(kill_wave, (len(reqs) - 1) // wave_size)
     with tempfile.TemporaryDirectory(prefix="epd-ring-qwen-") as out_dir:
@@ -357,10 +363,10 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
                     procs["b"].kill()
 
                 def step() -> None:
-                    executor.poll()
+                    pump.tick()
                     time.sleep(0.001)
 
-                encode_wave(executor, manager, wave, spec.merge, step, timeout_s=60)
+                encode_wave(pump, wave, spec.merge, step, timeout_s=60)
                 for r in wave:
                     collect_remote(r, procs)
                 if not quiet:
@@ -369,7 +375,7 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
             wall = time.perf_counter() - t0
             quiesce = time.monotonic() + 5
             while executor.ring.free_count < slots and time.monotonic() < quiesce:
-                executor.poll()
+                pump.tick()
                 time.sleep(0.005)
             leaked = slots - executor.ring.counts().get("free", 0)
         finally:

@@ -1,7 +1,7 @@
 """SIGTERM and Ctrl-C ask a running demo to drain instead of dying mid-write.
 
 The first signal sets `requested`; the loop notices it at its next tick,
-starts `executor.close(...)` and reports. A second Ctrl-C stops at once
+starts `pump.close(...)` (the drain) and reports. A second Ctrl-C stops at once
 (KeyboardInterrupt), for a drain that takes too long.
 """
 

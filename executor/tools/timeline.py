@@ -21,10 +21,13 @@ COLOURS = {
 
 
 class TimelineRecorder:
-    """Samples every slot's state at the loop's chosen moments; records failures as they conclude."""
+    """Samples every slot's state at the loop's chosen moments; records failures as they conclude.
 
-    def __init__(self, executor: Any, clock: Any):
-        self.executor = executor
+    `pump` is the `Pump` that drives the executor: concluded rooms are learnt from its
+    `on_conclude` hooks, as any driver learns them."""
+
+    def __init__(self, pump: Any, clock: Any):
+        self.executor = executor = pump.executor
         self.clock = clock
         n = executor.ring.n_slots
         # per slot: list of [start, end, state, room]
@@ -33,7 +36,7 @@ class TimelineRecorder:
         self.quarantines: list[tuple[float, int]] = []
         self._last_slot_of: dict[int, int] = {}
         self.t0 = clock.now()
-        executor.manager.on_conclude.append(self._concluded)
+        pump.on_conclude.append(self._concluded)
 
     def _concluded(self, room: int, state: str) -> None:
         if state == "failed":
