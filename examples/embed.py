@@ -5,7 +5,8 @@
 The encode side is real (a tiny torch tower, the executor, its ring); the
 prefill side is played in-process by the loopback transport's receivers, so the
 example needs no engine. With Mooncake, swap `LoopbackTransport` for
-`MooncakeTransport` and feed frames from `ZmqControlPlane` (see docs/embedding.md).
+`MooncakeTransport` and attach a `ZmqControlPlane` to the pump, which then reads
+frames on every tick (see docs/embedding.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from epd_ring.executor import (
     EncodeManager,
     LoopbackTransport,
     MonotonicClock,
+    Pump,
     ReceiverFrame,
     RoomConflict,
     TowerModel,
@@ -61,6 +63,9 @@ def main() -> int:
     manager = EncodeManager(transport, clock, park_timeout=5.0, write_timeout=5.0, quarantine_s=1.0)
     # A small ring: 4 slots of 64 tokens x HIDDEN float32 (4 KiB each), registered once.
     executor = EncodeExecutor(manager, model, "cpu", ring_slots=4, ring_bytes=64 * HIDDEN * 4)
+    # The core decides and never calls out; the pump does what it decided (submits writes, tells
+    # receivers, contacts peers) and feeds the transport's answers back in.
+    pump = Pump(executor)
 
     # Ten requests (images of 8x8 to 32x32 pixels: 4 to 64 tokens), one receiver each.
     images = [torch.randn(3, 8 * (1 + k % 4), 8 * (1 + k % 4)) for k in range(10)]
@@ -98,11 +103,13 @@ def main() -> int:
         for frame in frames:  # from your control plane (ZmqControlPlane parses and checks them)
             manager.register_receiver(frame)
         frames = []
-        executor.poll()  # completions, deadlines, deferred sends: once per tick
+        pump.flush()  # after any call into the core: what it decided goes out now
+        pump.tick()  # completions, deadlines, deferred sends, and what they decide: once per tick
         executor.reap_concluded_senders({rid for rid, _ in scheduled})
         if scheduled and not executor.has_deferred():  # backpressure: no tower run while sends wait
             batch, scheduled = scheduled[:3], scheduled[3:]
             executor.execute(batch)  # never raises for a bad batch: its rooms fail, receivers are told
+            pump.flush()  # the writes are submitted here
         if not scheduled and not manager.rooms:
             break
         time.sleep(0.001)
@@ -117,7 +124,7 @@ def main() -> int:
         ok &= status == "success" and told == ["success"] and same
 
     # Shut down: stop intake, let writes finish, wait out quarantines, unregister the ring.
-    report = executor.close(5.0, idle=lambda: time.sleep(0.001))
+    report = pump.close(5.0, idle=lambda: time.sleep(0.001))
     print(f"drained: clean={report.clean}, rooms failed by the drain={report.rooms_failed}")
     ok &= report.clean
     print("OK" if ok else "FAILED")

@@ -47,6 +47,7 @@ def test_readme_example_runs_as_written():
     assert torch.equal(ns["dst"], ns["item"].encoded)
     assert ns["receiver"].statuses(1001) == ["success"]
     assert ns["manager"].room_status(1001) == "success"
+    assert ns["executor"].closed  # the drain ran to its end: ring retired, unregistered, transport closed
 
 
 def test_readme_links_into_docs_and_every_page_is_linked():
@@ -76,7 +77,7 @@ def test_embedding_page_points_at_the_example_and_the_protocol():
     text = (DOCS / "embedding.md").read_text()
     for needle in ("examples/embed.py", "TowerModel", "image_encoder", "get_video_feature",
                    "num_deepstack_embeddings", "separate_deepstack_embeds", "EncodeItem", "ReceiverFrame",
-                   "RoomConflict", "print(executor.dump_state())", "executor.close("):
+                   "RoomConflict", "print(executor.dump_state())", "pump.close(", "pump.flush()", "pump.tick()"):
         assert needle in text, needle
 
 
