@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epd_ring.manager")
 
-_TOLD = {"success": "told_success", "failed": "told_failed"}
 _TIMED_OUT = {"park": ReasonKind.PARK_TIMEOUT, "announce": ReasonKind.ANNOUNCE_TIMEOUT}
 
 
@@ -278,7 +277,6 @@ class Lifecycle:
     # notices ---------------------------------------------------------------
     def tell(self, frame: Any, room_id: int, status: str, reason: str = "") -> None:
         self.outbox.append(Notify(frame, room_id, status, reason))
-        self.stats[_TOLD.get(status) or "told_" + status] += 1
 
     def tell_failed(self, frame: Any, room_id: int, reason: str) -> None:
         """Failed, for a receiver no write was ever issued to: its region is free at once."""

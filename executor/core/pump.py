@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epd_ring.pump")
 
+# Counted once a notice is handed to the transport (`notify_errors` when that raised).
+_TOLD = {"success": "told_success", "failed": "told_failed"}
+
 
 class Pump:
     def __init__(self, core: EncodeExecutor | EncodeManager, transport: Transport | None = None):
@@ -78,6 +81,7 @@ class Pump:
         elif type(e) is Notify:
             try:
                 t.notify(e.receiver, e.room, e.status, e.reason)
+                self.stats[_TOLD.get(e.status) or "told_" + e.status] += 1
             except Exception as exc:  # one unreachable receiver must not stop the others
                 self.stats["notify_errors"] += 1
                 log.warning("could not tell %s that room %s %s: %s", getattr(e.receiver, "session", "?"), e.room,
@@ -106,6 +110,10 @@ class Pump:
         n = 0
         for source in self.sources:
             n += source()
+            self.flush()
+        if self.executor is not None and self.executor.copies_pending:
+            # Copies finished since the last tick go out first: their writes may report in this one.
+            n += self.executor.finish_copies()
             self.flush()
         done = []
         handles = self._handles
