@@ -1,10 +1,20 @@
 """The encode-side controller: run the tower, scatter, lease, stage, defer, send, reap.
 
 `EncodeExecutor` keeps the public surface of the executor it replaces, so an
-encode loop written against it can switch, and adds `poll()`, the one call the
-loop makes every tick. It starts no threads: everything happens inside calls
-made by the loop, which is what lets tests and the model drive every
-interleaving.
+encode loop written against it can switch, and adds `poll()`, the core's tick.
+It starts no threads and calls out to nothing: everything happens inside calls
+made by the loop, and what must happen outside (writes, contacts, notices)
+comes back as effects that a `Pump` does. That is what lets tests and the model
+drive every interleaving.
+
+A walk through one item: `execute` runs the tower on the batch and splits its
+output per item (`assign_encoded_embeddings`); `_offer` (staging.py) leases a
+slot or defers the item; `_stage` copies the embedding into the slot and hands
+the chunk to the manager (`submit_chunk`), at once or when its copy fence
+passes (`finish_copies`). The room's step then parks the chunk or starts its
+writes (lifecycle.py, through fsm/couplings.py), which leave `Submit` effects.
+`poll` finishes copies, fires deadlines (`EncodeManager.poll`), serves deferred
+items and steps a drain; outcomes come in through `writes_reported`.
 """
 
 from __future__ import annotations

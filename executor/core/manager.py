@@ -1,7 +1,9 @@
 """The encode-side manager: rooms, their writes, deadlines and outcomes.
 
 Sans-I/O: state changes only through calls made by the encode loop's thread
-(`bind_sender`, `register_receiver`, `submit_chunk`, `fail_room`, `poll`).
+(`bind_sender`, `register_receiver`, `submit_chunk`, `fail_room`, `poll`, and
+the edge's reports `writes_reported`, `contacts_reported`); what the world must
+do comes back from `take_effects()` (effects.py), never as a call out.
 
 Every room change goes through `step_room`, every slot change through the
 ring's `fire`, every peer change through the peer table's `step`: each steps
@@ -44,7 +46,7 @@ _HOLDS_CHUNK = frozenset(ROOM.states_tagged("in_flight"))
 
 
 class EncodeManager(Lifecycle):
-    """Owns the rooms of one encode worker and drives writes through a transport."""
+    """Owns the rooms of one encode worker: their frames, writes, deadlines and outcomes."""
 
     def __init__(
         self,
