@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from epd_ring.fsm import tables
+from epd_ring.fsm import couplings, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -71,6 +71,18 @@ def test_tables_write_refreshes_the_machines_page_by_default(tmp_path):
     page.write_text(f"# The machines\n\n{tables.BEGIN}\nstale\n{tables.END}\n\nafter\n")
     subprocess.run([sys.executable, "-m", "epd_ring.fsm.tables", "--write"], cwd=tmp_path, check=True)
     assert page.read_text() == f"# The machines\n\n{tables.BEGIN}\n{tables.markdown()}\n{tables.END}\n\nafter\n"
+
+
+def test_machines_page_lists_the_couplings_table_as_declared():
+    # hand-written on the page: every entry of fsm/couplings.py, and nothing else, in its order
+    text = (DOCS / "machines.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| (enters|takes) `(\w+)` \| (.+?) \|$", text, flags=re.M)
+    shown = {(m, w, s): tuple(re.findall(r"`(\w+)`", acts)) for m, w, s, acts in rows}
+    declared = {(m, "enters", s): acts for (m, s), acts in couplings.ON_ENTER.items()}
+    declared |= {(m, "takes", e): acts for (m, e), acts in couplings.ON_EVENT.items()}
+    assert len(rows) == len(shown) and shown == declared
+    described = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.M))
+    assert couplings.actions() <= described, couplings.actions() - described
 
 
 def test_embedding_page_points_at_the_example_and_the_protocol():
