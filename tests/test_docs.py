@@ -74,7 +74,7 @@ def test_tables_write_refreshes_the_machines_page_by_default(tmp_path):
 
 
 def test_machines_page_lists_the_couplings_table_as_declared():
-    # hand-written on the page: every entry of fsm/couplings.py, and nothing else, in its order
+    # hand-written on the page: every entry of fsm/couplings.py (its actions in order), and nothing else
     text = (DOCS / "machines.md").read_text()
     rows = re.findall(r"^\| (\w+) \| (enters|takes) `(\w+)` \| (.+?) \|$", text, flags=re.M)
     shown = {(m, w, s): tuple(re.findall(r"`(\w+)`", acts)) for m, w, s, acts in rows}
