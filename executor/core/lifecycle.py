@@ -23,7 +23,7 @@ from .frames import FrameError, ReceiverFrame, check_tiling
 from .peers import Peer, down_reason
 from .reasons import Reason, ReasonKind
 from .ring import Slot
-from .rooms import Room
+from .rooms import EXPIRABLE, Room
 from .tombstones import Tombstone
 from .transport import Buf, Outcome
 
@@ -58,7 +58,6 @@ class Lifecycle:
     on_conclude: list[Callable[[int, str], None]]
     park_timeout: float
     announce_timeout: float
-    write_timeout: float
     quarantine_s: float
 
     def coupling_actions(self) -> dict[str, Callable[[Any], None]]:
@@ -145,15 +144,13 @@ class Lifecycle:
             self.deadlines.cancel(room)
         peers = self.peers.by_session
         for session in room.frames:
-            peer = peers.get(session)
-            if peer is None or peer.state != "up":
-                if peer is None or peer.state == "down":
-                    self.fail(room, Reason(ReasonKind.PEER_DOWN,
-                                           down_reason(peer) if peer else f"peer {session} is unknown"))
-                else:
-                    # Still being contacted: the chunk waits in its staged slot. The contact
-                    # deadline bounds the wait (`resume_rooms` or `fail_rooms` ends it).
-                    self.stats["waits_for_peer"] += 1
+            # Every receiver's peer is in the table while its room lives (admission adds it; a peer
+            # with rooms is never forgotten) and is never down (going down fails its rooms first),
+            # so only a contact still under way holds the writes back.
+            if peers[session].state != "up":
+                # The chunk waits in its staged slot; the contact deadline bounds the wait
+                # (`resume_rooms` or `fail_rooms` ends it).
+                self.stats["waits_for_peer"] += 1
                 return
         writes: list[tuple[ReceiverFrame, list[Buf]]] = []
         rb, drb = chunk.row_bytes, chunk.deep_row_bytes
@@ -221,6 +218,47 @@ class Lifecycle:
                 self.fail(room, reason)
         peer.rooms.clear()
 
+    # deadlines -----------------------------------------------------------------
+    def _deadline(self, kind: str, obj: Any) -> None:
+        if kind == "write":
+            self._write_overdue(obj)
+        elif kind == "quarantine":
+            obj.ring.fire(obj, "release")
+        elif kind == "connect":
+            self.peers.expired(obj)
+        else:  # a room's park or announce wait
+            self._expire(obj, kind)
+
+    def expire_room_now(self, room_id: int) -> bool:
+        """Fire a room's pending deadline (park or announce) now, whatever the clock says.
+
+        For drivers that keep time themselves, such as the model's replay, which
+        fires deadlines in any order. False if the room has no pending deadline.
+        """
+        room = self.rooms.get(room_id)
+        if room is None or not room.timer or room.state not in EXPIRABLE:
+            return False
+        self.deadlines.cancel(room)
+        self._expire(room, "park" if room.state == "parked" else "announce")
+        return True
+
+    def expire_peer_now(self, session: str) -> bool:
+        """Fire a peer's connect deadline now (see `expire_room_now`); False if it has none."""
+        peer = self.peers.get(session)
+        if peer is None or not peer.timer:
+            return False
+        self.deadlines.cancel(peer)
+        self.peers.expired(peer)
+        return True
+
+    def release_slot_now(self, slot: Slot) -> bool:
+        """End a slot's quarantine now (see `expire_room_now`)."""
+        if slot.state != "quarantined" or not slot.timer:
+            return False
+        self.deadlines.cancel(slot)
+        slot.ring.fire(slot, "release")
+        return True
+
     # write outcomes ------------------------------------------------------------
     def _write_overdue(self, w: Write) -> None:
         """Our write deadline passed with no report from the transport.
@@ -238,7 +276,7 @@ class Lifecycle:
         room = self.rooms.get(w.room)
         if room is not None and room.state == "transferring":
             self.fail(room, Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got no "
-                                                              f"report within {self.write_timeout} s"))
+                                                              f"report within {self.writes.timeout} s"))
 
     def _on_outcome(self, handle: int, outcome: Outcome) -> None:
         w = self.writes.reported(handle)

@@ -31,8 +31,7 @@ from .peers import PeerTable
 from .ratelog import RateLimitedLog
 from .reasons import Reason, ReasonKind, as_reason
 from .regions import RegionBook
-from .ring import Slot
-from .rooms import ACCEPTS_CHUNK, EXPIRABLE, Chunk, Room, RoomConflict
+from .rooms import ACCEPTS_CHUNK, Chunk, Room, RoomConflict
 from .tenancy import Tenancy
 from .timers import Deadlines
 from .tombstones import Tombstone, Tombstones
@@ -75,7 +74,6 @@ class EncodeManager(Lifecycle):
         self.park_timeout = settings.seconds("park_timeout", park_timeout)
         self.announce_timeout = settings.seconds(
             "announce_timeout", park_timeout if announce_timeout is None else announce_timeout)
-        self.write_timeout = settings.seconds("write_timeout", write_timeout)
         self.quarantine_s = settings.seconds("quarantine_s", quarantine_s)
         self.tenancy = Tenancy(
             settings.count("max_sessions_per_identity", max_sessions_per_identity, 1),
@@ -83,7 +81,8 @@ class EncodeManager(Lifecycle):
         self.rooms: dict[int, Room] = {}
         self.tombs = Tombstones(self.clock, max_tombstones, tombstone_ttl)
         self.deadlines = Deadlines()
-        self.writes = Writes(self.clock, self.deadlines, self.write_timeout, self.outbox)
+        self.writes = Writes(self.clock, self.deadlines, settings.seconds("write_timeout", write_timeout),
+                             self.outbox)
         # The core's own listeners (the executor's senders, a drain's count); the world
         # learns of a concluded room from its `Concluded` effect.
         self.on_conclude: list[Callable[[int, str], None]] = []
@@ -109,6 +108,14 @@ class EncodeManager(Lifecycle):
     @max_tombstones.setter
     def max_tombstones(self, cap: int) -> None:  # a lowered cap holds from the next trim on
         self.tombs.cap = cap
+
+    @property
+    def write_timeout(self) -> float:
+        return self.writes.timeout
+
+    @write_timeout.setter
+    def write_timeout(self, seconds: float) -> None:  # writes submitted from now on are due after it
+        self.writes.timeout = seconds
 
     @property
     def tombstone_ttl(self) -> float:
@@ -296,47 +303,6 @@ class EncodeManager(Lifecycle):
                 self._deadline(kind, obj)
         self.tombs.age(now)
         return n
-
-    def _deadline(self, kind: str, obj: Any) -> None:
-        if kind == "write":
-            self._write_overdue(obj)
-        elif kind == "quarantine":
-            obj.ring.fire(obj, "release")
-        elif kind == "connect":
-            self.peers.expired(obj)
-        else:  # a room's park or announce wait
-            self._expire(obj, kind)
-
-    # drivers that keep their own time --------------------------------------
-    def expire_room_now(self, room_id: int) -> bool:
-        """Fire a room's pending deadline (park or announce) now, whatever the clock says.
-
-        For drivers that keep time themselves, such as the model's replay, which
-        fires deadlines in any order. False if the room has no pending deadline.
-        """
-        room = self.rooms.get(room_id)
-        if room is None or not room.timer or room.state not in EXPIRABLE:
-            return False
-        self.deadlines.cancel(room)
-        self._expire(room, "park" if room.state == "parked" else "announce")
-        return True
-
-    def expire_peer_now(self, session: str) -> bool:
-        """Fire a peer's connect deadline now (see `expire_room_now`); False if it has none."""
-        peer = self.peers.get(session)
-        if peer is None or not peer.timer:
-            return False
-        self.deadlines.cancel(peer)
-        self.peers.expired(peer)
-        return True
-
-    def release_slot_now(self, slot: Slot) -> bool:
-        """End a slot's quarantine now (see `expire_room_now`)."""
-        if slot.state != "quarantined" or not slot.timer:
-            return False
-        self.deadlines.cancel(slot)
-        slot.ring.fire(slot, "release")
-        return True
 
 
 __all__ = ["Chunk", "EncodeManager", "ROOM_CONCLUDED", "Room", "RoomConflict", "Tombstone"]

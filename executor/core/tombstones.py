@@ -24,7 +24,7 @@ class Tombstone:
     __slots__ = ("room", "state", "reason", "at", "sessions", "pins", "owner")
 
     def __init__(self, room: int, state: str, reason: Reason | str, at: float, sessions: frozenset[str],
-                 pins: int = 0, owner: str | None = None):
+                 pins: int, owner: str | None = None):
         self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
         self.pins = pins
         self.owner = owner
