@@ -9,8 +9,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from epd_ring.executor import (Chunk, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,
-                               Observer, Pump, ReasonKind, ReceiverFrame, Ring, shard_rows)
+from epd_ring.executor import (
+    Chunk,
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Observer,
+    Pump,
+    ReasonKind,
+    ReceiverFrame,
+    Ring,
+    shard_rows,
+)
 
 # The calls into the core after which a driver does what they decided (`Pump.flush`).
 ENTRY_POINTS = frozenset((

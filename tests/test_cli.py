@@ -16,11 +16,11 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import tomllib
 
 from epd_ring.executor.tools import cli as cli_module
 

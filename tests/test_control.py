@@ -11,14 +11,14 @@ import pytest
 if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
-import zmq  # noqa: E402
+import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import drive  # noqa: E402
+from helpers import drive
 
-from epd_ring.executor import EncodeManager, FakeClock, FrameError, LoopbackTransport, ReceiverFrame  # noqa: E402
-from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
-from epd_ring.executor.core.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts  # noqa: E402
+from epd_ring.executor import EncodeManager, FakeClock, FrameError, LoopbackTransport, ReceiverFrame
+from epd_ring.executor.core.frames import WIRE_MAGIC, frame_from_parts, frame_to_parts
+from epd_ring.executor.drivers.control import ZmqControlPlane
 
 FRAME = ReceiverFrame(7, "127.0.0.1:1234", 0xFFFF_FFFF_FFFF_F000, 0x1000, 5, 2, 9, 64, "torch.bfloat16", True, 2,
                       "tcp://127.0.0.1:5555", 3)

@@ -19,15 +19,20 @@ import pytest
 if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
-import zmq  # noqa: E402
+import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import drive  # noqa: E402
+from helpers import drive
 
-from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, ReceiverFrame  # noqa: E402
-from epd_ring.executor.core.frames import WIRE_MAGIC, frame_to_parts  # noqa: E402
-from epd_ring.executor.drivers.control import (ZmqControlPlane, generate_keypair, keys_from_env,  # noqa: E402
-                                               load_keypair, load_public_keys)
+from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, ReceiverFrame
+from epd_ring.executor.core.frames import WIRE_MAGIC, frame_to_parts
+from epd_ring.executor.drivers.control import (
+    ZmqControlPlane,
+    generate_keypair,
+    keys_from_env,
+    load_keypair,
+    load_public_keys,
+)
 
 FRAME = ReceiverFrame(1, "127.0.0.1:1", 4096, 0, 1, 0, 1, 8, "torch.float32", False, 1)
 
@@ -127,7 +132,7 @@ def test_keys_load_from_files_and_environment(tmp_path, monkeypatch):
     import zmq.auth
 
     pub_file, secret_file = zmq.auth.create_certificates(str(tmp_path), "receiver")
-    public, secret = load_keypair(secret_file)
+    public, _secret = load_keypair(secret_file)
     assert load_public_keys(str(tmp_path)) == {public}
     assert load_public_keys(pub_file) == {public}
     other = generate_keypair()

@@ -28,7 +28,7 @@ def test_every_action_has_its_doc_and_every_deadline_is_an_action():
 
 
 def test_the_spec_implements_exactly_the_tables_actions():
-    assert Rules.ACTIONS == couplings.actions()
+    assert couplings.actions() == Rules.ACTIONS
     spec = Spec(TINY)
     for action in couplings.actions():
         assert callable(getattr(spec, "_" + action))

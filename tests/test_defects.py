@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import make_rig
 
-from epd_ring.executor import EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport  # noqa: E402
+from epd_ring.executor import EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport
 
 
 def _room(rig, room, tokens=2):
@@ -29,7 +29,7 @@ def _settle(rig):
 
 
 def _assert_delivered(rig, rooms):
-    for room, (rid, item) in rooms.items():
+    for room, (_rid, item) in rooms.items():
         assert rig.manager.room_status(room) == "success", (room, rig.manager.failure_reason(room))
         assert rig.delivered_ok(room, f"p{room}", item)
 

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from epd_ring.executor.tools.diagrams import DIRECTORY, main as render_main, render, stale
 from epd_ring.fsm import PEER, REGION, ROOM, SLOT
 from epd_ring.fsm.diagrams import machine_dot, parse_edges
-from epd_ring.executor.tools.diagrams import main as render_main
-from epd_ring.executor.tools.diagrams import DIRECTORY, render, stale
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not installed")

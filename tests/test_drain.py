@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import Outcome
-from epd_ring.executor import EncodeExecutor
-from epd_ring.executor.core.drain import DEADLINE, DRAINING, Drain, DrainReport
-
 from helpers import make_rig, reason_kind
+
+from epd_ring.executor import EncodeExecutor, Outcome
+from epd_ring.executor.core.drain import DEADLINE, DRAINING, Drain, DrainReport
+from epd_ring.executor.core.reasons import ReasonKind
 
 
 def _told(rig, session: str, room: int) -> list[tuple[str, str]]:

@@ -9,11 +9,20 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind  # noqa: E402
+from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind
 
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Outcome,
+    RoomConflict,
+    TransportError,
+    assign_encoded_embeddings,
+)
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
-                               Outcome, RoomConflict, TransportError, assign_encoded_embeddings)
 
 
 def submit(rig, room, n_tokens, seed=None, rid=None):
@@ -585,7 +594,7 @@ def test_bytes_match_tower_output_under_ring_pressure_and_faults():
     for _ in range(40):
         rig.clock.advance(0.5)
         rig.executor.poll()
-    for r, (rid, item, n) in rooms.items():
+    for r, (_rid, item, _n) in rooms.items():
         status = rig.manager.room_status(r)
         if r % 7 == 3:
             assert status == "failed"
@@ -791,7 +800,8 @@ def test_registration_and_the_one_item_rule():
     ex, m, t = rig.executor, rig.manager, rig.transport
     ex.register("r", "prefill-host", 8998, 1)
     sender = ex.senders["r"]
-    assert (sender.request_id, sender.room, sender.bootstrap_host, sender.bootstrap_port) == ("r", 1, "prefill-host", 8998)
+    assert (sender.request_id, sender.room, sender.bootstrap_host, sender.bootstrap_port) == \
+        ("r", 1, "prefill-host", 8998)
     with pytest.raises(ValueError, match="'r'"):
         ex.register("r", "prefill-host", 8998, 2)
     assert m.room_status(2) is None

@@ -19,8 +19,19 @@ import pytest
 from transitions import Machine, MachineError
 from transitions.extensions import GraphMachine
 
-from epd_ring.fsm import (PEER, PEER_DECLARATION, REGION, REGION_DECLARATION, ROOM, ROOM_DECLARATION, SLOT,
-                          SLOT_DECLARATION, InvalidTransition, build_machine, tables)
+from epd_ring.fsm import (
+    PEER,
+    PEER_DECLARATION,
+    REGION,
+    REGION_DECLARATION,
+    ROOM,
+    ROOM_DECLARATION,
+    SLOT,
+    SLOT_DECLARATION,
+    InvalidTransition,
+    build_machine,
+    tables,
+)
 from epd_ring.fsm.core import CompiledMachine
 from epd_ring.fsm.diagrams import KIND_STYLE, live_dot, machine_dot, parse_edges
 

@@ -13,20 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig  # noqa: E402
+from helpers import make_rig
 
-from epd_ring.executor import FrameError, ReceiverFrame  # noqa: E402
-from epd_ring.executor.core.frames import (_WIRE_PARTS, DTYPE_SIZES, WIRE_MAGIC, frame_from_parts,  # noqa: E402
-                                           frame_to_parts)
+from epd_ring.executor import FrameError, ReceiverFrame
+from epd_ring.executor.core.frames import _WIRE_PARTS, DTYPE_SIZES, WIRE_MAGIC, frame_from_parts, frame_to_parts
 
 if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
-from epd_ring.executor.drivers.control import ZmqControlPlane  # noqa: E402
+from epd_ring.executor.drivers.control import ZmqControlPlane
 
 printable = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=40)
 u64 = st.integers(0, (1 << 64) - 1)

@@ -12,12 +12,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind, reason_text  # noqa: E402
+from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind, reason_text
 
+from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Modality
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
-                               Modality)
-
 
 # -- bad items and tower errors ----------------------------------------------------------------
 
@@ -258,7 +256,8 @@ def test_deepstack_half_no_receiver_can_take_fails_its_room(deep_width, deep_dty
     rig = make_rig(n_deep=3)
     ex, m = rig.executor, rig.manager
     rig.open_room(1, rid="r")
-    item = EncodeItem("image", 2, encoded=torch.ones(2, 8), encoded_deepstack=torch.ones(2, deep_width, dtype=deep_dtype))
+    item = EncodeItem("image", 2, encoded=torch.ones(2, 8),
+                      encoded_deepstack=torch.ones(2, deep_width, dtype=deep_dtype))
     ex.send_item("r", item)
     assert reason_kind(m, 1) is ReasonKind.FRAME  # the chunk's width is no multiple of hidden
     assert m.stats["items_refused"] == 0
@@ -299,7 +298,6 @@ def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
     else:
         item.encoded_deepstack = torch.empty(2, 16, device="meta")
     ex.send_item("bad", item)
-    shape = (2, 8) if half == "main" else (2, 16)
     assert reason_kind(m, 1) is ReasonKind.ITEM
     assert ex.ring.free_count == ex.ring.n_slots  # the leased slot went back
     assert m.stats["items_refused"] == 0  # handled by staging, not the last line of defence

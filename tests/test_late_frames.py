@@ -8,9 +8,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from helpers import ManagerRig, make_rig  # noqa: E402
+from helpers import ManagerRig, make_rig
 
-from epd_ring.executor import Outcome  # noqa: E402
+from epd_ring.executor import Outcome
 
 
 def submit(rig, room, n_tokens):

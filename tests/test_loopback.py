@@ -6,11 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import loopback_setup
 
 from epd_ring.executor import LoopbackTransport, Outcome, TransportError
 from epd_ring.executor.core.loopback import CONTACT_FAULTS, FAULT_KINDS, Fault, Notice, Regions
-from helpers import loopback_setup
-
 
 setup = loopback_setup
 
@@ -277,7 +276,7 @@ def test_completing_held_writes_by_hand():
 
 
 def test_notices_reach_live_receivers_only():
-    clock, t, _, _, rcv = setup(at=3.0)
+    _clock, t, _, _, rcv = setup(at=3.0)
     dead = t.add_receiver("dead")
     dead.kill()
     t.notify(SimpleNamespace(session="r"), 5, "success")

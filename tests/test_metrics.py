@@ -88,8 +88,9 @@ def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
 
 
 def test_failed_rooms_are_counted_by_the_kind_of_their_reason_whatever_its_text():
-    from epd_ring.executor.drivers.metrics import RingMetrics
     from helpers import make_rig
+
+    from epd_ring.executor.drivers.metrics import RingMetrics
 
     rig = make_rig()
     metrics = RingMetrics(rig.executor).attach()

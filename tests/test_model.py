@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from epd_ring.models.conformance import Harness, replay_on_implementation
@@ -205,7 +204,8 @@ def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone(explored
     on, off = explored(Config(2, 3, 2, 1)), explored(Config(2, 3, 2, 1, regions=False))
     assert on.violations == off.violations == {} and on.states > off.states
     seed_off = explored(Config(1, 2, 2, 1, variant="seed", regions=False))
-    assert "write-into-released-region" not in seed_off.violations and "overwrite-under-late-write" in seed_off.violations
+    assert "write-into-released-region" not in seed_off.violations
+    assert "overwrite-under-late-write" in seed_off.violations
     # SPIN covers both ends (tests/test_spin.py): the region moves come from REGION's table
     on_pml, off_pml = promela.generate(Config(1, 2, 1, 1)), promela.generate(Config(1, 2, 1, 1, regions=False))
     assert "inline region_withdraw" in on_pml

@@ -26,14 +26,14 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("mooncake.engine")
     pytest.importorskip("zmq")
 
-from helpers import drive, reason_kind  # noqa: E402
+from helpers import drive, reason_kind
 
-from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind  # noqa: E402
-from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows  # noqa: E402
-from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair  # noqa: E402
-from epd_ring.executor.drivers.mooncake import MooncakeTransport  # noqa: E402
-from epd_ring.executor.drivers.receiver import ReceiverProcess  # noqa: E402
-from epd_ring.executor.tools.tower import TinyVisionModel, TinyVisionTower  # noqa: E402
+from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind
+from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows
+from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair
+from epd_ring.executor.drivers.mooncake import MooncakeTransport
+from epd_ring.executor.drivers.receiver import ReceiverProcess
+from epd_ring.executor.tools.tower import TinyVisionModel, TinyVisionTower
 
 STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 
@@ -83,7 +83,7 @@ class EncodeSide:
     def run(self, rooms: list[tuple[int, EncodeItem]], batch: int = 8, after_batch=None) -> None:
         for i in range(0, len(rooms), batch):
             chunk = rooms[i:i + batch]
-            for room, item in chunk:
+            for room, _item in chunk:
                 self.executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=self.instance[0].decode())
             while self.executor.has_deferred():  # backpressure, as an encode loop does
                 self.executor.poll()

@@ -10,14 +10,21 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, TableTower, drive, make_rig, managed, reason_kind, reason_text  # noqa: E402
+from helpers import Calls, ManagerRig, TableTower, drive, make_rig, managed, reason_kind, reason_text
 
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Outcome,
+    ReceiverFrame,
+)
+from epd_ring.executor.core.peers import Peer
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
-                               Outcome, ReceiverFrame)
-from epd_ring.executor.core.peers import Peer  # noqa: E402
-from epd_ring.executor.core.transport import Transport  # noqa: E402
-from epd_ring.fsm import InvalidTransition  # noqa: E402
+from epd_ring.executor.core.transport import Transport
+from epd_ring.fsm import InvalidTransition
 
 
 def room_for(rig, room, session, n_tokens=3):

@@ -15,9 +15,18 @@ if not os.environ.get("EPD_RING_REQUIRE_QWEN"):
     pytest.importorskip("transformers")
     pytest.importorskip("PIL")
 
-from epd_ring.executor.tools import demo_qwen  # noqa: E402
-from epd_ring.executor.tools.qwen3vl import (ArrivalError, MMItem, Prompt, Qwen3VLTower, build_prompt,  # noqa: E402
-                                             hf, monolithic, placeholder_spans, prefill)
+from epd_ring.executor.tools import demo_qwen
+from epd_ring.executor.tools.qwen3vl import (
+    ArrivalError,
+    MMItem,
+    Prompt,
+    Qwen3VLTower,
+    build_prompt,
+    hf,
+    monolithic,
+    placeholder_spans,
+    prefill,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +182,7 @@ def test_prefill_needs_the_grid(split_request):
 
 
 def test_rows_in_the_wrong_dtype_are_refused(split_request):
-    model, s, p, rows, _ = split_request
+    model, _s, p, rows, _ = split_request
     with pytest.raises(ArrivalError, match="bfloat16"):
         _prefill(model, p, [(m.bfloat16(), d.bfloat16()) for m, d in rows])
 

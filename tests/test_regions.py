@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import ManagerRig, make_rig, reason_text  # noqa: E402
+from helpers import ManagerRig, make_rig, reason_text
 
-from epd_ring.executor import Outcome  # noqa: E402
-from epd_ring.executor.core.regions import (WITHDRAW_MAGIC, Reply, WithdrawError, withdraw_from_parts,  # noqa: E402
-                                            withdraw_to_parts)
-from epd_ring.fsm import REGION, InvalidTransition  # noqa: E402
+from epd_ring.executor import Outcome
+from epd_ring.executor.core.regions import WITHDRAW_MAGIC, Reply, WithdrawError, withdraw_from_parts, withdraw_to_parts
+from epd_ring.fsm import REGION, InvalidTransition
 
 
 class Region:
@@ -121,7 +120,7 @@ def test_other_receivers_region_released_at_once_when_one_write_fails():
     rig = make_rig(quarantine_s=5.0)
     rig.executor.register("r", "h", 1, 1)
     rig.transport.inject("fail", session="a")
-    for k, s in enumerate("ab"):
+    for _k, s in enumerate("ab"):
         rig.manager.register_receiver(rig.frame(1, s, 2, n=2))
     rig.executor.execute([("r", rig.item(2, 1))])
     rig.executor.poll()

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, log_lines, make_rig, reason_kind, reason_text  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig, reason_kind, reason_text
 
+from epd_ring.executor import RoomConflict
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import RoomConflict  # noqa: E402
-
 
 # -- queries and the tick ----------------------------------------------------------------------
 

@@ -9,13 +9,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import ManagerRig, TableTower, drive, reason_kind, reason_text  # noqa: E402
+from helpers import ManagerRig, TableTower, drive, reason_kind, reason_text
 
+from epd_ring.executor import EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport, MonotonicClock
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import (EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
-                               MonotonicClock)
-from epd_ring.executor.core.settings import count, seconds  # noqa: E402
-
+from epd_ring.executor.core.settings import count, seconds
 
 # -- the shared number checks ------------------------------------------------------------------
 
@@ -183,7 +181,8 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     assert (plain.connect_timeout, plain.backoff, plain.fail_threshold, plain.max_peers) == \
         (m.connect_timeout, m.backoff, m.fail_threshold, m.max_peers) == (5.0, 5.0, 3, 4096)
     # the table's arguments are named as the manager's settings are
-    bad = [(dict(connect_timeout=0), "connect_timeout", "> 0"), (dict(connect_timeout="soon"), "connect_timeout", "number"),
+    bad = [(dict(connect_timeout=0), "connect_timeout", "> 0"),
+           (dict(connect_timeout="soon"), "connect_timeout", "number"),
            (dict(backoff=-1.0), "peer_backoff", ">= 0"), (dict(fail_threshold=0), "peer_fail_threshold", ">= 1"),
            (dict(max_peers=0), "max_peers", ">= 1")]
     for kw, setting, rule in bad:

@@ -44,7 +44,7 @@ def test_spin_finds_the_seeds_receiver_side_region_reuse():
     v = spin.violations["write-into-released-region"]
     assert v.hazard == "H6-receiver-region-reuse"
     # the trail, replayed on the spec, ends with a write landing for a receiver whose region is released
-    (event, *where), state = v.trace[-1]
+    (event, *where), _state = v.trace[-1]
     assert event in ("write_done", "late_landing")
     before = v.trace[-2][1]
     room, k = where

@@ -17,13 +17,21 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import TableTower, drive  # noqa: E402
+from helpers import TableTower, drive
 
-from epd_ring.executor import (EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport,  # noqa: E402
-                               Outcome, ReceiverFrame, shard_rows)
-from epd_ring.executor.core.loopback import Notice  # noqa: E402
-from epd_ring.fsm import InvalidTransition  # noqa: E402
-from epd_ring.fsm.core import CompiledMachine  # noqa: E402
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Outcome,
+    ReceiverFrame,
+    shard_rows,
+)
+from epd_ring.executor.core.loopback import Notice
+from epd_ring.fsm import InvalidTransition
+from epd_ring.fsm.core import CompiledMachine
 
 PARK, ANNOUNCE, WRITE_T, QUARANTINE, CONNECT_T, BACKOFF = 10.0, 12.0, 20.0, 5.0, 6.0, 2.0
 PEERS = ("peer0", "peer1", "peer2")  # receiver k of a room is on peer (room + k) % 3: peers are shared

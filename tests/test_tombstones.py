@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import ManagerRig, drive, make_rig, reason_text  # noqa: E402
+from helpers import ManagerRig, drive, make_rig, reason_text
 
-from epd_ring.executor import EncodeManager  # noqa: E402
-
+from epd_ring.executor import EncodeManager
 
 # -- pins --------------------------------------------------------------------------------------
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, log_lines, make_rig  # noqa: E402
+from helpers import Calls, ManagerRig, log_lines, make_rig
 
-from epd_ring.executor import FrameError, RoomConflict  # noqa: E402
-from epd_ring.executor.core.tenancy import Tenancy  # noqa: E402
-from epd_ring.executor.core.frames import check_frame, frame_from_parts, frame_to_parts  # noqa: E402
+from epd_ring.executor import FrameError, RoomConflict
+from epd_ring.executor.core.frames import check_frame, frame_from_parts, frame_to_parts
+from epd_ring.executor.core.tenancy import Tenancy
 
 VICTIM, ATTACKER = "key-victim", "key-attacker"
 

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import AddressedLoopback, ManagerRig, drive, make_rig, reason_kind, reason_text  # noqa: E402
+from helpers import AddressedLoopback, ManagerRig, drive, make_rig, reason_kind, reason_text
 
+from epd_ring.executor import EncodeManager, Outcome, Ring
 from epd_ring.executor.core.reasons import ReasonKind
-from epd_ring.executor import EncodeManager, Outcome, Ring  # noqa: E402
-
 
 # -- from a chunk to writes --------------------------------------------------------------------
 
@@ -74,7 +73,8 @@ def test_poll_takes_the_outcomes_of_writes_the_transport_refused_with_its_own():
     assert m.writes_in_flight == 3
     assert m.poll() == 3  # a's real outcome and the two refused ones
     assert m.room_status(1) == "failed"
-    assert reason_kind(m, 1) is ReasonKind.WRITE_FAILED and "b" in reason_text(m, 1).split()  # a reported done first, then b
+    # a reported done first, then b
+    assert reason_kind(m, 1) is ReasonKind.WRITE_FAILED and "b" in reason_text(m, 1).split()
     assert m.writes_in_flight == 0
     assert m.stats["completions_unknown"] == 0 and m.stats["completions_dropped"] == 1  # c's, after the failure
     assert slot.state == "quarantined" and slot.writes_in_flight == 0

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rescore import copy_tests, run_child  # noqa: E402
+from rescore import copy_tests, run_child
 
 
 def main(prefix: str, files: list[str]) -> int:
