@@ -336,7 +336,7 @@ class EncodeWorker(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "executor"))
     @rule()
-    def drain(self):
+    def serve_deferred(self):
         self.executor.serve_deferred()
 
     @precondition(lambda self: hasattr(self, "executor"))
