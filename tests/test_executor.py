@@ -62,12 +62,8 @@ def test_image_and_video_dispatch_to_their_encoders():
     rid_a, a = submit(rig, 1, 2)
     rid_b, b = submit(rig, 2, 3)
     b.modality = "video"
-    assert rig.executor._feature_fn("image") == rig.tower.image_encoder
-    assert rig.executor._feature_fn("video") == rig.tower.get_video_feature
     rig.executor.execute([(rid_a, a), (rid_b, b)])
-    assert sorted(rig.tower.calls) == [("image", 1), ("video", 1)]
-    with pytest.raises(ValueError, match="unsupported modality"):
-        rig.executor._feature_fn("audio")
+    assert sorted(rig.tower.calls) == [("image", 1), ("video", 1)]  # one call per modality, each its own seam
 
 
 # --------------------------------------------------------- failure isolation ---
@@ -151,7 +147,7 @@ def test_full_ring_defers_then_drains_in_order():
     # Rooms 0 and 1 park (no receivers yet) and hold both slots.
     rig.executor.execute(items)
     assert rig.executor.has_deferred()
-    assert [rid for rid, _ in rig.executor._deferred] == ["req-2", "req-3", "req-4"]
+    assert rig.executor.deferred_requests() == ["req-2", "req-3", "req-4"]
     assert rig.executor.ring.free_count == 0
     order = []
     rig.executor.pump.on_conclude.append(lambda room, state: order.append(room))  # the driver hears of each
@@ -178,7 +174,7 @@ def test_deferred_sends_are_served_before_new_ones():
     rig.executor.execute([c])  # the new send must queue behind b
     assert rig.manager.room_status(2) == "parked"
     assert rig.manager.room_status(3) == "registered"
-    assert [rid for rid, _ in rig.executor._deferred] == ["req-3"]
+    assert rig.executor.deferred_requests() == ["req-3"]
 
 
 def test_deferred_send_after_its_sender_was_reaped_is_dropped():
@@ -221,7 +217,7 @@ def test_deferred_queue_is_bounded():
     for r in range(5):
         ex.register(f"q{r}", "h", 1, r)
     ex.execute([(f"q{r}", EncodeItem("image", 2, meta={"seed": r})) for r in range(5)])
-    assert len(ex._deferred) == 2
+    assert ex.deferred_count == 2
     assert [manager.room_status(r) for r in range(5)] == ["parked", "registered", "registered", "failed", "failed"]
 
 

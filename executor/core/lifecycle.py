@@ -89,7 +89,7 @@ class Lifecycle:
     def fail(self, room: Room, reason: Reason, extra: ReceiverFrame | None = None) -> None:
         """Fail a live room (its receivers are told); `extra`, a refused frame, is told too."""
         room.reason = reason
-        log.info("room %s failed: %s", room.id, reason)
+        log.info("room %s failed (%s): %s", room.id, reason.kind.value, reason)
         self.step_room(room, "fail")
         if extra is not None:
             self.tell_failed(extra, room.id, reason)
