@@ -306,3 +306,12 @@ def test_demo_drains_on_sigterm_and_ctrl_c(tmp_path):
         assert report["rooms_concluded_before"] < report["rooms"]
         svg = picture.read_text()  # the picture of the interrupted run ends with every slot retired
         assert "drained after" in svg and "slot 0: retired" in svg
+
+
+def test_a_pump_on_a_manager_alone_has_no_ring_to_drain():
+    from epd_ring.executor import Pump
+    from helpers import managed
+
+    _, t, m = managed()
+    with pytest.raises(TypeError):
+        Pump(m.core, t).close(1.0, lambda: None)

@@ -344,3 +344,16 @@ def test_late_contact_answers_come_back_in_time_order():
     assert t.peer_reports() == [("r", 7, True, "")] and t.reached == {"r"}
     clock.advance(1.0)
     assert t.peer_reports() == [("b", 1, False, "refused")] and t.reached == {"r"}
+
+
+def test_a_held_or_ghost_write_names_its_session_and_a_ghost_can_be_forgotten_unlanded():
+    clock, t, src, dst, rcv = loopback_setup()
+    t.inject("hold")
+    held = t.submit_write("r", [(src.data_ptr(), dst.data_ptr(), 16)])
+    assert t.session_of(held) == "r" and t.session_of(held + 100) is None
+    t.complete(held, Outcome.TIMED_OUT, land=False, land_later=True)  # now a ghost: it may still land
+    assert t.ghosts == [held] and t.session_of(held) == "r"
+    assert t.forget_ghost(held) is True and t.ghosts == [] and t.session_of(held) is None
+    assert t.forget_ghost(held) is False  # forgotten once
+    t.poll()
+    assert not dst.any()  # a forgotten ghost never lands

@@ -199,3 +199,26 @@ def test_a_driver_ends_a_slots_quarantine_early():
     assert rig.receiver("q").releases(1) == ["released"]
     assert not m.release_slot_now(slot)
     assert len(m.deadlines) == 0
+
+
+def test_the_pump_maps_transport_handles_to_the_cores_write_ids_until_each_reports():
+    rig = make_rig()
+    rig.transport.inject("hold", count=2)
+    rig.open_room(1), rig.open_room(2)
+    rig.executor.execute([("r1", rig.item(2, 1)), ("r2", rig.item(2, 2))])
+    pump, m = rig.executor.pump, rig.manager
+    handles = pump.handles()
+    assert sorted(handles.values()) == sorted(m.writes.by_handle) and len(handles) == 2
+    h1 = min(handles)
+    assert pump.write_of(h1) == handles[h1] and pump.write_of(max(handles) + 1) is None
+    rig.transport.complete(h1, Outcome.DONE)
+    rig.executor.poll()
+    assert pump.write_of(h1) is None and h1 not in pump.handles() and len(m.writes.by_handle) == 1
+
+
+def test_an_outcome_for_a_write_the_core_never_issued_is_counted_and_changes_nothing():
+    rig = make_rig()
+    m = rig.manager
+    assert m.writes_reported([(999, Outcome.DONE), (998, Outcome.FAILED)]) == 2
+    assert m.stats["completions_unknown"] == 2 and not m.rooms
+    assert rig.executor.ring.free_count == rig.executor.ring.n_slots

@@ -1,0 +1,82 @@
+"""One mutmut pass, scored as it ran: every mutant counted once, equivalents keyed by their diff.
+
+    cd $MUTMUT_WORK && python /path/to/tests/mutation/score.py [--list]
+
+A mutant is *killed* (a selected test failed, crashed or hung on it), *alive* (survived, or reached
+by no selected test), or set aside because its diff says it changes nothing the project promises:
+- a log line (the run's own policy, `do_not_mutate_patterns`; lines logging through a rate-limited
+  log, `m.log.warning(`, escaped that pattern in this pass and are set aside by the same rule);
+- an entry of tests/mutation/equivalent.md, keyed by the function and the exact line before and
+  after (never by mutmut's index, which changes whenever the code above it does).
+The score is killed / (killed + alive). `--list` prints what is alive, grouped by function.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+from pathlib import Path
+
+from mutmut.mutation.data import SourceFileMutationData
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+from mutmut.stats import status_by_exit_code
+from mutmut.utils.file_utils import walk_source_files
+
+HERE = Path(__file__).resolve().parent
+LOG_LINE = re.compile(r"^\s*(?:\w+\.)*log\.(debug|info|warning|error)\(")
+KILLED = {"killed", "segfault", "timeout", "suspicious"}
+
+
+def equivalents() -> set[tuple[str, str, str]]:
+    """(function, line before, line after) of each claimed equivalent: `- `func` | `before` | `after` | why`."""
+    claims = set()
+    for line in (HERE / "equivalent.md").read_text().splitlines():
+        m = re.match(r"- `([^`]+)` \| `(.*)` \| `(.*)` \| ", line)
+        if m:
+            claims.add((m.group(1), m.group(2), m.group(3)))
+    return claims
+
+
+def changed(diff: str) -> tuple[str, str]:
+    minus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    return " / ".join(minus), " / ".join(plus)
+
+
+def main(argv: list[str]) -> int:
+    claims = equivalents()
+    counts: collections.Counter[str] = collections.Counter()
+    alive: dict[str, list[str]] = collections.defaultdict(list)
+    for path in walk_source_files():
+        data = SourceFileMutationData(path=path)
+        data.load()
+        for name, code in data.exit_code_by_key.items():
+            status = status_by_exit_code[code]
+            if status in KILLED:
+                counts["killed"] += 1
+                continue
+            if status not in ("survived", "no tests"):
+                counts[status] += 1  # not checked (an unfinished run): reported, not scored
+                continue
+            before, after = changed(get_diff_for_mutant(name, path=data.path))
+            func = re.sub(r"__mutmut_\d+$", "", name)
+            if LOG_LINE.match(before):
+                counts["log line"] += 1
+            elif (func, before, after) in claims:
+                counts["equivalent"] += 1
+            else:
+                counts["alive"] += 1
+                alive[func].append(f"{status}: `{before[:100]}` -> `{after[:100]}`")
+    scored = counts["killed"] + counts["alive"]
+    print(f"mutants: {sum(counts.values())}; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print(f"score: {counts['killed']} killed of {scored} = {100 * counts['killed'] / max(scored, 1):.1f}%")
+    if "--list" in argv:
+        for func in sorted(alive):
+            print(f"\n## {func} ({len(alive[func])})")
+            print("\n".join(f"- {x}" for x in alive[func]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
