@@ -309,8 +309,9 @@ def test_demo_drains_on_sigterm_and_ctrl_c(tmp_path):
 
 
 def test_a_pump_on_a_manager_alone_has_no_ring_to_drain():
-    from epd_ring.executor import Pump
     from helpers import managed
+
+    from epd_ring.executor import Pump
 
     _, t, m = managed()
     with pytest.raises(TypeError):

@@ -347,7 +347,7 @@ def test_late_contact_answers_come_back_in_time_order():
 
 
 def test_a_held_or_ghost_write_names_its_session_and_a_ghost_can_be_forgotten_unlanded():
-    clock, t, src, dst, rcv = loopback_setup()
+    _, t, src, dst, _ = loopback_setup()
     t.inject("hold")
     held = t.submit_write("r", [(src.data_ptr(), dst.data_ptr(), 16)])
     assert t.session_of(held) == "r" and t.session_of(held + 100) is None
