@@ -9,9 +9,10 @@ with mutmut's MUTANT_UNDER_TEST and runs the given test files with pytest -x; a 
 crash, or a hang past --timeout) kills it. The files are copied into mutants/tests first and must
 pass with no mutant active.
 
-The score is killed / (all mutants - equivalent), where the equivalent ones are the names listed
-in tests/mutation/equivalent.md. With --write, the new verdicts go into mutmut's own result files,
-so `mutmut results` and `tests/mutation/survivors.py` show what is left.
+It prints killed / all mutants of the functions re-checked (no equivalents set aside: those are
+keyed by diff and applied by tests/mutation/score.py). With --write, the new verdicts go into
+mutmut's own result files, so `mutmut results` and `score.py --list` show what is left. A recorded
+score is one pass's (score.py after run_mutmut.sh), never a run plus re-checks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -32,8 +32,8 @@ KILLED = ("killed", "timeout", "segfault")
 
 
 def equivalent_names() -> set[str]:
-    text = (HERE / "equivalent.md").read_text()
-    return set(re.findall(r"`(epd_ring\.[^`]+__mutmut_\d+)`", text))
+    """Claims keyed by mutmut's index: none any more (equivalent.md keys them by diff)."""
+    return set()
 
 
 def copy_tests(files: list[str], dest: Path) -> list[str]:

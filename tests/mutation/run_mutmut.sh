@@ -7,8 +7,8 @@
 # mutmut 3 derives a mutant's module from its path under src/, and our folders install under
 # `epd_ring.` (fsm/ -> epd_ring.fsm), so the run happens in a staging copy laid out as
 # src/epd_ring/{fsm,executor,models} with the tests beside it. Results stay in $MUTMUT_WORK
-# (mutants/, the cache mutmut resumes from); survivors are listed at the end, and
-# tests/mutation/equivalent.md says why each one left alive cannot be killed.
+# (mutants/, the cache mutmut resumes from); the score and what is alive are printed at the end
+# (tests/mutation/score.py), equivalents keyed by diff in tests/mutation/equivalent.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="${MUTMUT_WORK:-/tmp/epd-ring-mutmut}"
@@ -48,7 +48,7 @@ pytest_add_cli_args = ["-p", "no:cacheprovider",
                        "--deselect", "tests/test_diagrams.py::test_check_names_stale_files",
                        "--deselect", "tests/test_diagrams.py::test_rendering_is_deterministic"]
 # log lines: their wording is not behaviour
-do_not_mutate_patterns = ["^\\s*log\\.(debug|info|warning|error)\\("]
+do_not_mutate_patterns = ["^\\s*(\\w+\\.)*log\\.(debug|info|warning|error)\\("]
 # torch is not fork-safe after import in every setup
 process_isolation = "forkserver"
 use_git_change_detection = false
@@ -59,4 +59,4 @@ TOML
 cd "$WORK"
 export EPD_RING_HYPOTHESIS=mutmut OMP_NUM_THREADS=1
 nice -n 10 "$PY" -m mutmut run --max-children "$CHILDREN"
-"$PY" -m mutmut results
+"$PY" "$ROOT/tests/mutation/score.py" --list
