@@ -25,7 +25,8 @@ from mutmut.utils.file_utils import walk_source_files
 
 HERE = Path(__file__).resolve().parent
 LOG_LINE = re.compile(r"^\s*(?:\w+\.)*log\.(debug|info|warning|error)\(")
-KILLED = {"killed", "segfault", "timeout"}  # a crash or a hang is a failed test; "suspicious" (an exit code mutmut does not know) is not counted killed
+# A crash or a hang is a failed test; "suspicious" (an exit code mutmut does not know) counts alive.
+KILLED = {"killed", "segfault", "timeout"}
 
 
 def equivalents() -> set[tuple[str, str, str]]:
