@@ -1,4 +1,4 @@
-"""Graceful drain: `executor.close(timeout, idle)` stops intake, tells every room, waits out writes and
+"""Graceful drain: `pump.close(timeout, idle)` stops intake, tells every room, waits out writes and
 quarantines, then retires the ring, unregisters it and closes the transport."""
 
 from __future__ import annotations

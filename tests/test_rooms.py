@@ -340,7 +340,7 @@ def test_announce_limits_count_from_zero_in_all_and_per_identity(caplog):
     assert m.stats["frames_refused"] == 3
 
 
-def test_announcements_are_counted_per_peer():
+def test_announcements_are_counted_per_identity():
     b = ManagerRig(max_announced_per_identity=2)
     m = b.m
     assert m.register_receiver(b.frame(1, "a1", identity="A"))

@@ -129,7 +129,7 @@ def test_another_peer_learns_nothing_of_a_concluded_room(outcome):
     assert [(n.status, n.reason) for n in told] == [("failed", "room not open to this receiver")]
 
 
-def test_per_peer_announce_cap_keeps_other_peers_early_registrations():
+def test_per_identity_announce_cap_keeps_other_identities_early_registrations():
     # Before: 4,096 bogus early frames locked every legitimate early registration out.
     rig = make_rig(max_announced=64, max_announced_per_identity=16)
     accepted = sum(rig.manager.register_receiver(rig.frame(1000 + k, "attacker:1", 1, identity=ATTACKER))
@@ -142,7 +142,7 @@ def test_per_peer_announce_cap_keeps_other_peers_early_registrations():
     assert rig.manager.room_status(5) == "success" and rig.delivered_ok(5, "victim:1", item)
 
 
-def test_sessions_per_peer_are_bounded_and_released_oldest_first():
+def test_sessions_per_identity_are_bounded_and_released_oldest_first():
     rig = make_rig(max_sessions_per_identity=4)
     for k in range(10):
         rig.manager.register_receiver(rig.frame(100 + k, f"attacker:{k}", 1, identity=ATTACKER))
