@@ -120,9 +120,11 @@ class ZmqControlPlane:
         self.ctx = zmq.Context()
         # The pool below must fit under the context's socket limit, with room for the
         # frame socket, the ZAP socket and evicted pool sockets that libzmq's reaper
-        # thread has not released yet (closing is asynchronous; under churn they pile up).
+        # thread has not released yet (closing is asynchronous; under churn they pile up: a burst
+        # of 2,000 new endpoints on a 256-socket pool left over 450 unreaped, so twice the pool was
+        # not room enough). Sockets are cheap; a status that cannot be sent is not.
         self.max_push_sockets = max_push_sockets
-        self.ctx.MAX_SOCKETS = 2 * max_push_sockets + 64
+        self.ctx.MAX_SOCKETS = 8 * max_push_sockets + 64
         self.allowed: set[bytes] = set()
         self.stats: Counter = Counter()
         self.log = RateLimitedLog(log, time.monotonic)
