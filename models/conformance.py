@@ -17,6 +17,9 @@ every receive buffer as room labels.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import torch
 
 from epd_ring.executor.core import (
@@ -101,8 +104,11 @@ class Harness:
         if config.peers:
             self.transport.inject_contact("hang", count=1 << 30)  # the harness answers every contact
         self.tower = RoomTower()
+        # Every item has one size, so the arena of `slots` items is the model's slots: each extent
+        # sits on one cell of `cell_bytes` (see `cells`).
+        self.cell_bytes = 64 * ((tokens * HIDDEN * 4 + 63) // 64)
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
-                                       ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
+                                       ring_bytes=self.cell_bytes, copy_fence=Fence)
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
         self.pump = Pump(self.manager, self.transport)
@@ -151,8 +157,8 @@ class Harness:
         for rid, room in m.rooms.items():
             if room.timer:
                 self.armed.setdefault(("room", rid, room.state), now)
-        for s in self.executor.ring.slots:
-            key = ("extent", s.index, "quarantine")
+        for s in self.cells():
+            key = ("extent", self.cell(s), "quarantine")
             if s.state == "quarantined":
                 self.armed.setdefault(key, now)
             else:
@@ -164,11 +170,23 @@ class Harness:
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
-                self.handle_slot[h] = w.slot.index
+                self.handle_slot[h] = self.cell(w.slot)
                 self.sent[i] = True
-        for s in self.executor.ring.slots:
+        for s in self.cells():
             if s.room is not None:
-                self.content[s.index] = s.room - self.ROOM_BASE
+                self.content[self.cell(s)] = s.room - self.ROOM_BASE
+
+    def cell(self, extent: Any) -> int:
+        """The model's slot an extent stands for."""
+        return extent.offset // self.cell_bytes
+
+    def cells(self) -> list[Any]:
+        """The ring as the model's slots: the live extent on each cell, or a free stand-in."""
+        out: list[Any] = [SimpleNamespace(state="free", room=None, unsure=False, timer=0, due=0.0,
+                                          offset=i * self.cell_bytes) for i in range(self.cfg.slots)]
+        for e in self.executor.ring.extents.values():
+            out[self.cell(e)] = e
+        return out
 
     def region(self, i: int, session: str) -> str:
         """The session's region, stepped through the region machine on every notice it got."""
@@ -203,7 +221,8 @@ class Harness:
     def abstract(self) -> tuple:
         ex, m = self.executor, self.manager
         deferred = tuple(int(rid[1:]) for rid in ex.deferred_requests())
-        slot_of = {s.room - self.ROOM_BASE: s for s in ex.ring.slots if s.room is not None}
+        cells = self.cells()
+        slot_of = {s.room - self.ROOM_BASE: s for s in cells if s.room is not None}
         infl = [0] * self.cfg.rooms
         for w in m.writes.values():
             infl[w.room - self.ROOM_BASE] += 1
@@ -236,9 +255,9 @@ class Harness:
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
             rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
-                          slot.index if uses else -1))
+                          self.cell(slot) if uses else -1))
         used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
-        slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
+        slots = tuple((s.state, self.content[i] if i in used else -1, s.unsure) for i, s in enumerate(cells))
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
@@ -327,7 +346,7 @@ class Harness:
             pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
             ex.reap_concluded_senders(pending)
         elif name == "release":
-            slot = ex.ring.slots[i]
+            slot = self.cells()[i]
             assert m.release_slot_now(slot)
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
@@ -392,10 +411,10 @@ def check_full_state(h: Harness) -> None:
     for write, w in m.writes.by_handle.items():
         want = h.armed[("write", write, "")] + m.write_timeout
         assert w.timer and w.due == want, f"write {write} due at {w.due}, not {want}"
-    for s in h.executor.ring.slots:
+    for s in h.cells():
         if s.state == "quarantined":
-            want = h.armed[("extent", s.index, "quarantine")] + m.quarantine_s
-            assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
+            want = h.armed[("extent", h.cell(s), "quarantine")] + m.quarantine_s
+            assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
 
 
 def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
