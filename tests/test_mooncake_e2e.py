@@ -64,9 +64,12 @@ class SkippingClock(MonotonicClock):
         self.skipped += seconds
 
 
+IMAGE_BYTES = 64 * 64 * 4  # the largest image: 64 merged tokens of 64 float32
+
+
 class EncodeSide:
     def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
-                 write_timeout: float = 60.0, announce_timeout: float = 120.0):
+                 write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None):
         # CURVE on, as in production: the encoder's keypair, and one prefill instance's
         # keypair shared by its receiver processes (its ranks).
         self.keypair = generate_keypair()
@@ -83,8 +86,10 @@ class EncodeSide:
         self.hidden = self.model.hidden
         self.deep_width = self.model.hidden * self.model.num_deepstack_embeddings
         # Driven as a worker drives it: each call is followed by the pump's flush, `poll()` is its tick.
-        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", ring_slots=slots,
-                                             ring_bytes=64 * 64 * 4 * 2))
+        # One arena for items of every size (images and videos), by default as large as `slots`
+        # twice-the-largest images.
+        arena_bytes = slots * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
+        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes))
         self.manager = self.executor.manager
         self.control.attach(self.executor.pump)  # frames are read on every tick
         self.expected: dict[int, torch.Tensor] = {}
@@ -143,6 +148,14 @@ def image(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
     return EncodeItem("image", tower.tokens_for(h, w), pixel_values=pixels)
 
 
+def video(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
+    """Frames of one size, each encoded as an image: up to 4x the largest image's bytes."""
+    h, w, frames = STEP * rng.randint(4, 8), STEP * rng.randint(4, 8), rng.randint(2, 4)
+    g = torch.Generator().manual_seed(room)
+    return EncodeItem("video", frames * tower.tokens_for(h, w), pixel_values=[torch.randn(3, h, w, generator=g)
+                                                                               for _ in range(frames)])
+
+
 @pytest.mark.parametrize("deep", [True, False], ids=["deepstack", "plain"])
 def test_images_across_processes_with_fanout_and_late_registration(deep):
     rng = random.Random(1 if deep else 2)
@@ -158,7 +171,8 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
             kind = rng.choice(["a", "a", "b", "identity", "shard"])
             partial = k % 25 == 7  # only one of two receivers ever registers: fails at the park deadline
             late = rng.random() < 0.3
-            item = image(rng, room, enc.model.tower)
+            # mixed sizes in one arena: images of 1-64 tokens, and every fifth item a video of 32-256
+            item = (video if k % 5 == 3 else image)(rng, room, enc.model.tower)
             members = {"a": [(a, 0)], "b": [(b, 0)], "identity": [(a, 0), (b, 0)], "shard": [(a, 0), (b, 1)]}[kind]
             if partial:
                 kind, members = "partial", [(a, 0), (b, 1)]
@@ -345,14 +359,19 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     # receiver's rooms, then the quarantine of their slots (one skip each). The announce and park
     # deadlines are further still, so neither skip fires them.
     quarantine_s, write_timeout = 300.0, 3000.0
-    enc = EncodeSide(False, slots=4, quarantine_s=quarantine_s, write_timeout=write_timeout,
+    tower = TinyVisionTower(seed=7)
+    items = [image(rng, 50_000 + k, tower) for k in range(13)]
+    extent = [64 * -(-it.n_tokens * 64 * 4 // 64) for it in items]
+    # The arena holds the three stopped rooms' extents (they will be quarantined) and room for the
+    # largest of the others: no more, so the others queue for the quarantines' bytes.
+    arena = sum(extent[1:4]) + max(extent[4:])
+    enc = EncodeSide(False, quarantine_s=quarantine_s, write_timeout=write_timeout, arena_bytes=arena,
                      announce_timeout=100 * quarantine_s, park_timeout=100 * quarantine_s)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
-        for k in range(13):
+        for k, item in enumerate(items):
             room = 50_000 + k
-            item = image(rng, room, enc.model.tower)
             rcv = b if k < 4 else a
             rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
             rooms[room] = (item, rcv)
@@ -386,7 +405,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
 
         def quarantine_ends(_):
             if enc.clock.skipped == write_timeout:  # once: the first batch waits for a slot
-                assert enc.executor.has_deferred()  # only one slot is free: the rest waits for the quarantine
+                assert enc.executor.has_deferred()  # the quarantined bytes are not reused: the rest waits
                 enc.clock.skip(quarantine_s)
 
         enc.run(others, after_batch=quarantine_ends)
