@@ -597,7 +597,9 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
     # Far beyond the run: the queued rooms can fail only by their peer going down, all together,
     # never one by one at a write deadline (which would have shown only as a speed before).
     write_timeout = 600.0
-    enc = EncodeSide(False, slots=8, quarantine_s=0.5, write_timeout=write_timeout)
+    # An arena of three of the largest images holds about as many of these mixed ones in flight as
+    # eight slots did: the rest of b's rooms are still waiting for bytes when it dies.
+    enc = EncodeSide(False, quarantine_s=0.5, write_timeout=write_timeout, arena_bytes=3 * IMAGE_BYTES)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
