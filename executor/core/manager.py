@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
+from epd_ring.fsm.couplings import ON_ENTER
 
 from . import settings
 from .admission import Admission
@@ -95,6 +96,8 @@ class EncodeManager(Lifecycle):
         # Warnings an identity can provoke at will: one line per kind per second of our clock.
         self.log = RateLimitedLog(log, self.clock.now)
         self.actions = self.coupling_actions()
+        # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
+        self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
         self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
                                actions=self.actions)

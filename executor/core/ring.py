@@ -138,7 +138,9 @@ class Ring:
         self._leases += 1
         ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
         self.extents[ext.index] = ext
-        self.fire(ext, "lease")
+        # `fire(ext, "lease")`, written out: a fresh extent is `free`, so it enters its destination
+        for action in self._on_enter[EXTENT.step(ext, "lease")] + self._on_event["lease"]:
+            self.actions[action](ext)
         return ext
 
     def fire(self, slot: Extent, event: str) -> str:

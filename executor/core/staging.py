@@ -220,7 +220,7 @@ class Staging:
         if obs is not None:
             obs.copy_started(room)
         try:
-            src = ring.main_ptr(slot)
+            src = ring.main_base + slot.offset  # ring.main_ptr(slot)
             self._copy(src, ring.main_view, slot, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:
