@@ -359,7 +359,7 @@ inline reap() {
 
 def quarantine_ends(event: int, cells: int) -> tuple[list[str], str]:
     # an extent's deadline: at its first cell (the others carry its state too)
-    guards = [f"LIVE && cell[{s}].span > 0 && ARMED_SLOT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
+    guards = [f"LIVE && cell[{s}].span > 0 && ARMED_EXTENT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
     return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_slot_release(x, 0) }}"
 
