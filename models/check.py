@@ -12,7 +12,7 @@ from .spec import VARIANTS, Config, Spec
 
 # Defaults of the model's size; None in argparse so that `--replay` can tell an
 # explicit flag (refused: the trace file fixes the configuration) from none.
-DEFAULTS = {"cells": 3, "rooms": 4, "receivers": 2, "faults": 1, "variant": "project", "sizes": (1, 2)}
+DEFAULTS = {"cells": 3, "rooms": 3, "receivers": 2, "faults": 1, "variant": "project", "sizes": (1, 2)}
 
 
 class CheckInputError(ValueError):

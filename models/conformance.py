@@ -4,10 +4,10 @@
 every write held until the harness completes it, copies gated by fences the
 harness completes, and with `Config.peers` every first contact held until the
 harness answers it or fires its deadline) and maps each spec event onto them. `abstract()` reads the
-implementation's state back as a spec state: rooms, slots, the deferred queue,
+implementation's state back as a spec state: rooms, cells, the deferred queue,
 writes in flight and each receiver's region (stepped through the region
 machine on every notice that receiver got, so a second outcome fails at once);
-after every event it must equal, up to relabelling rooms and slots, one of the
+after every event it must equal, up to relabelling rooms, one of the
 spec's successors for that event. Beyond the spec, `check_full_state()`
 compares what the spec has no words for: each live room's frames, every
 deadline against the time its event happened (each timeout a distinct value,
@@ -41,6 +41,7 @@ from .spec import (
     CH_NONE,
     CH_SENT,
     RCV,
+    SIZE,
     SLOTI,
     W_FLIGHT,
     W_GHOST,
@@ -90,6 +91,9 @@ class Harness:
     def __init__(self, config: Config, tokens: int = 2):
         if config.variant != "project":
             raise ValueError("the implementation is the project variant")
+        if config.sizes != (1,):
+            # The ring's slots are the model's cells until the arena is in the ring: one cell per item.
+            raise ValueError("the implementation's ring has one slot per item: Config(sizes=(1,))")
         self.cfg = config
         self.spec = Spec(config)
         self.state = self.spec.initial()
@@ -101,7 +105,7 @@ class Harness:
         if config.peers:
             self.transport.inject_contact("hang", count=1 << 30)  # the harness answers every contact
         self.tower = RoomTower()
-        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
+        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.cells,
                                        ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
@@ -126,7 +130,7 @@ class Harness:
         self.frames_sent = [0] * R
         self.ok = [0] * R
         self.faults = config.faults
-        self.content = [-1] * config.slots
+        self.content = [-1] * config.cells
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
@@ -235,10 +239,12 @@ class Harness:
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
-            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
+            size = 1 if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
+            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv, size,
                           slot.index if uses else -1))
-        used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
-        slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
+        used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of cells no room uses
+        # each slot is a cell, and an extent of one cell
+        slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure, 1) for s in ex.ring.slots)
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
