@@ -41,7 +41,6 @@ from .spec import (
     CH_NONE,
     CH_SENT,
     RCV,
-    SIZE,
     SLOTI,
     W_FLIGHT,
     W_GHOST,

@@ -252,19 +252,19 @@ def test_mixed_sizes_are_clean_and_reach_deferral_by_size_and_a_blocked_large_he
     assert explored(cfg).violations == {}
     states = _reachable(cfg)
 
-    def free_cells(st):
-        return sum(c[SS] == "free" for c in st[1])
+    def free_cells(state):
+        return sum(c[SS] == "free" for c in state[1])
 
-    assert any(r[SIZE] == 2 and r[SLOTI] >= 0 for st in states for r in st[0])
-    assert any(st[2] and st[0][st[2][0]][SIZE] == 2 and free_cells(st) == 1 for st in states)
-    blocked = [st for st in states if len(st[2]) == 2 and free_cells(st) == 1
-               and [st[0][i][SIZE] for i in st[2]] == [2, 1]]
+    assert any(r[SIZE] == 2 and r[SLOTI] >= 0 for s in states for r in s[0])
+    assert any(s[2] and s[0][s[2][0]][SIZE] == 2 and free_cells(s) == 1 for s in states)
+    blocked = [s for s in states if len(s[2]) == 2 and free_cells(s) == 1
+               and [s[0][i][SIZE] for i in s[2]] == [2, 1]]
     assert blocked
     # served oldest first: from such a state no event stages the one-cell item while the head waits
     spec = Spec(cfg)
-    for st in blocked:
-        head, small = st[2]
-        for step in spec.successors(st):
+    for state in blocked:
+        head, small = state[2]
+        for step in spec.successors(state):
             nxt = step.state
             if nxt[0][small][CH] != CH_DEFERRED:
                 assert nxt[0][head][CH] != CH_DEFERRED or nxt[0][small][SLOTI] < 0, step.event
