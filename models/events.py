@@ -314,8 +314,8 @@ class Events(Rules):
                     self._emit(out, d, (ev, k))
 
     def _deferred_served(self, state: tuple, out: list) -> None:
-        """The loop serves deferred sends when the oldest fits."""
-        if state[2] and self._placements(state[0], state[1], state[0][state[2][0]][SIZE]):
+        """The loop serves deferred sends when the oldest fits or is to be dropped."""
+        if self._servable(state[0], state[1], state[2]):
             for d in self._serve_deferred(Draft.of(state)):
                 self._emit(out, d, ("drain",))
 

@@ -115,11 +115,12 @@ inline stage(gx) {
   fi
 }
 
-/* serve deferred sends oldest first while the oldest fits */
+/* rules._serve_deferred: oldest first; a reaped or concluded head is dropped, one that fits is staged,
+   else nothing behind it overtakes it */
 inline serve_deferred() {
   do
   :: dlen == 0 -> break
-  :: dlen > 0 && !FITS(room[dq[0]].sz) -> break
+  :: dlen > 0 && room[dq[0]].snd != 2 && STAGEABLE(room[dq[0]].rs) && !FITS(room[dq[0]].sz) -> break
   :: else ->
      h = dq[0];
      if
@@ -333,7 +334,8 @@ def room_arms(i: str, j: str, cfg) -> list[Arm]:
 
 # -- the encoder's families: (guards that enable them, the proctype's arm) ---------------------------
 def deferred_served(event: int) -> tuple[list[str], str]:
-    guard = "LIVE && dlen > 0 && FITS(room[dq[0]].sz)"
+    guard = ("LIVE && dlen > 0 && (room[dq[0]].snd == 2 || !STAGEABLE(room[dq[0]].rs) || "
+             "FITS(room[dq[0]].sz))")
     return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_deferred()"
 
 

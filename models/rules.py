@@ -342,21 +342,34 @@ class Rules:
             d2.rooms[i][CH], d2.rooms[i][SLOTI] = CH_COPYING, s
             yield d2
 
+    def _servable(self, rooms, cells, deferred) -> bool:
+        """Would serving deferred sends do anything: the oldest is dropped (its sender reaped, its room
+        concluded) or fits?"""
+        if not deferred:
+            return False
+        head = rooms[deferred[0]]
+        return head[SND] == 2 or head[RS] not in STAGEABLE or bool(self._placements(rooms, cells, head[SIZE]))
+
     def _serve_deferred(self, d: Draft) -> Iterator[Draft]:
-        """Serve deferred sends oldest first while the oldest fits (a crash halts the draft)."""
-        if not d.deferred or not self._fits(d, d.deferred[0]):
+        """Serve deferred sends oldest first: drop the oldest if its sender was reaped or its room
+        concluded, stage it if it fits, else stop (nothing behind it overtakes it). A crash halts."""
+        if not d.deferred:
             yield d
             return
         head, rest = d.deferred[0], d.deferred[1:]
-        if d.rooms[head][SND] == 2:
-            if self.reap_crash:
-                d.halt = "crash"
-                yield d
-                return
+        r = d.rooms[head]
+        if r[SND] == 2 and self.reap_crash:
+            d.halt = "crash"
+            yield d
+            return
+        if r[SND] == 2 or r[RS] not in STAGEABLE:
             d2 = d.copy()
             d2.rooms[head][CH] = CH_DROPPED
             d2.deferred = rest
             yield from self._serve_deferred(d2)
+            return
+        if not self._fits(d, head):
+            yield d
             return
         for d2 in self._stage(d, head):
             d2.deferred = rest

@@ -257,7 +257,7 @@ def test_json_outputs_parse(epd):
     p = epd("demo", "--rooms", "60", "--slots", "3", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
-    assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["slots_leaked"] == 0
+    assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
 
 
 def test_quiet_verbose_and_log_level(epd):

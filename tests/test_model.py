@@ -159,11 +159,10 @@ def test_cli_check_exit_codes(capsys):
 class Lockstep(RuleBasedStateMachine):
     """The implementation and the model take the same events; their states must match."""
 
-    # One cell per item: the implementation's ring has one slot per item until the arena is in it.
-    @initialize(cfg=st.sampled_from([Config(1, 2, 1, 1, sizes=(1,)), Config(1, 3, 1, 2, sizes=(1,)),
-                                     Config(2, 3, 2, 2, sizes=(1,)), Config(3, 3, 2, 3, sizes=(1,)),
-                                     Config(1, 2, 1, 1, peers=True, sizes=(1,)),
-                                     Config(2, 3, 2, 2, peers=True, sizes=(1,))]))
+    # Mixed sizes: rooms' items of 1 and 2 cells (and 3, larger than a 2-cell arena) on the core's arena.
+    @initialize(cfg=st.sampled_from([Config(1, 2, 1, 1, sizes=(1,)), Config(1, 3, 1, 2), Config(2, 3, 2, 2),
+                                     Config(3, 3, 2, 3), Config(2, 3, 1, 1, sizes=(1, 2, 3)),
+                                     Config(1, 2, 1, 1, peers=True), Config(2, 3, 2, 2, peers=True)]))
     def start(self, cfg):
         self.h = Harness(cfg)
 
@@ -183,7 +182,11 @@ TestLockstep = Lockstep.TestCase
 TestLockstep.settings = settings(settings(), stateful_step_count=60)
 
 
-@pytest.mark.parametrize("cfg", [Config(1, 3, 1, 1, sizes=(1,)), Config(1, 2, 2, 1, sizes=(1,))], ids=str)
+# In two cells the arena's placement is the spec's shortest traces' (in three, a trace may place a
+# one-cell item in the middle, where the arena carves from the low end: the same events reach
+# another of the spec's states, so conformance holds but that target is not reached that way).
+@pytest.mark.parametrize("cfg", [Config(1, 3, 1, 1, sizes=(1,)), Config(1, 2, 2, 1, sizes=(1,)), Config(2, 3, 1, 1)],
+                         ids=str)
 def test_conformance_reaches_every_chunk_location_region_and_write_state(cfg):
     """Each place the spec can be is reached on the implementation too, in lockstep and on the full state."""
     from epd_ring.models.conformance import coverage_targets, reach
@@ -192,6 +195,8 @@ def test_conformance_reaches_every_chunk_location_region_and_write_state(cfg):
     traces = reach(cfg, targets)
     if cfg.receivers == 1:
         assert "two deferred sends" in traces
+    if max(cfg.sizes) > 1:
+        assert {"extent of two cells", "deferred with a cell free"} <= set(traces)
     assert {"chunk deferred", "chunk copying", "chunk held", "chunk sent", "chunk dropped"} <= set(traces)
     assert {"region written", "region failed", "region withdrawing", "write landed late"} <= set(traces)
     for name, events in traces.items():
@@ -224,8 +229,8 @@ SLOT_MODEL_STATES = {(1, 2, 1, 1): 948, (2, 2, 1, 1): 1460, (2, 3, 1, 1): 38352}
 
 
 @pytest.mark.parametrize("bound", sorted(SLOT_MODEL_STATES), ids=str)
-def test_one_cell_per_item_is_the_slot_model_state_for_state(bound, explored):
-    """Items of one cell make each cell a slot: the same unreduced space as the slot model's."""
+def test_one_cell_per_item_has_the_slot_models_state_count(bound, explored):
+    """Items of one cell make each cell a slot: as many unreduced states as the slot model had."""
     r = explored(Config(*bound, sizes=(1,)), symmetry=False)
     assert r.violations == {} and r.states == SLOT_MODEL_STATES[bound]
 

@@ -202,7 +202,7 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
                 if status == "success":
                     start, rows = shard_rows(item.n_tokens, rank, n) if kind == "shard" else (0, item.n_tokens)
                     assert reports[rcv]["digest"][str(room)] == enc.digest(room, start, rows), (room, kind)
-        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+        assert enc.executor.ring.live == 0
         for rcv in (a, b):
             assert reports[rcv]["protocol_errors"] == []
             # Only Success regions stay open (until consumed), and the ones never registered.
@@ -251,10 +251,10 @@ def test_killed_receiver_fails_its_rooms_and_others_succeed():
         assert enc.transport.probe(b.session) is False  # dead peer, told apart at once
         assert enc.transport.probe(a.session) is True
         deadline = time.monotonic() + 60  # the quarantines end (0.5 s); this only keeps a broken build from hanging
-        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+        while enc.executor.ring.live and time.monotonic() < deadline:
             enc.executor.poll()
             time.sleep(0.01)
-        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+        assert enc.executor.ring.live == 0
     finally:
         a.close()
         b.close()
@@ -396,7 +396,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
             assert enc.manager.room_status(r) == "success", (r, repr(enc.manager.failure_reason(r)))
             assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
         deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+        while enc.executor.ring.live and time.monotonic() < deadline:
             enc.executor.poll()  # the quarantines end: the release notices go out
             time.sleep(0.01)
         while True:
@@ -447,7 +447,7 @@ def test_demo_over_mooncake_passes_its_own_checks(capsys):
 
     assert main(["demo", "--transport", "mooncake", "--rooms", "80", "--seed", "2", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "slots leaked: 0" in out and "differing from the tower output: 0" in out and "RESULT: ok" in out
+    assert "extents leaked: 0" in out and "differing from the tower output: 0" in out and "RESULT: ok" in out
 
 
 def test_mooncake_bench_prints_controller_and_raw_figures(capsys):

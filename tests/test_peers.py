@@ -73,7 +73,7 @@ def test_hung_contact_holds_only_its_rooms_and_fails_them_at_the_connect_deadlin
     assert "peer hung is down" in reason and "connect deadline" in reason
     assert rig.receiver("hung").statuses(1) == ["failed"]
     assert rig.manager.peers.get("hung").state == "down"
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
     # The answer that finally comes is stale: it cannot revive the peer.
     rig.transport.answer("hung", ok=True)
     rig.executor.poll()
@@ -209,7 +209,7 @@ def test_overdue_writes_count_once_toward_the_threshold():
     assert peer.fails == 1 and peer.state == "up"
 
 
-def test_health_reports_lag_oldest_write_peers_slots_and_dump_shows_peers():
+def test_health_reports_lag_oldest_write_peers_extents_and_dump_shows_peers():
     rig = make_rig(slots=4, connect_timeout=2.0)
     assert rig.executor.health()["loop_lag_s"] is None  # never polled
     rig.receiver("hung")
@@ -221,7 +221,7 @@ def test_health_reports_lag_oldest_write_peers_slots_and_dump_shows_peers():
     h = rig.executor.health()
     assert h["loop_lag_s"] == 1.5 and h["oldest_write_age_s"] == 1.5 and h["writes_in_flight"] == 1
     assert h["peers"] == {"unknown": 0, "connecting": 1, "up": 1, "suspect": 0, "down": 0}
-    assert h["slots"]["sending"] == 1 and h["quarantined"] == 0 and h["deferred"] == 0
+    assert h["extents"]["sending"] == 1 and h["quarantined"] == 0 and h["deferred"] == 0
     rig.executor.poll()
     assert rig.executor.health()["loop_lag_s"] == 0.0
     text = rig.executor.dump_state()

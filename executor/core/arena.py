@@ -11,9 +11,10 @@ Policy: two-level segregated fit (TLSF-style) with boundary-tag coalescing.
 - Free extents are filed by size class: exact classes below 32 units, then 16
   classes per power of two, so sizes in one class differ by under 1/16. A bitmap
   over the classes finds the smallest non-empty class above a request's own in
-  O(1); within its own class the largest free extent is checked too (a heap
-  per class), so `alloc` fails only when no free extent is large enough: no
-  request is refused for want of a search.
+  O(1) (any extent there is large enough); only when there is none is the
+  request's own class checked, through its largest free extent (a heap per
+  class). So `alloc` fails only when no free extent is large enough: no request
+  is refused for want of a search.
 - An extent is carved from the low end of the free extent chosen; the rest
   stays free.
 - `free` merges the extent with a free neighbour on either side at once (two
@@ -33,6 +34,7 @@ never in this arena's free space.
 from __future__ import annotations
 
 import heapq
+from heapq import heappop, heapreplace
 
 _SUB = 16  # classes per power of two above the exact range
 
@@ -82,24 +84,66 @@ class Arena:
 
     def alloc(self, nbytes: int) -> int | None:
         """Offset of a new extent of at least `nbytes`, or None if no free extent is large enough now."""
-        u = self.units(nbytes)
+        # The class look-ups and filing are written out here and in `free`: they are the per-item path.
+        shift = self._shift
+        u = -(-nbytes >> shift) or 1
         if u > self._units:
             return None
-        c = _cls(u)
-        start = self._largest_in(c) if self._count[c] else None
-        if start is None or self._free[start] < u:
-            m = self._bitmap >> (c + 1)
-            if not m:
+        if u < 32:
+            c = u
+        else:
+            f = u.bit_length() - 5
+            c = ((f + 1) << 4) + (u >> f) - _SUB
+        free = self._free
+        count = self._count
+        m = self._bitmap >> (c + 1)
+        if m:
+            # The smallest class above u's own: every extent in it is large enough.
+            c = c + (m & -m).bit_length()
+            heap = self._heaps[c]
+            while True:
+                n, start = heap[0]
+                if free.get(start) == -n:
+                    break
+                heappop(heap)  # stale: merged or taken since it was filed
+            size = -n
+        else:
+            # Only u's own class may hold an extent large enough: its largest.
+            got = self._largest_in(c) if count[c] else None
+            if got is None or free[got] < u:
                 return None
-            start = self._largest_in(c + (m & -m).bit_length())
-        assert start is not None
-        size = self._free[start]
-        self._remove(start, size)
-        if size > u:
-            self._insert(start + u, size - u)
+            start, size = got, free[got]
+            heap = self._heaps[c]
+        del free[start]
+        end = self._end
+        del end[start + size]
+        rest = size - u
+        if rest:
+            r = start + u
+            free[r] = rest
+            end[r + rest] = r
+            if rest < 32:
+                cr = rest
+            else:
+                g = rest.bit_length() - 5
+                cr = ((g + 1) << 4) + (rest >> g) - _SUB
+            if cr == c and heap[0][1] == start:
+                # The rest stays in the class: it takes the taken extent's place in the heap.
+                heapreplace(heap, (-rest, r))
+            else:
+                count[c] -= 1
+                if not count[c]:
+                    self._bitmap &= ~(1 << c)
+                    heap.clear()
+                self._file(r, rest, cr)
+        else:
+            count[c] -= 1
+            if not count[c]:
+                self._bitmap &= ~(1 << c)
+                heap.clear()
         self._live[start] = u
-        self.in_use += u << self._shift
-        return start << self._shift
+        self.in_use += u << shift
+        return start << shift
 
     def free(self, offset: int) -> None:
         """The extent at `offset` becomes free, merged with any free neighbour."""
@@ -108,16 +152,46 @@ class Arena:
         if not u:
             raise ValueError(f"no live extent at offset {offset}")
         self.in_use -= u << self._shift
-        after = self._free.get(start + u)
-        if after is not None:
-            self._remove(start + u, after)
-            u += after
-        before = self._end.get(start)
-        if before is not None:
-            self._remove(before, start - before)
-            u += start - before
+        free, end = self._free, self._end
+        before = end.pop(start, None)
+        if before is not None:  # a free extent ends where this one starts
+            n = free.pop(before)
+            self._uncount(_cls(n))
+            u += n
             start = before
-        self._insert(start, u)
+        stop = start + u
+        after = free.pop(stop, 0)
+        if after:  # a free extent starts where this one ends
+            n = after
+            del end[stop + n]
+            if n < 32:
+                c = n
+            else:
+                f = n.bit_length() - 5
+                c = ((f + 1) << 4) + (n >> f) - _SUB
+            u += n
+            heap = self._heaps[c]
+            if u < 32:
+                cm = u
+            else:
+                f = u.bit_length() - 5
+                cm = ((f + 1) << 4) + (u >> f) - _SUB
+            free[start] = u
+            end[start + u] = start
+            if cm == c and heap[0] == (-n, stop):
+                # The merged extent stays in the class: it takes its neighbour's place in the heap.
+                heapreplace(heap, (-u, start))
+                return
+            count = self._count
+            count[c] -= 1
+            if not count[c]:
+                self._bitmap &= ~(1 << c)
+                heap.clear()
+            self._file(start, u, cm)
+            return
+        free[start] = u
+        end[start + u] = start
+        self._file(start, u, _cls(u))
 
     def extent_bytes(self, offset: int) -> int:
         """Bytes held by the live extent at `offset` (its units, not the item's size)."""
@@ -158,7 +232,10 @@ class Arena:
     def _insert(self, start: int, u: int) -> None:
         self._free[start] = u
         self._end[start + u] = start
-        c = _cls(u)
+        self._file(start, u, _cls(u))
+
+    def _file(self, start: int, u: int, c: int) -> None:
+        """File the free extent (start, u) under class c (already in `_free` and `_end`)."""
         heap = self._heaps[c]
         heapq.heappush(heap, (-u, start))
         self._count[c] += 1
@@ -170,10 +247,12 @@ class Arena:
             heapq.heapify(heap)
 
     def _remove(self, start: int, u: int) -> None:
-        # The class heap keeps the entry; `_largest_in` drops it when it reaches the top.
+        # The class heap keeps the entry; a look-up drops it when it reaches the top.
         del self._free[start]
         del self._end[start + u]
-        c = _cls(u)
+        self._uncount(_cls(u))
+
+    def _uncount(self, c: int) -> None:
         self._count[c] -= 1
         if not self._count[c]:
             self._bitmap &= ~(1 << c)

@@ -65,7 +65,14 @@ class Pump:
         effects = take()
         while effects:
             for e in effects:
-                self._do(e)
+                if type(e) is Submit:  # the per-item case, done here without a call
+                    try:
+                        self._handles[self.transport.submit_write(e.session, e.bufs)] = e.write
+                    except Exception as exc:  # a transport must not raise here; if it does, fail this write only
+                        log.error("transport refused a write to %s: %s", e.session, exc)
+                        self._refused.append((e.write, Outcome.FAILED))
+                else:
+                    self._do(e)
             n += len(effects)
             effects = take()
         return n

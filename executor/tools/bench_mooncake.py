@@ -39,7 +39,7 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
     rows = size // (HIDDEN * 4)
     transport = MooncakeTransport()
     manager = EncodeManager(transport, MonotonicClock())
-    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", ring_slots=slots, ring_bytes=size)
+    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", arena_bytes=slots * size)  # `slots` items in flight
     pump = Pump(ex)
     dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
     room = 0
@@ -51,7 +51,7 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
         manager.register_receiver(ReceiverFrame(room, rx_session, dsts[k % slots], 0, rows, 0, rows, HIDDEN,
                                                 "torch.float32", False, 1))
         pump.flush()
-        while not ex.ring.has_free():
+        while ex.ring.main_arena.largest_free < size:
             pump.tick()
         ex.execute([(room, EncodeItem("image", rows))])
         pump.flush()  # the write is submitted here
