@@ -107,7 +107,7 @@ def run(args, out=print) -> int:
     # Both ends by default, as the explorer; --spin-no-regions checks the encode side alone (bigger bounds).
     regions = not getattr(args, "spin_no_regions", False)
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes)
-    big = cfg.cells * len(cfg.sizes) * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
+    big = cfg.cells * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
     out(f"checking {cfg.variant} with SPIN: {cfg.cells} cells, items of {'/'.join(map(str, cfg.sizes))} cells, "
