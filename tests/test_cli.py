@@ -78,8 +78,10 @@ def one_line_error(p: Ran | subprocess.CompletedProcess, code: int, *needles: st
 
 
 USAGE_ERRORS = [
-    (["check", "--slots", "0"], "--slots: must be >= 1, got 0"),
-    (["check", "--slots", "-1"], "--slots: must be >= 1, got -1"),
+    (["check", "--cells", "0"], "--cells: must be >= 1, got 0"),
+    (["check", "--cells", "-1"], "--cells: must be >= 1, got -1"),
+    (["check", "--sizes", "2,1"], "--sizes: expected ascending cell counts"),
+    (["check", "--slots", "3"], "--slots is gone"),
     (["check", "--receivers", "0"], "--receivers: must be >= 1"),
     (["check", "--faults", "-1"], "--faults: must be >= 0"),
     (["bench", "--items", "0"], "--items: must be >= 1"),
@@ -159,7 +161,7 @@ def test_replay_refuses_unreadable_or_malformed_traces(epd, tmp_path):
     one_line_error(epd("check", "--replay", str(bad)), 2, "not enabled at step")
 
 
-@pytest.mark.parametrize("flag", [["--variant", "project"], ["--slots", "5"]])
+@pytest.mark.parametrize("flag", [["--variant", "project"], ["--cells", "5"]])
 def test_replay_refuses_flags_it_would_ignore(epd, flag):
     one_line_error(epd("check", "--replay", str(FIXTURES / "seed--H16.json"), *flag), 2, flag[0],
                    "cannot be combined")
@@ -168,7 +170,7 @@ def test_replay_refuses_flags_it_would_ignore(epd, flag):
 def test_exit_1_is_a_finding_and_0_is_clean(epd):
     p = epd("check", "--replay", str(FIXTURES / "seed--H16.json"))
     assert p.returncode == 1 and "violation:" in p.stdout and "Traceback" not in p.stderr
-    p = epd("check", "--slots", "1", "--rooms", "1", "--receivers", "1", "--quiet")
+    p = epd("check", "--cells", "1", "--rooms", "1", "--receivers", "1", "--quiet")
     assert p.returncode == 0 and "no violation" in p.stdout
 
 
@@ -225,7 +227,7 @@ def test_version_and_help(epd):
 def test_python_dash_m_runs_the_entry_point_in_the_tree_and_installed(installed_wheel, tmp_path):
     p = cli("--version")
     assert p.returncode == 0 and p.stdout.strip() == f"epd-ring {VERSION}", p.stderr
-    one_line_error(cli("check", "--slots", "0"), 2, "--slots")
+    one_line_error(cli("check", "--cells", "0"), 2, "--cells")
     # From anywhere once installed: the wheel's `epd_ring/__main__.py`, outside the source tree.
     _, site = installed_wheel
     p = cli("--version", cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)))
@@ -242,7 +244,7 @@ def test_help_names_defaults(epd):
 
 
 def test_json_outputs_parse(epd):
-    p = epd("check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--json")
+    p = epd("check", "--cells", "1", "--rooms", "2", "--receivers", "1", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["violation"] is False and report["runs"][0]["states"] > 0
@@ -264,7 +266,7 @@ def test_quiet_verbose_and_log_level(epd):
     loud = epd("demo", "--rooms", "60", "-v")
     assert loud.returncode == 0 and "INFO epd_ring.manager: room" in loud.stderr
     assert "ETA" in loud.stderr  # progress, off a terminal: a line per tenth with an ETA
-    p = epd("--log-level", "info", "check", "--slots", "1", "--rooms", "1", "--receivers", "1", "-q")
+    p = epd("--log-level", "info", "check", "--cells", "1", "--rooms", "1", "--receivers", "1", "-q")
     assert p.returncode == 0 and p.stderr == ""
 
 
