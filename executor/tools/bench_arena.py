@@ -371,8 +371,12 @@ def size_text(nbytes: float) -> str:
 
 
 def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[int] = DEFAULT_BUDGETS,
-        quiet: bool = False, echo: Callable[..., None] = print) -> dict[str, Any]:
-    """Print (through `echo`) the figures and return them as a dict (the `--json` object)."""
+        seeds: int = 1, quiet: bool = False, echo: Callable[..., None] = print) -> dict[str, Any]:
+    """Print (through `echo`) the figures and return them as a dict (the `--json` object).
+
+    With `seeds` > 1 the bytes ours needs are also found on the traces of the next seeds, and the
+    goal of at most `GOAL_X_PEAK` x the peak is judged on all of them.
+    """
     from .progress import Progress
 
     budget = budget // ALIGN * ALIGN  # a ring's bytes are whole alignment units
@@ -397,6 +401,8 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
     echo(f"  this trace: {report['videos']:,} videos, {report['failed_writes']:,} failed writes; mean item "
          f"{size_text(report['mean_item_bytes'])}, largest {size_text(report['largest_item_bytes'])}; peak in "
          f"flight {size_text(peak)} ({peak_items} items)")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
     total = len(pols) * (1 + len(table_budgets))
     with Progress("bench-arena", total, unit="runs", enabled=not quiet) as progress:
         done = 0
@@ -444,17 +450,34 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
     echo(f"the same draws with no write failing: peak in flight {size_text(calm_peak)}; bytes for no deferral: "
          + ", ".join(f"{n} {size_text(b)} ({b / calm_peak:.2f}x)" for n, b in calm_need.items()))
 
+    # One seed is one draw: the figure for ours on the seeds after it says how far it can be trusted.
+    xs = {spec.seed: report["policies"]["ours (arena)"]["x_peak"]}
+    for seed in range(spec.seed + 1, spec.seed + seeds):
+        other = make_trace(replace(spec, seed=seed))
+        other_peak, _ = peak_in_flight(other)
+        xs[seed] = needed_capacity(other, pols[-1], other_peak) / other_peak
+    ranked = sorted(xs.values())
+    within = sum(x <= GOAL_X_PEAK for x in ranked)
+    report["ours_x_peak_by_seed"] = {str(k): v for k, v in xs.items()}
+    if seeds > 1:
+        echo("")
+        echo(f"ours over seeds {spec.seed}-{spec.seed + seeds - 1}: bytes for no deferral / peak in flight "
+             f"min {ranked[0]:.2f}x, median {ranked[len(ranked) // 2]:.2f}x, max {ranked[-1]:.2f}x; "
+             f"within {GOAL_X_PEAK}x on {within} of {seeds} ("
+             + ", ".join(f"{k}: {v:.2f}x" for k, v in xs.items()) + ")")
+
     ours, head = report["policies"]["ours (arena)"], report["policies"]["write head"]
     worse = [size_text(int(b)) for b, row in report["budgets"].items()
              if row["ours (arena)"]["deferral_rate"] > row["write head"]["deferral_rate"]]
-    goal = {"x_peak_limit": GOAL_X_PEAK, "within_x_peak": ours["x_peak"] <= GOAL_X_PEAK,
+    goal = {"x_peak_limit": GOAL_X_PEAK, "within_x_peak": within == len(ranked), "seeds_within": within,
             "no_worse_than_write_head": not worse and ours["needed_bytes"] <= head["needed_bytes"],
             "budgets_worse_than_write_head": worse}
     goal["met"] = goal["within_x_peak"] and goal["no_worse_than_write_head"]
     report["goal"] = goal
     echo("")
+    seeds_text = f"{ours['x_peak']:.2f}x" if seeds == 1 else f"{within} of {seeds} seeds, worst {ranked[-1]:.2f}x"
     echo(f"goal: ours <= {GOAL_X_PEAK}x peak in flight: {'met' if goal['within_x_peak'] else 'MISSED'} "
-         f"({ours['x_peak']:.2f}x); no worse than the write head (bytes for no deferral, deferral rate at "
+         f"({seeds_text}); no worse than the write head (bytes for no deferral, deferral rate at "
          f"every budget): {'met' if goal['no_worse_than_write_head'] else 'MISSED'}"
          + (f" (worse at {', '.join(worse)})" if worse else ""))
     return report

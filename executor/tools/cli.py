@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "the trace with no deferral, the deferral rate at a few budgets, and the trace's distributions.")
     arena.add_argument("--items", type=positive_int, default=12000, help="items in the trace")
     arena.add_argument("--seed", type=int, default=0, help="seed of the trace")
+    arena.add_argument("--seeds", type=positive_int, default=1,
+                       help="also find the bytes ours needs on the traces of the next seeds, and judge the goal "
+                            "on all of them")
     arena.add_argument("--budget", type=byte_size, default="2GiB", help="the ring bytes the headline deferral "
                                                                         "rate is measured at")
     arena.add_argument("--budgets", type=byte_size, nargs="+", default=None,
@@ -375,7 +378,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         spec = spec_with(items=args.items, seed=args.seed, ring=args.ring, rate=args.rate,
                          fail_share=args.fail_rate, quarantine_s=args.quarantine)
-        report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS,
+        report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS, seeds=args.seeds,
                            quiet=quiet or args.json, echo=_silent if args.json else print)
         if args.json:
             _emit_json(report)
