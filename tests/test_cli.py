@@ -101,6 +101,9 @@ USAGE_ERRORS = [
     (["check", "--spin-collapse"], "--spin-collapse apply only to --engine spin"),
     (["check", "--engine", "spin", "--compare-symmetry"], "apply to the explorer, not --engine spin"),
     (["check", "--engine", "spin", "--spin-hash", "0"], "--spin-hash: must be >= 1"),
+    (["bench-arena", "--budget", "0"], "--budget: must be at least 1MiB"),
+    (["bench-arena", "--budgets", "1GiB", "2XB"], "expected a size"),
+    (["bench-arena", "--rate", "0"], "--rate: must be a finite number > 0"),
     (["no-such-command"], "invalid choice"),
 ]
 
@@ -127,12 +130,13 @@ print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
 
 
 def test_version_help_and_usage_errors_answer_without_importing_torch():
-    argvs = [["--version"], ["--help"], ["demo", "--help"], *(args for args, _ in USAGE_ERRORS)]
+    argvs = [["--version"], ["--help"], ["demo", "--help"], ["bench-arena", "--help"],
+             *(args for args, _ in USAGE_ERRORS)]
     p = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, json.dumps(argvs)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     answer = json.loads(p.stdout.strip().splitlines()[-1])
-    assert answer["codes"] == [0, 0, 0] + [2] * len(USAGE_ERRORS), answer
+    assert answer["codes"] == [0, 0, 0, 0] + [2] * len(USAGE_ERRORS), answer
     assert answer["torch"] is False
 
 
