@@ -131,3 +131,24 @@ def test_heaps_stay_proportional_to_the_free_extents_over_a_long_churn():
                 live.append(off)
     free = len(a.free_extents())
     assert sum(len(h) for h in a._heaps) <= 2 * free + 8 * len(a._heaps)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_churn_of_near_sizes_refuses_only_when_nothing_fits(seed):
+    # Many holes of a few classes, filed and unfiled over and over, so each class's heap is
+    # rebuilt many times: a rebuild must keep every live hole findable.
+    rng = random.Random(seed)
+    a = Arena(64 * 4_000)
+    live: list[int] = []
+    for _ in range(30_000):
+        if live and rng.random() < 0.5:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            units = rng.choice((1, 2, 3, 33, 34, 40))
+            largest = a.largest_free
+            off = a.alloc(64 * units)
+            if off is None:
+                assert largest < 64 * units, "refused although a free extent was large enough"
+            else:
+                live.append(off)
+    check(a, {o: a.extent_bytes(o) for o in live})

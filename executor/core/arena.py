@@ -223,7 +223,7 @@ class Arena:
         self._bitmap |= 1 << c
         if len(heap) > 2 * self._count[c] + 8:
             # Drop stale entries (and duplicates of a re-filed hole) so a heap stays small.
-            live = {(-n, s) for n, s in heap if self._free.get(s) == -n}
+            live = {(n, s) for n, s in heap if self._free.get(s) == -n}
             heap[:] = live
             heapq.heapify(heap)
 
