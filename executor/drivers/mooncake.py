@@ -11,14 +11,16 @@ slot of any write that did not report DONE, since a -1 does not prove that
 nothing lands later.
 
 First contact with a peer never runs on the encode loop: `connect` hands the
-session to a `Connector` (a few threads calling `send_probe`) and the answer
-comes back through `peer_reports`, read by the controller's `poll()`; the
-controller's connect deadline decides when a silent peer is down.
+session to a `Connector` (threads that probe the peer, open its segment and read
+the identity its ownership page names) and the answer comes back through
+`peer_reports`, read by the controller's `poll()`; the controller's connect
+deadline decides when a silent peer is down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -75,52 +77,90 @@ def load_engine(hostname: str = "127.0.0.1", metadata_server: str = "P2PHANDSHAK
     return engine, f"{hostname}:{engine.get_rpc_port()}"
 
 
+# The page a receiver registers first with its engine, naming the key it answers to. The
+# encoder reads it back from the session at first contact, so a session is bound to what the
+# engine actually reaches, never to how the frame spelled it (see docs/trust.md).
+OWNER_MAGIC = b"epd-ring/owner/1"  # 16 bytes
+OWNER_PAGE = 64
+
+
+def owner_page(identity: str) -> bytes:
+    """The ownership page naming `identity` (a z85 key, or "" without authentication)."""
+    key = identity.encode("ascii")
+    if len(key) > OWNER_PAGE - len(OWNER_MAGIC) - 1:
+        raise ValueError(f"identity too long for the ownership page: {len(key)} bytes")
+    return (OWNER_MAGIC + key).ljust(OWNER_PAGE, b"\0")
+
+
+def read_owner_page(page: bytes) -> str | None:
+    """The identity an ownership page names; None if it is not one."""
+    if not page.startswith(OWNER_MAGIC):
+        return None
+    key = page[len(OWNER_MAGIC):].rstrip(b"\0")
+    try:
+        text = key.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() and " " not in text else None
+
+
 class Connector:
     """First contact with peers, off the encode loop.
 
-    Threads, not a subprocess: the engine's `send_probe` releases the GIL while
-    it waits, so a probe hung on a peer that accepts TCP and never answers (the
-    engine's handshake waits 60 s) leaves the loop running (measured: writes to
-    a healthy peer kept completing, the slowest in 17 ms on two busy cores).
-    `get_first_buffer_address` and even a 0-byte sync write hold the loop for
-    the whole minute, so they are never called here. A subprocess would need an
-    engine of its own (about 1 s to tear down, 41 MB) and its handshake would
-    open no segment in ours any more than the probe does. After a probe
-    answers, the first write on the loop opens the segment in about 0.3 ms.
+    Threads, not a subprocess: the engine's `send_probe` and its sync reads release the
+    GIL while they wait, so a contact hung on a peer that accepts TCP and never answers
+    (the engine's handshake waits 60 s) leaves the loop running. `get_first_buffer_address`
+    holds the GIL through a handshake, so it is called only once the segment is open.
 
-    Bounded: at most `threads` probes run at once and `max_queued` sessions
-    wait; one more is refused at once. A session already queued or being
-    probed is not probed twice: the running probe answers the newest attempt.
-    A hung probe keeps its thread until the engine gives up; the controller
-    does not wait for it (its connect deadline takes the peer down).
+    A contact (`contact`): the probe; then, with `prove`, a 0-byte read that opens the
+    peer's segment here (the engine caches it, so the loop's first write to the peer finds
+    it open and never handshakes on the loop: a peer that answers the probe and then goes
+    silent holds a connector thread, not the loop); then the ownership page, read from the
+    segment's first registered buffer. The report names the identity it holds.
+
+    Bounded per identity: an identity has at most `per_identity` contacts queued or running
+    (a hung one counts until the engine gives up on it, about a minute), one more is refused
+    at once; `threads` run at once in all and `max_queued` wait. So one key naming silent
+    listeners holds `per_identity` threads, never the pool. A session already queued or
+    being contacted is not contacted twice: the running contact answers the newest attempt.
     """
 
-    def __init__(self, probe: Callable[[str], int], *, threads: int = 4, max_queued: int = 1024):
-        if threads < 1 or max_queued < 1:
-            raise ValueError(f"threads and max_queued must be >= 1, got {threads}, {max_queued}")
-        self._probe = probe
+    def __init__(self, contact: Callable[[str], tuple[bool, str, str | None]], *, threads: int = 32,
+                 max_queued: int = 1024, per_identity: int = 2):
+        if threads < 1 or max_queued < 1 or per_identity < 1:
+            raise ValueError(f"threads, max_queued and per_identity must be >= 1, got {threads}, {max_queued}, "
+                             f"{per_identity}")
+        self._contact = contact
         self._threads = threads
+        self.per_identity = per_identity
         self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
         self._lock = threading.Lock()
-        self._attempt: dict[str, int] = {}  # session queued or being probed -> newest attempt
+        self._attempt: dict[str, int] = {}  # session queued or being contacted -> newest attempt
+        self._identity: dict[str, str] = {}  # session queued or being contacted -> whose quota it uses
+        self._load: Counter = Counter()  # identity -> its contacts queued or running
         self._workers: list[threading.Thread] = []
         self._busy = 0
-        self.reports: deque = deque()  # (session, attempt, ok, detail); appended by workers
+        self.reports: deque = deque()  # (session, attempt, ok, detail, owner); appended by workers
         self.stats: Counter = Counter()
 
-    def start(self, session: str, attempt: int) -> bool:
-        """Queue a probe; False if the connector is full (the caller treats it as refused)."""
+    def start(self, session: str, attempt: int, identity: str = "") -> bool:
+        """Queue a contact; False if `identity`'s share or the queue is full (the caller treats it as refused)."""
         with self._lock:
             if session in self._attempt:
                 self._attempt[session] = attempt
                 self.stats["joined"] += 1
                 return True
+            if self._load[identity] >= self.per_identity:
+                self.stats["refused_identity"] += 1
+                return False
             try:
                 self._queue.put_nowait(session)
             except queue.Full:
                 self.stats["refused_full"] += 1
                 return False
             self._attempt[session] = attempt
+            self._identity[session] = identity
+            self._load[identity] += 1
             if self._busy + self._queue.qsize() > len(self._workers) and len(self._workers) < self._threads:
                 t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}",
                                      daemon=True)
@@ -136,15 +176,18 @@ class Connector:
             with self._lock:
                 self._busy += 1
             try:
-                rc = self._probe(session)
-                ok, detail = rc == 0, "" if rc == 0 else f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})"
+                ok, detail, owner = self._contact(session)
             except Exception as exc:  # report it; a connector thread must not die
-                ok, detail = False, f"probe raised {type(exc).__name__}: {exc}"
+                ok, detail, owner = False, f"contact raised {type(exc).__name__}: {exc}", None
             with self._lock:
                 self._busy -= 1
                 attempt = self._attempt.pop(session)
+                identity = self._identity.pop(session)
+                self._load[identity] -= 1
+                if not self._load[identity]:
+                    del self._load[identity]
             self.stats["ok" if ok else "failed"] += 1
-            self.reports.append((session, attempt, ok, detail))
+            self.reports.append((session, attempt, ok, detail, owner))
 
     def close(self) -> None:
         for _ in self._workers:
@@ -171,7 +214,8 @@ class MooncakeTransport(Transport):
     def __init__(self, hostname: str = "127.0.0.1", *, metadata_server: str = "P2PHANDSHAKE",
                  protocol: str = "tcp", device: str = "",
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
-                 expose_ring: bool | None = None, connector_threads: int = 4):
+                 expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
+                 prove_ownership: bool = True):
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
@@ -180,7 +224,10 @@ class MooncakeTransport(Transport):
         if not self.expose_ring:
             os.environ.setdefault("MC_FORCE_TCP", "1")  # an RDMA NIC must not pick a transport needing it
         self.engine, self.session = load_engine(hostname, metadata_server, protocol, device, quiet)
-        self.connector = Connector(self.engine.send_probe, threads=connector_threads)
+        # With `prove_ownership` a session's owner is the identity its engine's ownership page
+        # names (receivers register one first: `owner_page`), not whoever named it first.
+        self.proves_ownership = prove_ownership
+        self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity)
         self.notifier = notifier
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -256,11 +303,34 @@ class MooncakeTransport(Transport):
             out.append((handle, outcome))
         return out
 
-    def connect(self, session: str, attempt: int) -> bool | None:
+    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
         """Start first contact with `session` on the connector; the answer comes from `peer_reports`."""
-        return None if self.connector.start(session, attempt) else False
+        return None if self.connector.start(session, attempt, identity) else False
 
-    def peer_reports(self) -> list[tuple[str, int, bool, str]]:
+    def _contact(self, session: str) -> tuple[bool, str, str | None]:
+        """On a connector thread: (ok, detail, owner). Every engine call here either releases the
+        GIL while it waits or, after the segment is open, answers from the engine's cache."""
+        engine = self.engine
+        rc = engine.send_probe(session)
+        if rc != 0:
+            return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        if not self.proves_ownership:
+            return True, "", None
+        page = ctypes.create_string_buffer(OWNER_PAGE)
+        local = ctypes.addressof(page)
+        # A 0-byte read is not checked against the peer's buffers: it only opens the segment.
+        rc = engine.transfer_sync_read(session, local, local, 0)
+        if rc != 0:
+            return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        base = engine.get_first_buffer_address(session)  # from the segment just cached
+        rc = engine.transfer_sync_read(session, local, base, OWNER_PAGE) if base else -3
+        owner = read_owner_page(page.raw) if rc == 0 else None
+        if owner is None:
+            return False, "no ownership page at the peer's first registered buffer" + (f" (read rc={rc})" if rc else
+                                                                                          ""), None
+        return True, "", owner
+
+    def peer_reports(self) -> list[tuple]:
         reports = self.connector.reports
         if not reports:
             return []
