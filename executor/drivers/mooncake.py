@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ log = logging.getLogger("epd_ring.mooncake")
 
 # transfer_check_status: 1 done, 0 pending, -1 failed, -2 timed out
 _DONE, _PENDING, _FAILED, _TIMEOUT = 1, 0, -1, -2
+_HANDED = 2  # ours: handed to the submit thread, not submitted yet
 _RC_MEANING = {-1: "invalid argument or generic failure", -3: "address not registered",
                -7: "overlaps a registered region", -102: "socket error (peer unreachable)"}
 
@@ -125,7 +127,7 @@ class Connector:
     being contacted is not contacted twice: the running contact answers the newest attempt.
     """
 
-    def __init__(self, contact: Callable[[str], tuple[bool, str, str | None]], *, threads: int = 32,
+    def __init__(self, contact: Callable[[str, str], tuple[bool, str, str | None]], *, threads: int = 32,
                  max_queued: int = 1024, per_identity: int = 2):
         if threads < 1 or max_queued < 1 or per_identity < 1:
             raise ValueError(f"threads, max_queued and per_identity must be >= 1, got {threads}, {max_queued}, "
@@ -139,7 +141,6 @@ class Connector:
         self._identity: dict[str, str] = {}  # session queued or being contacted -> whose quota it uses
         self._load: Counter = Counter()  # identity -> its contacts queued or running
         self._workers: list[threading.Thread] = []
-        self._busy = 0
         self.reports: deque = deque()  # (session, attempt, ok, detail, owner); appended by workers
         self.stats: Counter = Counter()
 
@@ -161,7 +162,9 @@ class Connector:
             self._attempt[session] = attempt
             self._identity[session] = identity
             self._load[identity] += 1
-            if self._busy + self._queue.qsize() > len(self._workers) and len(self._workers) < self._threads:
+            # Every contact queued or running needs a worker of its own (counted under the lock:
+            # a worker between taking an item and starting it is still busy with it).
+            if len(self._attempt) > len(self._workers) and len(self._workers) < self._threads:
                 t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}",
                                      daemon=True)
                 self._workers.append(t)
@@ -173,14 +176,13 @@ class Connector:
             session = self._queue.get()
             if session is None:
                 return
-            with self._lock:
-                self._busy += 1
             try:
-                ok, detail, owner = self._contact(session)
+                with self._lock:
+                    identity = self._identity[session]
+                ok, detail, owner = self._contact(session, identity)
             except Exception as exc:  # report it; a connector thread must not die
                 ok, detail, owner = False, f"contact raised {type(exc).__name__}: {exc}", None
             with self._lock:
-                self._busy -= 1
                 attempt = self._attempt.pop(session)
                 identity = self._identity.pop(session)
                 self._load[identity] -= 1
@@ -215,7 +217,7 @@ class MooncakeTransport(Transport):
                  protocol: str = "tcp", device: str = "",
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
                  expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
-                 prove_ownership: bool = True):
+                 prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0):
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
@@ -228,6 +230,19 @@ class MooncakeTransport(Transport):
         # names (receivers register one first: `owner_page`), not whoever named it first.
         self.proves_ownership = prove_ownership
         self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity)
+        # The engine opens a segment (its handshake: up to 60 s against a peer that answers the
+        # probe and then goes silent) under a lock of its own that `transfer_submit_write` also
+        # takes, whatever the segment written to (measured: a submit to an open segment waited
+        # 61 s). So opens run on a connector thread under `_opening`, one at a time, and a
+        # submit that finds `_opening` held goes to the submit thread instead of waiting on the
+        # loop. An identity whose open took longer than `open_stall_s` opens nothing more for
+        # `stall_penalty_s`: one key stalls the engine's opens at most once per penalty.
+        self._opening = threading.Lock()
+        self.open_stall_s = open_stall_s
+        self.stall_penalty_s = stall_penalty_s
+        self._stalled_until: dict[str, float] = {}
+        self._handed: queue.SimpleQueue = queue.SimpleQueue()
+        self._submitter: threading.Thread | None = None
         self.notifier = notifier
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -259,12 +274,38 @@ class MooncakeTransport(Transport):
         # object. Refusing new writes is what closing means here (and stopping the connector).
         self.closed = True
         self.connector.close()
+        self._handed.put((None, 0))
 
     def _submit(self, p: _Pending, i: int) -> None:
+        if not self._opening.acquire(blocking=False):
+            # A segment is being opened: the engine would hold this submit until it is.
+            self.stats["submits_handed"] += 1
+            p.status[i] = _HANDED
+            self._handed.put((p, i))
+            if self._submitter is None:
+                self._submitter = threading.Thread(target=self._submit_handed, name="epd-ring-submit", daemon=True)
+                self._submitter.start()
+            return
+        try:
+            self._submit_now(p, i)
+        finally:
+            self._opening.release()
+
+    def _submit_now(self, p: _Pending, i: int) -> None:
         src, dst, n = p.bufs[i]
         bid = self.engine.transfer_submit_write(p.session, src, dst, n)
         p.ids[i] = bid
-        p.status[i] = _PENDING if bid else _FAILED
+        p.status[i] = _PENDING if bid else _FAILED  # the loop reads it once it is no longer _HANDED
+
+    def _submit_handed(self) -> None:
+        while True:
+            p, i = self._handed.get()
+            if p is None:
+                return
+            try:
+                self._submit_now(p, i)
+            except Exception:  # a submit thread must not die; the write fails
+                p.status[i] = _FAILED
 
     def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
         if self.closed:
@@ -291,7 +332,7 @@ class MooncakeTransport(Transport):
                     p.retried[i] = True
                     self.stats["retries"] += 1
                     self._submit(p, i)
-            if any(st == _PENDING for st in p.status):
+            if any(st == _PENDING or st == _HANDED for st in p.status):
                 continue
             del self._pending[handle]
             if all(st == _DONE for st in p.status):
@@ -307,19 +348,30 @@ class MooncakeTransport(Transport):
         """Start first contact with `session` on the connector; the answer comes from `peer_reports`."""
         return None if self.connector.start(session, attempt, identity) else False
 
-    def _contact(self, session: str) -> tuple[bool, str, str | None]:
+    def _contact(self, session: str, identity: str = "") -> tuple[bool, str, str | None]:
         """On a connector thread: (ok, detail, owner). Every engine call here either releases the
         GIL while it waits or, after the segment is open, answers from the engine's cache."""
         engine = self.engine
         rc = engine.send_probe(session)
         if rc != 0:
             return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
-        if not self.proves_ownership:
-            return True, "", None
         page = ctypes.create_string_buffer(OWNER_PAGE)
         local = ctypes.addressof(page)
-        # A 0-byte read is not checked against the peer's buffers: it only opens the segment.
-        rc = engine.transfer_sync_read(session, local, local, 0)
+        with self._opening:
+            if time.monotonic() < self._stalled_until.get(identity, 0.0):
+                self.stats["opens_refused_stalled"] += 1
+                return False, "this receiver key stalled a segment open recently", None
+            started = time.monotonic()
+            # A 0-byte read is not checked against the peer's buffers: it only opens the segment
+            # (here, not on the loop's first write).
+            rc = engine.transfer_sync_read(session, local, local, 0)
+            if time.monotonic() - started > self.open_stall_s:
+                self.stats["opens_stalled"] += 1
+                self._stalled_until[identity] = time.monotonic() + self.stall_penalty_s
+                if len(self._stalled_until) > 4096:  # bounded: the oldest penalties go first
+                    self._stalled_until.pop(next(iter(self._stalled_until)))
+        if not self.proves_ownership:
+            return (True, "", None) if rc == 0 else (False, f"opening the segment failed: rc={rc}", None)
         if rc != 0:
             return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
         base = engine.get_first_buffer_address(session)  # from the segment just cached
