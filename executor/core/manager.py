@@ -279,7 +279,7 @@ class EncodeManager(Lifecycle):
             n += 1
         return n
 
-    def contacts_reported(self, reports: Iterable[tuple]) -> int:
+    def contacts_reported(self, reports: Iterable[tuple[Any, ...]]) -> int:
         """Answers to `Contact` effects: (session, attempt, ok, detail[, owner]); return how many.
 
         `owner`, from a transport that proves ownership, is the identity the peer's own

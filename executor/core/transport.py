@@ -58,7 +58,7 @@ class Transport(ABC):
         """
         return True
 
-    def peer_reports(self) -> list[tuple]:
+    def peer_reports(self) -> list[tuple[Any, ...]]:
         """(session, attempt, ok, detail) for contacts that finished since the last call, or
         (session, attempt, ok, detail, owner) from a transport that `proves_ownership`: `owner`
         is the identity the peer's registered memory names, None if it could not be read."""

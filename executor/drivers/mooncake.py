@@ -332,7 +332,7 @@ class MooncakeTransport(Transport):
                     p.retried[i] = True
                     self.stats["retries"] += 1
                     self._submit(p, i)
-            if any(st == _PENDING or st == _HANDED for st in p.status):
+            if any(st in (_PENDING, _HANDED) for st in p.status):
                 continue
             del self._pending[handle]
             if all(st == _DONE for st in p.status):
@@ -382,7 +382,7 @@ class MooncakeTransport(Transport):
                                                                                           ""), None
         return True, "", owner
 
-    def peer_reports(self) -> list[tuple]:
+    def peer_reports(self) -> list[tuple[Any, ...]]:
         reports = self.connector.reports
         if not reports:
             return []
