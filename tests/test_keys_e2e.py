@@ -94,7 +94,7 @@ def test_no_spelling_of_a_receivers_session_writes_into_its_memory():
             rooms[room] = (spelling, a)
             settle_watching(enc, [room], worst)
         kinds = {spelling: reason_kind(enc.manager, room) for room, (spelling, _) in rooms.items()}
-        seen = {s: k.value if k else enc.manager.room_status(r) for (r, (s, _)), k in zip(rooms.items(), kinds.values())}
+        seen = {s: kinds[s].value if kinds[s] else enc.manager.room_status(r) for r, (s, _) in rooms.items()}
         print("\naliases of the victim's session:", seen)
         for room in rooms:
             assert enc.manager.room_status(room) == "failed"
