@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,3 +156,41 @@ def test_an_identitys_idle_peers_make_room_for_its_new_ones_and_only_its_own():
     m.peers.get("a:3").rooms.add(2)
     assert m.peers.contact("a:4", ATTACKER) is None  # both busy: refused, never someone else's
     assert m.peers.contact("h:2", HONEST) is not None
+
+
+def test_one_identitys_hung_contacts_hold_its_own_share_of_the_connector_and_wait_behind_each_other():
+    from epd_ring.executor.drivers.mooncake import Connector
+
+    release = threading.Event()
+    now = [0.0]
+
+    def contact(session, identity):
+        if identity == ATTACKER:
+            release.wait(10)  # a listener that never answers, until the test lets go
+        return True, "", identity
+
+    c = Connector(contact, threads=4, per_identity=2, waiting_per_identity=5, max_wait_s=10.0, clock=lambda: now[0])
+    try:
+        accepted = [c.start(f"silent-{k}:1", 1, ATTACKER) for k in range(8)]
+        assert accepted == [True] * 7 + [False]  # 2 running, 5 waiting, the eighth refused
+        assert c.stats["waited_identity"] == 5 and c.stats["refused_identity"] == 1
+        # Another key's contact gets a thread at once, while the attacker's two still hang.
+        assert c.start("honest:1", 1, HONEST)
+        deadline = time.monotonic() + 10
+        while not any(r[0] == "honest:1" for r in c.reports):
+            assert time.monotonic() < deadline, "the honest contact waited behind the attacker's"
+            time.sleep(0.001)
+        assert ("honest:1", 1, True, "", HONEST) in c.reports
+        # The attacker's waiting contacts outlive their wait: each is reported failed, not started.
+        now[0] = 11.0
+        release.set()
+        deadline = time.monotonic() + 10
+        while c.in_progress:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert c.stats["waited_too_long"] == 5 and c.stats["ok"] == 3
+        failed = [r for r in c.reports if not r[2]]
+        assert len(failed) == 5 and all("waited" in r[3] for r in failed)
+    finally:
+        release.set()
+        c.close()

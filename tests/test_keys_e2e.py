@@ -300,7 +300,7 @@ def test_silent_listeners_from_one_key_leave_connector_threads_for_a_new_receive
         assert enc.manager.room_status(3) == "success", (enc.manager.failure_reason(3), enc.transport.connector.stats,
                                                          enc.transport.stats)
         assert v.ask(cmd="report", wait_rooms=[3], timeout=20)["digest"]["3"] == enc.digest(3, 0, item.n_tokens)
-        assert enc.transport.connector.stats["refused_identity"] >= 1
+        assert enc.transport.connector.stats["waited_identity"] >= 1  # the key's own contacts wait behind its own
         print(f"\neight silent listeners from one key: a new receiver's room succeeded {waited:.2f} s after its "
               f"frame; slowest loop call {worst[0] * 1e3:.1f} ms")
     finally:

@@ -121,25 +121,35 @@ class Connector:
     segment's first registered buffer. The report names the identity it holds.
 
     Bounded per identity: an identity has at most `per_identity` contacts queued or running
-    (a hung one counts until the engine gives up on it, about a minute), one more is refused
-    at once; `threads` run at once in all and `max_queued` wait. So one key naming silent
-    listeners holds `per_identity` threads, never the pool. A session already queued or
-    being contacted is not contacted twice: the running contact answers the newest attempt.
+    (a hung one counts until the engine gives up on it, about a minute); its next
+    `waiting_per_identity` wait their turn behind its own (those that waited longer than
+    `max_wait_s` are reported failed instead of started), and one more is refused at once.
+    `threads` run at once in all, `max_queued` are queued and as many wait. So one key naming
+    silent listeners holds `per_identity` threads, never the pool. A session already queued,
+    waiting or being contacted is not contacted twice: its contact answers the newest attempt.
     """
 
     def __init__(self, contact: Callable[[str, str], tuple[bool, str, str | None]], *, threads: int = 32,
-                 max_queued: int = 1024, per_identity: int = 2):
-        if threads < 1 or max_queued < 1 or per_identity < 1:
-            raise ValueError(f"threads, max_queued and per_identity must be >= 1, got {threads}, {max_queued}, "
-                             f"{per_identity}")
+                 max_queued: int = 1024, per_identity: int = 2, waiting_per_identity: int = 64,
+                 max_wait_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        if threads < 1 or max_queued < 1 or per_identity < 1 or waiting_per_identity < 0:
+            raise ValueError(f"threads, max_queued and per_identity must be >= 1 and waiting_per_identity >= 0, got "
+                             f"{threads}, {max_queued}, {per_identity}, {waiting_per_identity}")
         self._contact = contact
         self._threads = threads
+        self.max_queued = max_queued
         self.per_identity = per_identity
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
+        self.waiting_per_identity = waiting_per_identity
+        self.max_wait_s = max_wait_s
+        self._clock = clock
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._attempt: dict[str, int] = {}  # session queued or being contacted -> newest attempt
-        self._identity: dict[str, str] = {}  # session queued or being contacted -> whose quota it uses
+        self._attempt: dict[str, int] = {}  # session queued, waiting or being contacted -> newest attempt
+        self._identity: dict[str, str] = {}  # session queued, waiting or being contacted -> whose share it uses
         self._load: Counter = Counter()  # identity -> its contacts queued or running
+        self._active = 0  # contacts queued or running, in all
+        self._waiting: dict[str, deque] = {}  # identity -> (session, since) waiting behind its own contacts
+        self._n_waiting = 0
         self._workers: list[threading.Thread] = []
         self.reports: deque = deque()  # (session, attempt, ok, detail, owner); appended by workers
         self.stats: Counter = Counter()
@@ -151,25 +161,36 @@ class Connector:
                 self._attempt[session] = attempt
                 self.stats["joined"] += 1
                 return True
-            if self._load[identity] >= self.per_identity:
-                self.stats["refused_identity"] += 1
-                return False
-            try:
-                self._queue.put_nowait(session)
-            except queue.Full:
-                self.stats["refused_full"] += 1
-                return False
+            if self._load[identity] < self.per_identity:
+                if self._active >= self.max_queued:
+                    self.stats["refused_full"] += 1
+                    return False
+                self._enqueue(session, identity)
+            else:
+                waiting = self._waiting.setdefault(identity, deque())
+                if len(waiting) >= self.waiting_per_identity or self._n_waiting >= self.max_queued:
+                    if not waiting:
+                        del self._waiting[identity]
+                    self.stats["refused_identity"] += 1
+                    return False
+                waiting.append((session, self._clock()))
+                self._n_waiting += 1
+                self.stats["waited_identity"] += 1
             self._attempt[session] = attempt
             self._identity[session] = identity
-            self._load[identity] += 1
-            # Every contact queued or running needs a worker of its own (counted under the lock:
-            # a worker between taking an item and starting it is still busy with it).
-            if len(self._attempt) > len(self._workers) and len(self._workers) < self._threads:
-                t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}",
-                                     daemon=True)
-                self._workers.append(t)
-                t.start()
         return True
+
+    def _enqueue(self, session: str, identity: str) -> None:
+        """Under the lock: `session` goes to a worker, one of its own if none is free."""
+        self._load[identity] += 1
+        self._active += 1
+        self._queue.put(session)
+        # Every contact queued or running needs a worker of its own (counted under the lock:
+        # a worker between taking an item and starting it is still busy with it).
+        if self._active > len(self._workers) and len(self._workers) < self._threads:
+            t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}", daemon=True)
+            self._workers.append(t)
+            t.start()
 
     def _work(self) -> None:
         while True:
@@ -188,13 +209,31 @@ class Connector:
                 self._load[identity] -= 1
                 if not self._load[identity]:
                     del self._load[identity]
-            self.stats["ok" if ok else "failed"] += 1
-            self.reports.append((session, attempt, ok, detail, owner))
+                self._active -= 1
+                self.stats["ok" if ok else "failed"] += 1
+                self.reports.append((session, attempt, ok, detail, owner))
+                self._next_of(identity)
+
+    def _next_of(self, identity: str) -> None:
+        """Under the lock: the identity's next waiting contact starts; those that waited too long fail."""
+        waiting = self._waiting.get(identity)
+        now = self._clock()
+        while waiting:
+            session, since = waiting.popleft()
+            self._n_waiting -= 1
+            if now - since <= self.max_wait_s:
+                self._enqueue(session, identity)
+                break
+            self.stats["waited_too_long"] += 1
+            del self._identity[session]
+            self.reports.append((session, self._attempt.pop(session), False,
+                                 f"waited over {self.max_wait_s} s behind this receiver key's other contacts", None))
+        if waiting is not None and not waiting:
+            del self._waiting[identity]
 
     def close(self) -> None:
         for _ in self._workers:
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(None)
+            self._queue.put(None)
 
     @property
     def in_progress(self) -> int:
