@@ -34,6 +34,7 @@ class Proving:
         self.owners = owners  # receiver session -> the key its ownership page names
         self.canonical: dict[str, str] = {}
         t.proves_ownership = True
+        rig.manager.admission.proves = True  # read at construction, as the manager reads its transport
         t.connect = self.connect
 
     def alias(self, spelling: str, session: str) -> None:

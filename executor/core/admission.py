@@ -29,13 +29,15 @@ _TOO_LATE = "room already concluded without this receiver"
 
 
 class Admission:
-    __slots__ = ("m", "max_announced", "announced")
+    __slots__ = ("m", "max_announced", "announced", "proves")
 
     def __init__(self, manager: EncodeManager, max_announced: int):
         self.m = manager
         self.max_announced = max_announced
         self.announced = 0  # rooms receivers announced whose sender has not bound yet
         manager.peers.on_owner = self.owner_proven
+        # Whether contacts name a session's owner (read once: the transport is set-up only).
+        self.proves = bool(getattr(manager.transport, "proves_ownership", False))
 
     # a room announced by receivers before its sender ------------------------------
     def announce(self, room: Room) -> None:
@@ -65,9 +67,8 @@ class Admission:
             # The session's own memory names another key: told so at the frame's own endpoint,
             # under its own key (the status socket serves only the key the frame came with).
             return self.foreign(frame, _NOT_YOURS)
-        proves = m.transport.proves_ownership
         claimed = m.tenancy.session_owner(session)
-        if claimed not in (None, identity) and proven is None and not proves:
+        if claimed not in (None, identity) and proven is None and not self.proves:
             # Another identity's session: no reply at all, since any reply would be addressed
             # by that session (a confused deputy is what this refuses).
             return self.foreign(frame, "session belongs to another receiver", tell=False)
@@ -116,9 +117,8 @@ class Admission:
         except FrameError as exc:
             m.fail(room, Reason(ReasonKind.FRAME, str(exc)), extra=frame)
             return False
-        peer = m.peers.by_session.get(frame.session)
-        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup
-            peer = m.peers.contact(frame.session, identity)
+        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup (above)
+            peer = m.peers.contact(session, identity)
         if peer is None or peer.state == "down":
             if peer is None:
                 mine = m.peers.per_identity[identity] >= m.peers.max_peers_per_identity
