@@ -28,10 +28,14 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Contact:
-    """Start first contact with the peer `session` (off the loop); report the answer with `attempt`."""
+    """Start first contact with the peer `session` (off the loop); report the answer with `attempt`.
+
+    `identity` is the key whose frame made the peer: the edge bounds how many contacts
+    one identity has under way, so no key can hold every connector thread."""
 
     session: str
     attempt: int
+    identity: str = ""
 
 
 @dataclass(frozen=True, slots=True)

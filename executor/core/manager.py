@@ -66,6 +66,7 @@ class EncodeManager(Lifecycle):
         peer_backoff: float = 5.0,
         peer_fail_threshold: int = 3,
         max_peers: int = 4096,
+        max_peers_per_identity: int = 256,
     ):
         # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
         # The core never calls it after that (see effects.py).
@@ -100,7 +101,7 @@ class EncodeManager(Lifecycle):
         self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
         self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
-                               actions=self.actions)
+                               max_peers_per_identity=max_peers_per_identity, actions=self.actions)
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
     # settings held by the parts -------------------------------------------
@@ -281,11 +282,14 @@ class EncodeManager(Lifecycle):
             n += 1
         return n
 
-    def contacts_reported(self, reports: Iterable[tuple[str, int, bool, str]]) -> int:
-        """Answers to `Contact` effects: (session, attempt, ok, detail); return how many."""
+    def contacts_reported(self, reports: Iterable[tuple[Any, ...]]) -> int:
+        """Answers to `Contact` effects: (session, attempt, ok, detail[, owner]); return how many.
+
+        `owner`, from a transport that proves ownership, is the identity the peer's own
+        memory names: the session is bound to it, whoever named the session first."""
         n = 0
-        for session, attempt, ok, detail in reports:
-            self.peers.report(session, attempt, ok, detail)
+        for session, attempt, ok, detail, *owner in reports:
+            self.peers.report(session, attempt, ok, detail, owner[0] if owner else None)
             n += 1
         return n
 

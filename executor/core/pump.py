@@ -95,7 +95,10 @@ class Pump:
                             e.status, exc)
         elif type(e) is Contact:
             try:
-                answer, detail = t.connect(e.session, e.attempt), "refused"
+                # An identity goes to the edge only when there is one (transports written before it
+                # take two arguments).
+                answer = t.connect(e.session, e.attempt, e.identity) if e.identity else t.connect(e.session, e.attempt)
+                detail = "refused"
             except Exception as exc:  # a transport must not raise here; treat it as a refusal
                 answer, detail = False, f"{type(exc).__name__}: {exc}"
             if answer is not None:
