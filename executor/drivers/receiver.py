@@ -47,10 +47,11 @@ _ALIGN = 64
 class Region:
     """One room's receive region at this receiver: its extents and its region-machine state."""
 
-    __slots__ = ("room", "state", "extents")
+    __slots__ = ("room", "state", "extents", "ptr")
 
-    def __init__(self, room: int, extents: list[tuple[int, int]]):
+    def __init__(self, room: int, extents: list[tuple[int, int]], ptr: int = 0):
         self.room, self.state, self.extents = room, REGION.initial, extents
+        self.ptr = ptr  # its frame's dst_ptr: what the encoder's notices name it by
 
     def __repr__(self) -> str:
         return f"region of room {self.room}"
@@ -141,6 +142,7 @@ class ReferenceReceiver:
         self.notices: dict[int, list[str]] = {}  # every notice, per room (outcomes, releases, acks)
         self.regions: dict[int, Region] = {}  # rooms whose region is not released yet
         self.protocol_errors: list[str] = []  # notices the region machine does not allow
+        self.foreign_notices: list[tuple[int, str, int]] = []  # (room, status, region) for a region not held
 
     def _carve(self, nbytes: int, extents: list) -> torch.Tensor:
         start = self._extents.take(nbytes)
@@ -159,11 +161,11 @@ class ReferenceReceiver:
         main = self._carve(rows * hidden * es, extents).view(self.dtype).view(rows, hidden)
         deep = (self._carve(rows * deep_width * es, extents).view(self.dtype).view(rows, deep_width)
                 if deep_width else None)
-        self.regions[room] = Region(room, extents)
         frame = ReceiverFrame(room, self.session, main.data_ptr() if rows else self.buffer.data_ptr(),
                               (deep.data_ptr() if rows else self.buffer.data_ptr()) if deep_width else 0,
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
-                              self.status_endpoint, deep_width // hidden)
+                              self.status_endpoint, deep_width // hidden, region_notices=True)
+        self.regions[room] = Region(room, extents, frame.dst_ptr)
         self.frames[room] = frame
         self.views[room] = (main, deep)
         return frame
@@ -177,13 +179,23 @@ class ReferenceReceiver:
     def poll(self, timeout_ms: int = 0) -> int:
         n = 0
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
-            room, status, _session, _reason = self.status_sock.recv_multipart()
-            self.on_notice(int(room), status.decode())
+            parts = self.status_sock.recv_multipart()
+            # [room, status, session, reason] and, from an encoder that names regions, the region's dst_ptr
+            region = int(parts[4]) if len(parts) > 4 else None
+            self.on_notice(int(parts[0]), parts[1].decode(), region)
             n += 1
         return n
 
-    def on_notice(self, room: int, status: str) -> None:
-        """Step the room's region; a region that reaches `released` gives its memory back."""
+    def on_notice(self, room: int, status: str, region_ptr: int | None = None) -> None:
+        """Step the room's region; a region that reaches `released` gives its memory back.
+
+        `region_ptr`: the region the notice names (None from an encoder that does not name
+        regions); a notice naming a region this receiver does not hold for the room (an
+        earlier one's, say) is recorded in `foreign_notices` and changes nothing."""
+        held = self.regions.get(room)
+        if region_ptr is not None and held is not None and held.ptr != region_ptr:
+            self.foreign_notices.append((room, status, region_ptr))
+            return
         self.notices.setdefault(room, []).append(status)
         if status in OUTCOMES:
             self.status.setdefault(room, []).append(status)
