@@ -207,6 +207,15 @@ def test_the_reference_receiver_applies_a_notice_only_to_the_region_it_names():
         tell(b"failed", b"%d" % frame.dst_ptr)
         tell(b"released")  # an encoder that does not name regions: the room's one region
         assert 5 not in r.regions and r.notices[5] == ["failed", "released"] and r.protocol_errors == []
+        # A predecessor's notices (a receiver restarted on the same status address): a region
+        # not held, or another session, is foreign; an unnamed one for no region is an error.
+        tell(b"released", b"%d" % frame.dst_ptr)
+        push.send_multipart([b"6", b"failed", b"10.0.0.9:1", b""])
+        assert r.poll(5000) == 1
+        assert r.foreign_notices[1:] == [(5, "released", frame.dst_ptr), (6, "failed", None)]
+        assert r.protocol_errors == []
+        tell(b"released")
+        assert len(r.protocol_errors) == 1
     finally:
         push.close(linger=0)
         r.close()

@@ -50,9 +50,9 @@ SETTINGS = {"write_timeout": 1.5, "connect_timeout": 1.0, "peer_backoff": 1.0, "
 # started again on a fresh stack gets the same session.
 PINNED_PORTS = {"MC_MIN_RPC_PORT": "15000", "MC_MAX_RPC_PORT": "15001"}
 OTHER_PORTS = {"MC_MIN_RPC_PORT": "15002", "MC_MAX_RPC_PORT": "15099"}
+STATUS_PORT = 5600  # each receiver's status socket, on its own host
 CONTROL_PORT = 5555  # the encoder's, on its own host: known before it starts, so all start at once
 FAILED_KINDS = {"write_deadline", "write_failed", "peer_down", "park_timeout"}
-FIGURES: dict[str, str] = {}
 
 
 def _kind_names() -> set[str]:
@@ -138,8 +138,11 @@ class World:
 
     def start(self, host: str, ports: dict[str, str] = PINNED_PORTS) -> ReceiverProcess:
         r = ReceiverProcess(self.encoder.endpoint, encoder_key=self.keypair[0], keypair=self.instance,
-                            hostname=netns.address(host), prefix=self.hosts.prefix(host), env=ports)
-        assert r.session.startswith(netns.address(host) + ":")  # it advertises its own host
+                            hostname=netns.address(host), status_address=f"{netns.address(host)}:{STATUS_PORT}",
+                            prefix=self.hosts.prefix(host), env=ports)
+        # It advertises its own host, for its memory and its statuses.
+        assert r.session.startswith(netns.address(host) + ":")
+        assert r.status_endpoint == f"tcp://{netns.address(host)}:{STATUS_PORT}"
         self.receivers[host] = r
         return r
 
@@ -225,7 +228,6 @@ def world(hosts):
 
 
 def figure(name: str, value: str) -> None:
-    FIGURES[name] = value
     print(f"[figure] {name}: {value}")
 
 

@@ -182,18 +182,20 @@ class ReferenceReceiver:
             parts = self.status_sock.recv_multipart()
             # [room, status, session, reason] and, from an encoder that names regions, the region's dst_ptr
             region = int(parts[4]) if len(parts) > 4 else None
-            self.on_notice(int(parts[0]), parts[1].decode(), region)
+            self.on_notice(int(parts[0]), parts[1].decode(), region, parts[2].decode("ascii", "replace"))
             n += 1
         return n
 
-    def on_notice(self, room: int, status: str, region_ptr: int | None = None) -> None:
+    def on_notice(self, room: int, status: str, region_ptr: int | None = None, session: str | None = None) -> None:
         """Step the room's region; a region that reaches `released` gives its memory back.
 
         `region_ptr`: the region the notice names (None from an encoder that does not name
-        regions); a notice naming a region this receiver does not hold for the room (an
-        earlier one's, say) is recorded in `foreign_notices` and changes nothing."""
+        regions). A notice for another session, or naming a region this receiver does not
+        hold for the room, is recorded in `foreign_notices` and changes nothing: a receiver
+        restarted on the same status address gets what was queued for its predecessor."""
         held = self.regions.get(room)
-        if region_ptr is not None and held is not None and held.ptr != region_ptr:
+        if (session is not None and session != self.session) or (
+                region_ptr is not None and (held is None or held.ptr != region_ptr)):
             self.foreign_notices.append((room, status, region_ptr))
             return
         self.notices.setdefault(room, []).append(status)
