@@ -49,6 +49,7 @@ class ReceiverFrame(NamedTuple):
     - `has_deepstack`, `deep_levels`: whether it takes deepstack rows, and how many levels wide.
     - `n_receivers`: N, the receivers the room waits for (the same in every frame of a room).
     - `status_endpoint`: where the control plane pushes the room's final status, if any.
+    - `region_notices`: the receiver reads notices naming their region (wire format /3).
     """
 
     room: int

@@ -142,7 +142,7 @@ class ReferenceReceiver:
         self.notices: dict[int, list[str]] = {}  # every notice, per room (outcomes, releases, acks)
         self.regions: dict[int, Region] = {}  # rooms whose region is not released yet
         self.protocol_errors: list[str] = []  # notices the region machine does not allow
-        self.foreign_notices: list[tuple[int, str, int]] = []  # (room, status, region) for a region not held
+        self.foreign_notices: list[tuple[int, str, int | None]] = []  # (room, status, region): not ours
 
     def _carve(self, nbytes: int, extents: list) -> torch.Tensor:
         start = self._extents.take(nbytes)
