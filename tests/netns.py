@@ -21,7 +21,7 @@ PREFIX = "epdmh"  # every namespace this module makes is named PREFIX-<host>
 SWITCH = f"{PREFIX}-sw"
 BRIDGE = "br0"  # inside the switch namespace only
 SUBNET = "10.99.0"  # addresses only on links made here
-HOSTS = {"enc": 1, "b": 2, "c": 3, "d": 4}  # host -> last octet of its address
+HOSTS = {"enc": 1, "b": 2, "c": 3}  # host -> last octet of its address
 LOCK = "/tmp/epd-ring-netns.lock"
 NAMES = [SWITCH, *(f"{PREFIX}-{h}" for h in HOSTS)]
 
