@@ -41,8 +41,8 @@ from epd_ring.executor.tools.tower import TinyVisionTower
 
 HERE = Path(__file__).resolve().parent
 STEP = 8  # pixels per merged token side (patch 4 x merge 2)
-HIDDEN = 64  # the tiny tower's
-TOWER = TinyVisionTower(seed=7)
+TOWER = TinyVisionTower(seed=7)  # the encoder's (tests/netns_encoder.py): for the rows each room expects
+HIDDEN = TOWER.hidden
 # The encoder's deadlines: short, so a cut is carried by them within seconds.
 SETTINGS = {"write_timeout": 1.5, "connect_timeout": 1.0, "peer_backoff": 1.0, "park_timeout": 4.0,
             "quarantine_s": 0.5, "announce_timeout": 60.0}
@@ -50,9 +50,12 @@ SETTINGS = {"write_timeout": 1.5, "connect_timeout": 1.0, "peer_backoff": 1.0, "
 # started again on a fresh stack gets the same session.
 PINNED_PORTS = {"MC_MIN_RPC_PORT": "15000", "MC_MAX_RPC_PORT": "15001"}
 OTHER_PORTS = {"MC_MIN_RPC_PORT": "15002", "MC_MAX_RPC_PORT": "15099"}
-STATUS_PORT = 5600  # each receiver's status socket, on its own host
+STATUS_PORT = 5600  # receivers' status sockets from here up, on their own hosts
 CONTROL_PORT = 5555  # the encoder's, on its own host: known before it starts, so all start at once
-FAILED_KINDS = {"write_deadline", "write_failed", "peer_down", "park_timeout"}
+# Why a cut or wedged receiver's rooms fail (their frames were read before the cut), and also,
+# while a peer recovers, a room that parked past its deadline.
+FAILED_KINDS = {"write_deadline", "write_failed", "peer_down"}
+RECOVERING_KINDS = FAILED_KINDS | {"park_timeout"}
 
 
 def _kind_names() -> set[str]:
@@ -135,16 +138,22 @@ class World:
         self.plans: dict[int, tuple[list[str], tuple[int, int]]] = {}  # room -> (receiver hosts, (h, w))
         self.dead: list[ReceiverProcess] = []
         self.ports: dict[str, dict[str, str]] = {}  # host -> the engine port range its receiver runs on
+        self._starts = 0
         self._next = 1000
 
     def start(self, host: str, ports: dict[str, str] = PINNED_PORTS) -> ReceiverProcess:
         self.ports[host] = ports
+        # A status port of its own per start: the encoder's status socket to a predecessor's
+        # address may hold a connection that died in a cut, and loses what it writes there
+        # before it reconnects (found here; see docs/figures.md).
+        self._starts += 1
+        status = f"{netns.address(host)}:{STATUS_PORT + self._starts}"
         r = ReceiverProcess(self.encoder.endpoint, encoder_key=self.keypair[0], keypair=self.instance,
-                            hostname=netns.address(host), status_address=f"{netns.address(host)}:{STATUS_PORT}",
-                            prefix=self.hosts.prefix(host), env=ports)
+                            hostname=netns.address(host), status_address=status, prefix=self.hosts.prefix(host),
+                            env=ports)
         # It advertises its own host, for its memory and its statuses.
         assert r.session.startswith(netns.address(host) + ":")
-        assert r.status_endpoint == f"tcp://{netns.address(host)}:{STATUS_PORT}"
+        assert r.status_endpoint == f"tcp://{status}"
         self.receivers[host] = r
         return r
 
@@ -314,7 +323,7 @@ def first_success(world: World, layout: tuple[str, ...], tries: int = 60) -> flo
         if res[r]["state"] == "success":
             world.check(res, hosts=list(layout))
             return res[r]["concluded"]
-        assert res[r]["kind"] in FAILED_KINDS, res[r]
+        assert res[r]["kind"] in RECOVERING_KINDS, res[r]
         time.sleep(0.2)
     raise AssertionError(f"no success to {layout} in {tries} rooms")
 
