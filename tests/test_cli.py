@@ -307,6 +307,18 @@ def test_receiver_entry_point_handles_its_arguments(capsys):
     one_line_error(_in_process(capsys, receiver_main, ["not-an-endpoint"]), 2, "tcp://HOST:PORT")
 
 
+def test_receiver_entry_point_checks_its_address_options(capsys):
+    # Another host's receiver advertises its own address; a malformed one is a usage error,
+    # not an engine started on a name nobody can reach.
+    from epd_ring.executor.drivers.receiver import main as receiver_main
+
+    p = _in_process(capsys, receiver_main, ["--help"])
+    assert "--hostname" in p.stdout and "--status-address" in p.stdout
+    for bad in (["--hostname", "a b"], ["--hostname", "h:1"], ["--status-address", "h:99999"],
+                ["--status-address", "tcp://h:1"]):
+        one_line_error(_in_process(capsys, receiver_main, ["tcp://127.0.0.1:5555", *bad]), 2, bad[0])
+
+
 def test_engine_log_lines_are_dropped_under_quiet():
     # The filter itself: glog-format lines written to fd 2 by native code are dropped, ours pass.
     code = ("import os, sys\n"

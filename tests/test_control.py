@@ -165,3 +165,57 @@ def test_a_peer_of_the_engine_cannot_read_or_overwrite_the_ring_over_tcp():
     assert attacker.transfer_sync_read(t.session, loot.data_ptr(), ring.data_ptr(), 4096) != 0
     assert attacker.transfer_sync_write(t.session, loot.data_ptr(), ring.data_ptr(), 4096) != 0
     assert int(loot.sum()) == 0 and bool((ring == 7).all())
+
+
+def test_notices_name_their_region_to_a_receiver_that_reads_it_and_not_to_an_older_one():
+    control = ZmqControlPlane(insecure=True)
+    pull = control.ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        at = FRAME._replace(status_endpoint=f"tcp://127.0.0.1:{port}")
+        control.push_status(at._replace(region_notices=True), 7, "released")
+        control.push_status(at, 7, "released")  # a /2 frame: an older receiver
+        assert pull.poll(5000)
+        named = pull.recv_multipart()
+        assert pull.poll(5000)
+        plain = pull.recv_multipart()
+        assert named[:3] == [b"7", b"released", FRAME.session.encode()] and int(named[4]) == FRAME.dst_ptr
+        room, status, _session, _reason = plain  # what an older receiver unpacks
+        assert (room, status) == (b"7", b"released")
+    finally:
+        pull.close(linger=0)
+        control.close()
+
+
+def test_the_reference_receiver_applies_a_notice_only_to_the_region_it_names():
+    pytest.importorskip("mooncake.engine") if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE") else None
+    from epd_ring.executor.drivers.receiver import ReferenceReceiver
+
+    r = ReferenceReceiver("tcp://127.0.0.1:9", capacity=1 << 16, insecure=True)
+    push = r.ctx.socket(zmq.PUSH)
+    push.connect(r.status_endpoint)
+    try:
+        frame = r.expect(5, span=4, hidden=8)
+        assert frame.region_notices and frame_from_parts(frame_to_parts(frame)).region_notices
+
+        def tell(*parts: bytes) -> None:
+            push.send_multipart([b"5", *parts[:1], r.session.encode(), b"", *parts[1:]])
+            assert r.poll(5000) == 1
+
+        tell(b"failed", b"%d" % (frame.dst_ptr + 4096))  # another region of room 5: not this one
+        assert r.regions[5].state == "offered" and r.foreign_notices == [(5, "failed", frame.dst_ptr + 4096)]
+        tell(b"failed", b"%d" % frame.dst_ptr)
+        tell(b"released")  # an encoder that does not name regions: the room's one region
+        assert 5 not in r.regions and r.notices[5] == ["failed", "released"] and r.protocol_errors == []
+        # A predecessor's notices (a receiver restarted on the same status address): a region
+        # not held, or another session, is foreign; an unnamed one for no region is an error.
+        tell(b"released", b"%d" % frame.dst_ptr)
+        push.send_multipart([b"6", b"failed", b"10.0.0.9:1", b""])
+        assert r.poll(5000) == 1
+        assert r.foreign_notices[1:] == [(5, "released", frame.dst_ptr), (6, "failed", None)]
+        assert r.protocol_errors == []
+        tell(b"released")
+        assert len(r.protocol_errors) == 1
+    finally:
+        push.close(linger=0)
+        r.close()

@@ -13,6 +13,7 @@ from epd_ring.executor.core.frames import (
     MAX_DEEP_LEVELS,
     MAX_RECEIVERS,
     WIRE_MAGIC,
+    WIRE_MAGIC_REGION_NOTICES,
     _plainly_valid,
     check_against_chunk,
     check_frame,
@@ -302,9 +303,21 @@ def test_frame_from_parts_reads_every_field_from_its_own_part():
     assert got._asdict() == dict(room=7, session="10.0.0.2:17000", dst_ptr=0x0102030405060708,
                                  dst_deep_ptr=0x1112131415161718, n_tokens=5, row_start=3, span=12, hidden=2048,
                                  dtype="torch.float16", has_deepstack=True, n_receivers=2,
-                                 status_endpoint="tcp://10.0.0.2:5557", deep_levels=4, identity="")
+                                 status_endpoint="tcp://10.0.0.2:5557", deep_levels=4, identity="",
+                                 region_notices=False)
     assert type(got.has_deepstack) is bool
     assert frame_from_parts(list(WIRED_PARTS), identity="receiver-3") == WIRED._replace(identity="receiver-3")
+
+
+def test_a_frame_says_whether_its_receiver_reads_notices_naming_their_region():
+    # /3 is /2 with the same parts, from a receiver that reads a notice's fifth part (its region);
+    # a /2 frame (an older receiver) still parses, and is sent the four parts it reads.
+    named = WIRED._replace(region_notices=True)
+    assert frame_to_parts(named) == [WIRE_MAGIC_REGION_NOTICES, *WIRED_PARTS[1:]]
+    assert frame_from_parts(frame_to_parts(named)) == named
+    assert frame_from_parts(list(WIRED_PARTS)).region_notices is False
+    with pytest.raises(FrameError, match="region_notices"):
+        check_frame(WIRED._replace(region_notices=1))
 
 
 @pytest.mark.parametrize("f", [FLAT, DEEP, WIRED, ACCEPTED["top pointers"], ACCEPTED["longest session"],

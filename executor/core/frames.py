@@ -49,6 +49,7 @@ class ReceiverFrame(NamedTuple):
     - `has_deepstack`, `deep_levels`: whether it takes deepstack rows, and how many levels wide.
     - `n_receivers`: N, the receivers the room waits for (the same in every frame of a room).
     - `status_endpoint`: where the control plane pushes the room's final status, if any.
+    - `region_notices`: the receiver reads notices naming their region (wire format /3).
     """
 
     room: int
@@ -70,6 +71,9 @@ class ReceiverFrame(NamedTuple):
     # The authenticated identity that sent the frame, set by the control plane from
     # the connection (never read off the wire); "" without authentication.
     identity: str = ""
+    # The receiver reads notices that name their region (a fifth part, `dst_ptr`): wire
+    # format /3. A /2 frame (an older receiver) gets the four parts it parses.
+    region_notices: bool = False
 
     @property
     def whole(self) -> bool:
@@ -83,9 +87,9 @@ def _is_int(v: Any) -> bool:
 
 def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity = f
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity, named = f
     return (
-        type(identity) is str and type(endpoint) is str and _plain_text(session)
+        type(identity) is str and type(endpoint) is str and type(named) is bool and _plain_text(session)
         and (not endpoint or _endpoint_ok(endpoint))
         and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
@@ -123,6 +127,8 @@ def check_frame(f: ReceiverFrame) -> None:
                          f"got {str(f.status_endpoint)[:64]!r}")
     if not isinstance(f.identity, str):
         raise FrameError(f"room {f.room}: identity must be a string")
+    if not isinstance(f.region_notices, bool):
+        raise FrameError(f"room {f.room}: region_notices must be a bool")
     for name in ("dst_ptr", "dst_deep_ptr"):
         v = getattr(f, name)
         if not _is_int(v) or not 0 <= v < _U64:
@@ -208,12 +214,15 @@ def shard_rows(span: int, rank: int, size: int) -> tuple[int, int]:
 
 # -- wire format (control plane) --------------------------------------------------------
 WIRE_MAGIC = b"epd-ring/2"  # /2: deep_levels joined the contract
+# /3: the same parts; the receiver reads notices naming their region (`region_notices`).
+WIRE_MAGIC_REGION_NOTICES = b"epd-ring/3"
 _WIRE_PARTS = 14
 
 
 def frame_to_parts(f: ReceiverFrame) -> list[bytes]:
     """A frame as ZMQ multipart: magic, then one part per field; pointers as 8-byte little-endian."""
-    return [WIRE_MAGIC, b"%d" % f.room, f.session.encode(), f.dst_ptr.to_bytes(8, "little"),
+    magic = WIRE_MAGIC_REGION_NOTICES if f.region_notices else WIRE_MAGIC
+    return [magic, b"%d" % f.room, f.session.encode(), f.dst_ptr.to_bytes(8, "little"),
             f.dst_deep_ptr.to_bytes(8, "little"), b"%d" % f.n_tokens, b"%d" % f.row_start, b"%d" % f.span,
             b"%d" % f.hidden, f.dtype.encode(), b"1" if f.has_deepstack else b"0", b"%d" % f.n_receivers,
             f.status_endpoint.encode(), b"%d" % f.deep_levels]
@@ -244,7 +253,7 @@ def frame_from_parts(parts: list[bytes], identity: str = "") -> ReceiverFrame:
     it came on; it is never read from the parts."""
     if len(parts) != _WIRE_PARTS:
         raise FrameError(f"expected {_WIRE_PARTS} parts, got {len(parts)}")
-    if parts[0] != WIRE_MAGIC:
+    if parts[0] != WIRE_MAGIC and parts[0] != WIRE_MAGIC_REGION_NOTICES:
         raise FrameError(f"bad magic {bytes(parts[0])[:16]!r}")
     for i, name in ((3, "dst_ptr"), (4, "dst_deep_ptr")):
         if len(parts[i]) != 8:
@@ -258,4 +267,5 @@ def frame_from_parts(parts: list[bytes], identity: str = "") -> ReceiverFrame:
         span=_wire_int(parts[7], "span"), hidden=_wire_int(parts[8], "hidden"),
         dtype=_wire_text(parts[9], "dtype", 32), has_deepstack=parts[10] == b"1",
         n_receivers=_wire_int(parts[11], "n_receivers"), status_endpoint=_wire_text(parts[12], "status_endpoint"),
-        deep_levels=_wire_int(parts[13], "deep_levels"), identity=identity)
+        deep_levels=_wire_int(parts[13], "deep_levels"), identity=identity,
+        region_notices=parts[0] == WIRE_MAGIC_REGION_NOTICES)

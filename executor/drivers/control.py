@@ -17,7 +17,10 @@ Status pushes go out on a PUSH socket per (endpoint, identity), as a CURVE clien
 whose server key is that identity's own key: only the receiver holding it can
 accept them, and it knows they came from this encoder because it allow-lists
 our key. Sent with NOBLOCK over a small high-water mark: a dead or slow
-receiver costs a dropped, counted status, never a blocked loop (H4).
+receiver costs a dropped, counted status, never a blocked loop (H4). A notice is
+`[room, status, session, reason]`, and a fifth part, the region's `dst_ptr`, for a
+receiver whose frame said it reads it (wire format /3): a receiver that offered two
+regions for one room can tell which one a notice concerns.
 
 Every edge is bounded: parts per message (counted before the rest is read;
 an oversized message is drained across polls, so one poll's work stays
@@ -375,9 +378,11 @@ class ZmqControlPlane:
         if not self.insecure and not identity:
             self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
             return
+        parts = [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]]
+        if getattr(frame, "region_notices", False):
+            parts.append(b"%d" % frame.dst_ptr)  # which of its regions the notice concerns
         try:
-            self._socket(endpoint, identity).send_multipart(
-                [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]], zmq.NOBLOCK)
+            self._socket(endpoint, identity).send_multipart(parts, zmq.NOBLOCK)
             self.stats["status_sent"] += 1
         except zmq.Again:
             self.stats["status_dropped"] += 1  # queue full: the receiver is gone or stuck

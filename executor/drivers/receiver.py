@@ -28,6 +28,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,10 +47,11 @@ _ALIGN = 64
 class Region:
     """One room's receive region at this receiver: its extents and its region-machine state."""
 
-    __slots__ = ("room", "state", "extents")
+    __slots__ = ("room", "state", "extents", "ptr")
 
-    def __init__(self, room: int, extents: list[tuple[int, int]]):
+    def __init__(self, room: int, extents: list[tuple[int, int]], ptr: int = 0):
         self.room, self.state, self.extents = room, REGION.initial, extents
+        self.ptr = ptr  # its frame's dst_ptr: what the encoder's notices name it by
 
     def __repr__(self) -> str:
         return f"region of room {self.room}"
@@ -85,7 +87,11 @@ class Extents:
 class ReferenceReceiver:
     def __init__(self, encode_endpoint: str, *, capacity: int = 64 << 20, hostname: str = "127.0.0.1",
                  dtype: torch.dtype = torch.float32, encoder_key: Any = None,
-                 keypair: tuple[bytes, bytes] | None = None, insecure: bool = False):
+                 keypair: tuple[bytes, bytes] | None = None, insecure: bool = False,
+                 status_address: str | None = None):
+        """`hostname`: the address this receiver's session advertises (the engine's local
+        hostname; the encoder's writes come to it). `status_address`: HOST or HOST:PORT the
+        status socket binds to and advertises (`hostname` and a random port by default)."""
         import zmq  # the mooncake extra; imported here so `--help` works without it
 
         if not insecure:
@@ -134,14 +140,19 @@ class ReferenceReceiver:
         if not insecure:
             self.status_sock.curve_server = True
             self.status_sock.curve_secretkey = secret
-        port = self.status_sock.bind_to_random_port(f"tcp://{hostname}")
-        self.status_endpoint = f"tcp://{hostname}:{port}"
+        status_host, _, status_port = (status_address or hostname).partition(":")
+        if status_port:
+            self.status_sock.bind(f"tcp://{status_host}:{status_port}")
+        else:
+            status_port = str(self.status_sock.bind_to_random_port(f"tcp://{status_host}"))
+        self.status_endpoint = f"tcp://{status_host}:{status_port}"
         self.frames: dict[int, ReceiverFrame] = {}
         self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.status: dict[int, list[str]] = {}  # outcomes told, per room
         self.notices: dict[int, list[str]] = {}  # every notice, per room (outcomes, releases, acks)
         self.regions: dict[int, Region] = {}  # rooms whose region is not released yet
         self.protocol_errors: list[str] = []  # notices the region machine does not allow
+        self.foreign_notices: list[tuple[int, str, int | None]] = []  # (room, status, region): not ours
 
     def _carve(self, nbytes: int, extents: list) -> torch.Tensor:
         start = self._extents.take(nbytes)
@@ -160,11 +171,11 @@ class ReferenceReceiver:
         main = self._carve(rows * hidden * es, extents).view(self.dtype).view(rows, hidden)
         deep = (self._carve(rows * deep_width * es, extents).view(self.dtype).view(rows, deep_width)
                 if deep_width else None)
-        self.regions[room] = Region(room, extents)
         frame = ReceiverFrame(room, self.session, main.data_ptr() if rows else self.buffer.data_ptr(),
                               (deep.data_ptr() if rows else self.buffer.data_ptr()) if deep_width else 0,
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
-                              self.status_endpoint, deep_width // hidden)
+                              self.status_endpoint, deep_width // hidden, region_notices=True)
+        self.regions[room] = Region(room, extents, frame.dst_ptr)
         self.frames[room] = frame
         self.views[room] = (main, deep)
         return frame
@@ -178,13 +189,25 @@ class ReferenceReceiver:
     def poll(self, timeout_ms: int = 0) -> int:
         n = 0
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
-            room, status, _session, _reason = self.status_sock.recv_multipart()
-            self.on_notice(int(room), status.decode())
+            parts = self.status_sock.recv_multipart()
+            # [room, status, session, reason] and, from an encoder that names regions, the region's dst_ptr
+            region = int(parts[4]) if len(parts) > 4 else None
+            self.on_notice(int(parts[0]), parts[1].decode(), region, parts[2].decode("ascii", "replace"))
             n += 1
         return n
 
-    def on_notice(self, room: int, status: str) -> None:
-        """Step the room's region; a region that reaches `released` gives its memory back."""
+    def on_notice(self, room: int, status: str, region_ptr: int | None = None, session: str | None = None) -> None:
+        """Step the room's region; a region that reaches `released` gives its memory back.
+
+        `region_ptr`: the region the notice names (None from an encoder that does not name
+        regions). A notice for another session, or naming a region this receiver does not
+        hold for the room, is recorded in `foreign_notices` and changes nothing: a receiver
+        restarted on the same status address gets what was queued for its predecessor."""
+        held = self.regions.get(room)
+        if (session is not None and session != self.session) or (
+                region_ptr is not None and (held is None or held.ptr != region_ptr)):
+            self.foreign_notices.append((room, status, region_ptr))
+            return
         self.notices.setdefault(room, []).append(status)
         if status in OUTCOMES:
             self.status.setdefault(room, []).append(status)
@@ -266,8 +289,8 @@ def receiver_from_env(encode_endpoint: str, **kw: Any) -> ReferenceReceiver:
                              **kw)
 
 
-def serve(encode_endpoint: str) -> None:
-    r = receiver_from_env(encode_endpoint)
+def serve(encode_endpoint: str, **kw: Any) -> None:
+    r = receiver_from_env(encode_endpoint, **kw)
     import zmq  # for zmq.Again below; the module imports it lazily
     print(json.dumps({"session": r.session, "status_endpoint": r.status_endpoint}), flush=True)
     for line in sys.stdin:
@@ -331,7 +354,20 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m epd_ring.executor.drivers.receiver", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("endpoint", help="the encode worker's control endpoint, tcp://HOST:PORT")
+    parser.add_argument("--hostname", default="127.0.0.1",
+                        help="the address this receiver's session advertises: the encoder writes to it "
+                             "(default 127.0.0.1)")
+    parser.add_argument("--status-address", metavar="HOST[:PORT]",
+                        help="where the status socket binds and what it advertises (default: the hostname, "
+                             "a random port)")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[^\s:/]+", args.hostname):
+        parser.exit(2, f"{parser.prog}: error: --hostname must be a host name or address, got {args.hostname!r}\n")
+    if args.status_address is not None and (
+            not re.fullmatch(r"[^\s:/]+(:\d{1,5})?", args.status_address)
+            or int(args.status_address.partition(":")[2] or 0) > 65535):
+        parser.exit(2, f"{parser.prog}: error: --status-address must look like HOST or HOST:PORT, "
+                       f"got {args.status_address!r}\n")
     if not re.fullmatch(r"tcp://[^\s:/]+:\d{1,5}", args.endpoint) or int(args.endpoint.rsplit(":", 1)[1]) > 65535:
         parser.exit(2, f"{parser.prog}: error: endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}\n")
     try:
@@ -341,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.transport import TransportError
 
     try:
-        serve(args.endpoint)
+        serve(args.endpoint, hostname=args.hostname, status_address=args.status_address)
     except TransportError as exc:
         parser.exit(3, f"{parser.prog}: error: {exc}\n")
     except (KeyboardInterrupt, BrokenPipeError):
@@ -370,12 +406,14 @@ def child_env(encoder_key: Any = None, keypair: tuple[bytes, bytes] | None = Non
     return env, public
 
 
-def spawn_json_child(module_args: list[str], env: dict, what: str) -> tuple[Any, dict]:
-    """Start `python -m MODULE ARGS` speaking JSON lines on stdin/stdout; return it and its hello line."""
+def spawn_json_child(module_args: list[str], env: dict, what: str, prefix: Sequence[str] = ()) -> tuple[Any, dict]:
+    """Start `python -m MODULE ARGS` speaking JSON lines on stdin/stdout; return it and its hello line.
+
+    `prefix`: a command that runs it (as `ip netns exec NAME`, for another host's namespace)."""
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", *module_args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", *module_args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"{what} process failed to start")
@@ -396,11 +434,20 @@ class ReceiverProcess:
     """A receiver in its own process, driven by the JSON-line commands of `serve`."""
 
     def __init__(self, encode_endpoint: str, *, encoder_key: bytes | None = None,
-                 keypair: tuple[bytes, bytes] | None = None):
+                 keypair: tuple[bytes, bytes] | None = None, hostname: str | None = None,
+                 status_address: str | None = None, prefix: Sequence[str] = (), env: dict | None = None):
         """With `encoder_key`, the process runs with CURVE under `keypair` (a fresh one if
-        None; its public half is `public_key`, for the encoder's allow-list)."""
-        env, self.public_key = child_env(encoder_key, keypair)
-        self.proc, hello = spawn_json_child(["epd_ring.executor.drivers.receiver", encode_endpoint], env, "receiver")
+        None; its public half is `public_key`, for the encoder's allow-list). `hostname`,
+        `status_address`: its command-line options; `prefix` runs it (in another network
+        namespace, say); `env`: variables added to its environment."""
+        child, self.public_key = child_env(encoder_key, keypair)
+        child.update(env or {})
+        args = ["epd_ring.executor.drivers.receiver", encode_endpoint]
+        if hostname is not None:
+            args += ["--hostname", hostname]
+        if status_address is not None:
+            args += ["--status-address", status_address]
+        self.proc, hello = spawn_json_child(args, child, "receiver", prefix)
         self.session, self.status_endpoint = hello["session"], hello["status_endpoint"]
 
     def ask(self, **cmd: Any) -> dict:
