@@ -44,7 +44,7 @@ from ..core import settings
 from ..core.frames import _WIRE_PARTS, FrameError, ReceiverFrame, frame_from_parts, numeric_endpoint
 from ..core.ratelog import RateLimitedLog
 from ..core.regions import WITHDRAW_MAGIC, WithdrawError, withdraw_from_parts
-from .guard import ConnectionGuard, raise_fd_limit
+from .guard import ConnectionGuard, raise_fd_limit, wire_bytes
 
 log = logging.getLogger("epd_ring.control")
 
@@ -92,7 +92,7 @@ def check_keypair(keypair: Any) -> tuple[bytes, bytes]:
             if len(key) != 40:
                 raise ValueError
             z85.decode(key)
-        except ValueError:
+        except (ValueError, KeyError):  # pyzmq's decoder raises KeyError on a character outside z85
             raise ValueError(f"keypair: the {name} key is not a 40-character z85 key") from None
         out.append(key)
     public, secret = out
@@ -139,7 +139,7 @@ class ZmqControlPlane:
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
                  max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
                  max_push_sockets: int = 512, handshake_s: float = 2.0, max_connections_per_source: int = 32,
-                 max_pending_connections: int = 256):
+                 max_pending_connections: int = 256, max_unread_bytes: int = 64 << 20):
         if keypair is None and not insecure:
             raise ValueError("the control plane needs a CURVE keypair and an allow-list of receiver keys "
                              "(see generate_keypair / keys_from_env); pass insecure=True to run without "
@@ -163,6 +163,7 @@ class ZmqControlPlane:
                              f"got {handshake_s!r}")
         max_connections_per_source = settings.count("max_connections_per_source", max_connections_per_source, 1)
         max_pending_connections = settings.count("max_pending_connections", max_pending_connections, 1)
+        max_unread_bytes = settings.count("max_unread_bytes", max_unread_bytes, max_message_bytes)
         if keypair is not None:
             keypair = check_keypair(keypair)
         self.insecure = keypair is None
@@ -212,7 +213,8 @@ class ZmqControlPlane:
         if self.endpoint.startswith("tcp://"):
             self.guard = ConnectionGuard(self.pull, int(self.endpoint.rsplit(":", 1)[1]),
                                          per_source=max_connections_per_source,
-                                         max_pending=max_pending_connections, handshake_s=handshake_s)
+                                         max_pending=max_pending_connections, handshake_s=handshake_s,
+                                         max_unread_bytes=max_unread_bytes)
         self.max_pending_connections = max_pending_connections
         if self.fd_limit < self.fd_budget():
             log.warning("the descriptor limit (%d) is below what the control plane may need (%d, fd_budget()): "
@@ -232,6 +234,7 @@ class ZmqControlPlane:
         self._push_endpoints_ok: set[str] = set()
         self._backlog: deque[tuple[str, list[bytes]]] = deque()
         self._discarding = False  # mid-way through discarding a refused message's parts
+        self._discard_source = ""  # the source address of the message being discarded
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
         if pump is not None:
@@ -294,6 +297,8 @@ class ZmqControlPlane:
                 self._discarding = False
                 break
             n += 1
+            if self.guard is not None:
+                self.guard.read_from(self._discard_source, wire_bytes((part,), not self.insecure))
             if not part.more:
                 self._discarding = False
                 break
@@ -315,8 +320,12 @@ class ZmqControlPlane:
             part = self.pull.recv(zmq.NOBLOCK, copy=False)
             parts.append(part)
             too_big = too_big or len(part) > self.max_part_bytes
+        if self.guard is not None:
+            source = first.get("Peer-Address")
+            self.guard.read_from(source, wire_bytes(parts, not self.insecure))
         if part.more:
             self._discarding = True
+            self._discard_source = source if self.guard is not None else ""
             self.stats["frames_refused"] += 1
             self.stats["frames_too_many_parts"] += 1
             self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
@@ -360,6 +369,7 @@ class ZmqControlPlane:
         deadline = t0 + self.max_poll_s
         if self.guard is not None:
             self.guard.poll()
+            self.guard.check_bytes()
         if self.zap is not None:
             self._answer_zap()
         budget = self.max_frames_per_poll

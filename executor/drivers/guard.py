@@ -50,7 +50,8 @@ class ConnectionGuard:
     """Per-source and total caps on young (unauthenticated) connections of one listening socket."""
 
     def __init__(self, sock: zmq.Socket, listen_port: int, *, per_source: int, max_pending: int,
-                 handshake_s: float, max_events_per_poll: int = 4096):
+                 handshake_s: float, max_unread_bytes: int = 64 << 20, bytes_check_s: float = 0.02,
+                 max_events_per_poll: int = 4096, max_checks_per_poll: int = 32):
         self.monitor = sock.get_monitor_socket(_EVENTS)
         self.port = listen_port
         self.per_source = per_source
@@ -61,11 +62,28 @@ class ConnectionGuard:
         self.max_events = max_events_per_poll
         self.live: dict[int, tuple[str, float]] = {}  # fd -> (source address, accepted at)
         self.stats: Counter = Counter()
+        # Bytes a source sent that were not read as messages yet (the message cap, below).
+        self.max_unread_bytes = max_unread_bytes
+        self.bytes_check_s = bytes_check_s
+        self._checked_at = 0.0
+        self.received: dict[int, int] = {}  # fd -> the kernel's bytes_received at the last check
+        self.received_closed: Counter = Counter()  # source -> bytes of its closed connections
+        self.delivered: Counter = Counter()  # source -> wire bytes of the messages read from it
+        self.connections_from: Counter = Counter()  # source -> connections ever accepted
+        self.most_unread = 0  # the largest unread backlog of one source seen (for figures)
+        self.max_checks = max_checks_per_poll
+        self._cursor = 0
 
-    def poll(self) -> int:
-        """Read pending monitor events and shut down connections over the caps; return how many."""
+    def poll(self, budget_s: float = 0.004) -> int:
+        """Read pending monitor events for at most about `budget_s` and shut down connections over
+        the caps; return how many. Events left over wait in the monitor's queue for the next poll
+        (when it fills, libzmq's I/O thread waits for us, and accepts nothing meanwhile)."""
         events: list[tuple[int, int]] = []
+        deadline = time.perf_counter() + budget_s
         while len(events) < self.max_events:
+            if len(events) & 15 == 15 and time.perf_counter() > deadline:
+                self.stats["polls_out_of_time"] += 1
+                break
             try:
                 msg = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
@@ -86,10 +104,65 @@ class ConnectionGuard:
                 source = _peer_of(fd, self.port)
                 if source is not None:
                     self.live[fd] = (source, now)
+                    self.received[fd] = 0
+                    self.connections_from[source] += 1
                     fresh.append(fd)
             elif ev == zmq.EVENT_DISCONNECTED:
-                self.live.pop(fd, None)
+                self._forget(fd)
         shed = self._enforce(fresh, now) if fresh else 0
+        return shed
+
+    def _forget(self, fd: int) -> None:
+        gone = self.live.pop(fd, None)
+        got = self.received.pop(fd, 0)
+        if gone is not None:
+            self.received_closed[gone[0]] += got
+
+    # the message cap ---------------------------------------------------------------------
+    def read_from(self, source: str, wire_bytes: int) -> None:
+        """The control plane read a message (or discarded parts) of `wire_bytes` from `source`."""
+        self.delivered[source] += wire_bytes
+
+    def check_bytes(self) -> int:
+        """Shut down a connection whose source has more than `max_unread_bytes` received but not
+        read as messages, while it keeps sending. libzmq buffers a multipart message whole before
+        any part is readable (and caps neither parts nor total bytes), so the kernel's count of
+        bytes received on each connection (TCP_INFO) against the bytes read from its source is the
+        one measure of what libzmq holds. Return how many were shut down."""
+        now = time.monotonic()
+        if now - self._checked_at < self.bytes_check_s or not self.live:
+            return 0
+        self._checked_at = now
+        # A look costs about 10-40 us (four system calls): at most `max_checks` connections per
+        # check, in turn, the others counted at their last reading.
+        fds = list(self.live)
+        start = self._cursor % len(fds)
+        batch = (fds[start:] + fds[:start])[:self.max_checks]
+        self._cursor = start + len(batch)
+        grew: dict[str, tuple[int, int]] = {}  # source -> (largest growth, its fd)
+        for fd in batch:
+            source = self.live[fd][0]
+            got = _bytes_received(fd, self.port, source)
+            if got is None:
+                continue
+            before = self.received.get(fd, 0)
+            self.received[fd] = got
+            if got > before and got - before > grew.get(source, (0, -1))[0]:
+                grew[source] = (got - before, fd)
+        if not grew:
+            return 0
+        total: Counter = Counter(self.received_closed)
+        for fd, (source, _) in self.live.items():
+            total[source] += self.received.get(fd, 0)
+        shed = 0
+        for source, (_, fd) in grew.items():
+            # A connection's handshake is received and never read as a message: allowed for.
+            unread = total[source] - self.delivered[source] - _HANDSHAKE_BYTES * self.connections_from[source]
+            self.most_unread = max(self.most_unread, unread)
+            if unread > self.max_unread_bytes and _shut(fd, self.port, source):
+                shed += 1
+                self.stats["shed_unread_bytes"] += 1
+                self._forget(fd)
         return shed
 
     def _enforce(self, fresh: list[int], now: float) -> int:
@@ -107,7 +180,7 @@ class ConnectionGuard:
                     self.stats["shed_per_source" if per_source[source] > self.per_source else "shed_pending"] += 1
                 per_source[source] -= 1
                 total -= 1
-                del self.live[fd]  # its DISCONNECTED event follows; popping twice is harmless
+                self._forget(fd)  # its DISCONNECTED event follows; forgetting twice is harmless
         return shed
 
     def connections(self) -> int:
@@ -162,6 +235,39 @@ def _shut(fd: int, port: int, source: str) -> bool:
         s.close()
 
 
+# A CURVE client's greeting, HELLO and INITIATE (with its metadata), received on every connection
+# and never read as a message; rounded up.
+_HANDSHAKE_BYTES = 1024
+_TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in Linux's struct tcp_info (4.1+)
+
+
+def wire_bytes(parts: Any, curve: bool) -> int:
+    """The bytes `parts` took on the wire, as ZMTP 3 frames them: each part a frame (flags and a
+    1- or 8-byte size), inside a CURVE MESSAGE command (name, nonce, flags and MAC: 33 bytes)."""
+    total = 0
+    for part in parts:
+        n = len(part) + (33 if curve else 0)
+        total += n + (2 if n <= 255 else 9)
+    return total
+
+
+def _bytes_received(fd: int, port: int, source: str) -> int | None:
+    s = _dup(fd)
+    if s is None:
+        return None
+    try:
+        if _matches(s, port) != source:
+            return None
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        if len(info) < _TCPI_BYTES_RECEIVED + 8:
+            return None  # a kernel before 4.1: the message cap cannot be kept
+        return int.from_bytes(info[_TCPI_BYTES_RECEIVED:_TCPI_BYTES_RECEIVED + 8], "little")
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise this process's descriptor limit (soft) to its hard limit; return (soft, hard) after."""
     import resource
@@ -177,4 +283,4 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, hard
 
 
-__all__ = ["ConnectionGuard", "raise_fd_limit"]
+__all__ = ["ConnectionGuard", "raise_fd_limit", "wire_bytes"]
