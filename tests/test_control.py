@@ -83,7 +83,7 @@ def test_frames_are_polled_without_blocking_and_bad_ones_refused_alone():
 def test_each_malformed_withdraw_is_named(parts, needle):
     from epd_ring.executor.core.regions import WithdrawError, withdraw_from_parts, withdraw_to_parts
 
-    assert withdraw_from_parts(withdraw_to_parts(7, "s", "tcp://x:1"))[:3] == (7, "s", "tcp://x:1")
+    assert withdraw_from_parts(withdraw_to_parts(7, "s", "tcp://10.0.0.1:1"))[:3] == (7, "s", "tcp://10.0.0.1:1")
     with pytest.raises(WithdrawError, match=needle):
         withdraw_from_parts(parts)
 

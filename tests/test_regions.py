@@ -285,16 +285,17 @@ def test_withdraw_round_trips_to_a_reply_with_every_field():
     assert type(reply.room) is int and reply.identity == ""  # the peer is the control plane's to fill in
     assert withdraw_from_parts(withdraw_to_parts(0, "s")) == Reply(0, "s", "", "")
     # Parts arrive as zmq frames or memoryviews as often as bytes.
-    parts = [memoryview(p) for p in withdraw_to_parts(42, "a:1", "e")]
-    assert withdraw_from_parts(parts) == Reply(42, "a:1", "e")
+    parts = [memoryview(p) for p in withdraw_to_parts(42, "a:1", "tcp://10.0.0.3:1")]
+    assert withdraw_from_parts(parts) == Reply(42, "a:1", "tcp://10.0.0.3:1")
 
 
 def test_withdraw_bounds_are_inclusive_at_their_limits():
     # A room of 20 decimal digits (a u64 fits in 20) is the longest accepted.
     assert withdraw_from_parts([WITHDRAW_MAGIC, b"9" * 20, b"s", b""]).room == int("9" * 20)
-    # Session and status endpoint: at most 256 ASCII bytes each.
-    top = withdraw_from_parts([WITHDRAW_MAGIC, b"1", b"s" * 256, b"e" * 256])
-    assert top == Reply(1, "s" * 256, "e" * 256)
+    # Session: at most 256 ASCII bytes; a status endpoint is numeric (no name lookup), so shorter.
+    longest = b"tcp://[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535"
+    top = withdraw_from_parts([WITHDRAW_MAGIC, b"1", b"s" * 256, longest])
+    assert top == Reply(1, "s" * 256, longest.decode())
 
 
 @pytest.mark.parametrize("parts, field, echoed", [
@@ -311,6 +312,9 @@ def test_withdraw_bounds_are_inclusive_at_their_limits():
     ([WITHDRAW_MAGIC, b"1", b"s", b"e" * 257], "status_endpoint", None),
     ([WITHDRAW_MAGIC, b"1", b"s", b"\xff"], "status_endpoint", None),
     ([WITHDRAW_MAGIC, b"1", b"", b"e"], "session", None),
+    # a host name would be looked up on libzmq's I/O thread (issue 21, attack 5)
+    ([WITHDRAW_MAGIC, b"1", b"s", b"tcp://localhost:5555"], "status_endpoint", None),
+    ([WITHDRAW_MAGIC, b"1", b"s", b"ipc:///tmp/x"], "status_endpoint", None),
 ])
 def test_each_bad_withdraw_is_refused_naming_what_is_wrong(parts, field, echoed):
     with pytest.raises(WithdrawError) as err:

@@ -259,7 +259,7 @@ def test_a_malformed_frame_with_no_valid_address_gets_no_reply():
     assert m.register_receiver(f._replace(status_endpoint=7)) is False
     assert m.register_receiver(f._replace(status_endpoint="ipc:///tmp/x")) is False  # a string: answered
     assert [x[2:] for x in b.t.told] == [
-        ("failed", "malformed receiver frame: room 3: status_endpoint must be a printable tcp:// address, "
+        ("failed", "malformed receiver frame: room 3: status_endpoint must be a numeric tcp://ADDRESS:PORT, "
                    "got 'ipc:///tmp/x'"), ("released", "")]
     assert m.stats["frames_refused"] == 3 and m.rooms == {}
 

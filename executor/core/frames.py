@@ -7,6 +7,7 @@ frame naming where its rows go. The N frames either each take a full copy
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, NamedTuple
 
 _U64 = 1 << 64
@@ -108,7 +109,31 @@ def _plain_text(s: str, limit: int = 256) -> bool:
 
 def _endpoint_ok(e: str) -> bool:
     # Statuses go out over TCP only: a frame must not point the encoder at ipc:// or inproc://.
-    return _plain_text(e) and e.startswith("tcp://")
+    return _plain_text(e) and e.startswith("tcp://") and numeric_endpoint(e)
+
+
+def numeric_endpoint(e: str) -> bool:
+    """`tcp://A.B.C.D:PORT` or `tcp://[IPv6]:PORT`, both numeric: libzmq connects to it without
+    a name lookup. A host name would be resolved by a blocking lookup on libzmq's one I/O thread,
+    again on every reconnect, stalling every other socket of the context (issue 21, attack 5)."""
+    if not e.startswith("tcp://"):
+        return False
+    host, sep, port = e[6:].rpartition(":")
+    if not sep or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if "." in host and ":" not in host:
+            return False  # [1.2.3.4] is not an IPv6 address
+    elif ":" in host:
+        return False  # an IPv6 address needs its brackets
+    if "%" in host:
+        return False  # a scope id names an interface
+    try:
+        ipaddress.ip_address(host)  # strict: no 127.1, 0x7f000001, 2130706433, leading zeros
+    except ValueError:
+        return False
+    return True
 
 
 def check_frame(f: ReceiverFrame) -> None:
@@ -123,7 +148,7 @@ def check_frame(f: ReceiverFrame) -> None:
         raise FrameError(f"room {f.room}: session must be printable ASCII without spaces or control characters, "
                          f"at most 256 bytes, got {f.session[:64]!r}")
     if not isinstance(f.status_endpoint, str) or (f.status_endpoint and not _endpoint_ok(f.status_endpoint)):
-        raise FrameError(f"room {f.room}: status_endpoint must be a printable tcp:// address, "
+        raise FrameError(f"room {f.room}: status_endpoint must be a numeric tcp://ADDRESS:PORT, "
                          f"got {str(f.status_endpoint)[:64]!r}")
     if not isinstance(f.identity, str):
         raise FrameError(f"room {f.room}: identity must be a string")

@@ -254,6 +254,7 @@ class EncodeManager(Lifecycle):
 
     def fail_room(self, room_id: int, reason: str) -> bool:
         """Conclude a room Failed (a plain string is the engine's own reason); True if this call failed it."""
+        settings.room_id("fail_room: room_id", room_id)
         room = self.rooms.get(room_id)
         if room is None:
             tomb = self.tombs.failed(room_id)
@@ -265,12 +266,21 @@ class EncodeManager(Lifecycle):
 
     # receiver side --------------------------------------------------------
     def register_receiver(self, frame: ReceiverFrame) -> bool:
-        """Apply one receiver registration frame from `frame.identity`; False if it was refused."""
+        """Apply one receiver registration frame from `frame.identity`; False if it was refused.
+
+        A frame that is not a `ReceiverFrame` is a caller's bug, not a receiver's: it raises
+        TypeError naming the argument instead of failing somewhere inside the checks."""
+        if not isinstance(frame, ReceiverFrame):
+            raise TypeError(f"register_receiver: frame must be a ReceiverFrame, got {type(frame).__name__} "
+                            f"{frame!r:.64}")
         return self.admission.register(frame)
 
     def withdraw(self, room_id: int, session: str, status_endpoint: str = "", identity: str = "") -> str:
         """A receiver withdrew its region of `room_id`: "failed", "deferred" (ack later), "acked" or
         "refused" (see `Admission.withdraw`)."""
+        settings.room_id("withdraw: room_id", room_id)
+        for name, value in (("session", session), ("status_endpoint", status_endpoint), ("identity", identity)):
+            settings.text(f"withdraw: {name}", value)
         return self.admission.withdraw(room_id, session, status_endpoint, identity)
 
     # what the edge reports -----------------------------------------------------

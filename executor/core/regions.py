@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from .frames import _endpoint_ok
+
 RELEASED, WITHDRAWN = "released", "withdrawn"
 
 
@@ -132,6 +134,8 @@ def withdraw_from_parts(parts: list[bytes]) -> Reply:
             raise WithdrawError(f"{name} must be ASCII of at most 256 bytes")
     if not session:
         raise WithdrawError("session must not be empty")
+    if endpoint and not _endpoint_ok(endpoint.decode()):
+        raise WithdrawError("status_endpoint must be a numeric tcp://ADDRESS:PORT")
     return Reply(int(room), session.decode(), endpoint.decode())
 
 

@@ -55,3 +55,19 @@ def arena(arena_bytes: int | None, max_item_bytes: int | None, ring_slots: int |
     if max_item_bytes is not None:
         count("max_item_bytes", max_item_bytes, 1)
     return nbytes, max_item_bytes, None
+
+
+def room_id(name: str, value: Any) -> int:
+    """A room id as a public call takes it: a non-negative int (not a bool)."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be a non-negative integer room id, got {type(value).__name__} {value!r:.64}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer room id, got {value}")
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    """A string argument (a session, an endpoint, an identity)."""
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r:.64}")
+    return value

@@ -43,9 +43,11 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from ..core.frames import _WIRE_PARTS, FrameError, ReceiverFrame, frame_from_parts
+from ..core import settings
+from ..core.frames import _WIRE_PARTS, FrameError, ReceiverFrame, frame_from_parts, numeric_endpoint
 from ..core.ratelog import RateLimitedLog
 from ..core.regions import WITHDRAW_MAGIC, WithdrawError, withdraw_from_parts
+from .guard import ConnectionGuard, raise_fd_limit, wire_bytes
 
 log = logging.getLogger("epd_ring.control")
 
@@ -75,6 +77,31 @@ def _key_from(text: str, want_secret: bool = False) -> bytes:
             raise ValueError(f"{text} holds no secret key")
         return secret
     return public
+
+
+def check_keypair(keypair: Any) -> tuple[bytes, bytes]:
+    """(public, secret) as z85 bytes, refused with a clear error unless both are 40-character z85
+    keys and the public key is the secret's (a swapped or mismatched pair would fail every
+    handshake later, with no error saying why)."""
+    if not isinstance(keypair, (tuple, list)) or len(keypair) != 2:
+        raise TypeError(f"keypair must be a (public, secret) pair of z85 keys, got {type(keypair).__name__}")
+    out = []
+    for name, key in zip(("public", "secret"), keypair):
+        if isinstance(key, str):
+            key = key.encode()
+        if not isinstance(key, bytes):
+            raise TypeError(f"keypair: the {name} key must be z85 bytes or str, got {type(key).__name__}")
+        try:
+            if len(key) != 40:
+                raise ValueError
+            z85.decode(key)
+        except (ValueError, KeyError):  # pyzmq's decoder raises KeyError on a character outside z85
+            raise ValueError(f"keypair: the {name} key is not a 40-character z85 key") from None
+        out.append(key)
+    public, secret = out
+    if zmq.curve_public(secret) != public:
+        raise ValueError("keypair: the public key is not the secret key's")
+    return public, secret
 
 
 def load_keypair(spec: str) -> tuple[bytes, bytes]:
@@ -114,12 +141,37 @@ class ZmqControlPlane:
                  insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_identity: int = 256,
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
                  max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
-                 max_push_sockets: int = 512):
+                 max_push_sockets: int = 512, handshake_s: float = 2.0, max_connections_per_source: int = 32,
+                 max_pending_connections: int = 256, max_unread_bytes: int = 64 << 20):
         if keypair is None and not insecure:
             raise ValueError("the control plane needs a CURVE keypair and an allow-list of receiver keys "
                              "(see generate_keypair / keys_from_env); pass insecure=True to run without "
                              "authentication")
+        # Checked like the manager's settings, naming the setting: a NaN poll bound compares false
+        # and would never end a poll early, a zero pool could never hold a socket.
+        if not isinstance(bind, str):
+            raise TypeError(f"bind must be a str endpoint, got {type(bind).__name__}")
+        max_frames_per_poll = settings.count("max_frames_per_poll", max_frames_per_poll, 1)
+        max_frames_per_identity = settings.count("max_frames_per_identity", max_frames_per_identity, 1)
+        max_backlog = settings.count("max_backlog", max_backlog)
+        max_poll_s = settings.seconds("max_poll_s", max_poll_s)
+        max_part_bytes = settings.count("max_part_bytes", max_part_bytes, 1)
+        max_message_bytes = settings.count("max_message_bytes", max_message_bytes, max_part_bytes)
+        max_zap_per_poll = settings.count("max_zap_per_poll", max_zap_per_poll, 1)
+        push_hwm = settings.count("push_hwm", push_hwm, 1)
+        max_push_sockets = settings.count("max_push_sockets", max_push_sockets, 1)
+        handshake_s = settings.seconds("handshake_s", handshake_s)
+        if handshake_s < 0.001:
+            raise ValueError(f"handshake_s must be at least 1 ms (0 would disable the handshake timeout), "
+                             f"got {handshake_s!r}")
+        max_connections_per_source = settings.count("max_connections_per_source", max_connections_per_source, 1)
+        max_pending_connections = settings.count("max_pending_connections", max_pending_connections, 1)
+        max_unread_bytes = settings.count("max_unread_bytes", max_unread_bytes, max_message_bytes)
+        if keypair is not None:
+            keypair = check_keypair(keypair)
         self.insecure = keypair is None
+        # Every descriptor the worker may need (see fd_budget) fits under the hard limit.
+        self.fd_limit = raise_fd_limit()[0]
         self.ctx = zmq.Context()
         # The pool below must fit under the context's socket limit, with room for the
         # frame socket, the ZAP socket and evicted pool sockets that libzmq's reaper
@@ -148,6 +200,9 @@ class ZmqControlPlane:
         # A hard stop for parts far past any frame (the connection is dropped); parts
         # between max_part_bytes and this are refused alone, keeping the connection.
         self.pull.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        # A connection that has not finished its handshake by then is closed (libzmq's default is
+        # 30 s): with the guard below, what bounds a keyless client's descriptors.
+        self.pull.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(handshake_s * 1000)))
         if not self.insecure:
             self.pull.curve_server = True
             self.pull.curve_secretkey = self._secret
@@ -157,6 +212,17 @@ class ZmqControlPlane:
         else:
             self.pull.bind(bind)
         self.endpoint = self.pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.guard = None
+        if self.endpoint.startswith("tcp://"):
+            self.guard = ConnectionGuard(self.pull, int(self.endpoint.rsplit(":", 1)[1]),
+                                         per_source=max_connections_per_source,
+                                         max_pending=max_pending_connections, handshake_s=handshake_s,
+                                         max_unread_bytes=max_unread_bytes)
+        self.max_pending_connections = max_pending_connections
+        if self.fd_limit < self.fd_budget():
+            log.warning("the descriptor limit (%d) is below what the control plane may need (%d, fd_budget()): "
+                        "raise the hard limit (ulimit -Hn) or lower max_push_sockets", self.fd_limit,
+                        self.fd_budget())
         if self.insecure:
             log.warning("control plane at %s runs WITHOUT authentication (insecure=True): any process that "
                         "can reach it can register, fail or take rooms", self.endpoint)
@@ -168,12 +234,27 @@ class ZmqControlPlane:
         self.max_zap_per_poll = max_zap_per_poll
         self.push_hwm = push_hwm
         self._push: OrderedDict[tuple[str, str], zmq.Socket] = OrderedDict()
+        self._push_endpoints_ok: set[str] = set()
         self._backlog: deque[tuple[str, list[bytes]]] = deque()
         self._discarding = False  # mid-way through discarding a refused message's parts
+        self._discard_source = ""  # the source address of the message being discarded
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
         if pump is not None:
             self.attach(pump)
+
+    def fd_budget(self, peers: int = 0) -> int:
+        """Descriptors the control plane may hold at once, plus `peers` transfer-engine peers.
+
+        Each ZMQ socket holds a mailbox (an eventfd) and one descriptor per TCP connection; closed
+        status sockets keep their mailbox until libzmq's reaper gets to them, up to the context's
+        socket limit. Young connections on the frame socket are capped by the guard; an
+        authenticated connection is one per receiver process (a key may open more: see
+        docs/trust.md). 256 covers the interpreter, torch, CUDA and the context's own threads, and
+        a transfer-engine peer is counted at 4 (its handshake and data connections)."""
+        sockets = self.ctx.MAX_SOCKETS  # every socket's mailbox, reaped or not
+        return 256 + sockets + self.max_push_sockets + self.max_pending_connections + len(self.allowed) * 8 \
+            + 4 * peers
 
     def allow(self, *keys: Any) -> None:
         """Add receiver public keys (z85, certificate files or directories) to the allow-list."""
@@ -219,6 +300,8 @@ class ZmqControlPlane:
                 self._discarding = False
                 break
             n += 1
+            if self.guard is not None:
+                self.guard.read_from(self._discard_source, wire_bytes((part,), not self.insecure))
             if not part.more:
                 self._discarding = False
                 break
@@ -240,8 +323,12 @@ class ZmqControlPlane:
             part = self.pull.recv(zmq.NOBLOCK, copy=False)
             parts.append(part)
             too_big = too_big or len(part) > self.max_part_bytes
+        if self.guard is not None:
+            source = first.get("Peer-Address")
+            self.guard.read_from(source, wire_bytes(parts, not self.insecure))
         if part.more:
             self._discarding = True
+            self._discard_source = source if self.guard is not None else ""
             self.stats["frames_refused"] += 1
             self.stats["frames_too_many_parts"] += 1
             self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
@@ -283,6 +370,9 @@ class ZmqControlPlane:
     def poll(self) -> int:
         t0 = time.perf_counter()
         deadline = t0 + self.max_poll_s
+        if self.guard is not None:
+            self.guard.poll()
+            self.guard.check_bytes()
         if self.zap is not None:
             self._answer_zap()
         budget = self.max_frames_per_poll
@@ -367,12 +457,23 @@ class ZmqControlPlane:
             sock.curve_serverkey = identity.encode()
         sock.connect(endpoint)
         self._push[key] = sock
+        self._push_endpoints_ok.add(endpoint)
+        if len(self._push_endpoints_ok) > 4 * self.max_push_sockets:
+            self._push_endpoints_ok.clear()  # a cache of checked endpoints, not a record
         return sock
 
     def push_status(self, frame: ReceiverFrame, room: int, status: str, reason: str = "") -> None:
         endpoint = frame.status_endpoint
         if not endpoint:
             self.stats["status_without_endpoint"] += 1
+            return
+        if endpoint not in self._push_endpoints_ok and not numeric_endpoint(endpoint):
+            # Never dialled: libzmq would resolve a host name with a blocking lookup on its one I/O
+            # thread, stalling every socket of the context. The core refuses such frames; this
+            # guards every other way an endpoint can reach here (a withdraw, a caller).
+            self.stats["status_endpoint_refused"] += 1
+            self.log.warning("endpoint", "refused to push a status to %r: not a numeric tcp://ADDRESS:PORT",
+                             str(endpoint)[:64])
             return
         identity = getattr(frame, "identity", "")
         if not self.insecure and not identity:
@@ -394,6 +495,8 @@ class ZmqControlPlane:
         for sock in self._push.values():
             sock.close(linger=0)
         self._push.clear()
+        if self.guard is not None:
+            self.guard.close()
         self.pull.close(linger=0)
         if self.zap is not None:
             self.zap.close(linger=0)

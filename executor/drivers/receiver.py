@@ -38,7 +38,7 @@ from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
 
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from ..core.regions import withdraw_to_parts
-from .control import ENV_ENCODER, ENV_SECRET, generate_keypair, load_keypair, load_public_keys
+from .control import ENV_ENCODER, ENV_SECRET, check_keypair, generate_keypair, load_keypair, load_public_keys
 from .mooncake import OWNER_PAGE, load_engine, owner_page
 
 _ALIGN = 64
@@ -92,6 +92,22 @@ class ReferenceReceiver:
         """`hostname`: the address this receiver's session advertises (the engine's local
         hostname; the encoder's writes come to it). `status_address`: HOST or HOST:PORT the
         status socket binds to and advertises (`hostname` and a random port by default)."""
+        if not isinstance(encode_endpoint, str):
+            raise TypeError(f"encode_endpoint must be a str like tcp://HOST:PORT, got {type(encode_endpoint).__name__}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive integer of bytes, got {capacity!r}")
+        if not isinstance(hostname, str) or not hostname:
+            raise TypeError(f"hostname must be a non-empty str, got {hostname!r}")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if keypair is not None:
+            keypair = check_keypair(keypair)
+        if status_address is not None and not isinstance(status_address, str):
+            raise TypeError(f"status_address must be a str HOST or HOST:PORT, got {status_address!r}")
+        # The encoder dials our status endpoint and refuses host names (a lookup would block its I/O
+        # thread): resolved here, once, at start-up.
+        status_host, _, status_port = (status_address or hostname).partition(":")
+        status_host = numeric_host(status_host)
         import zmq  # the mooncake extra; imported here so `--help` works without it
 
         if not insecure:
@@ -140,7 +156,6 @@ class ReferenceReceiver:
         if not insecure:
             self.status_sock.curve_server = True
             self.status_sock.curve_secretkey = secret
-        status_host, _, status_port = (status_address or hostname).partition(":")
         if status_port:
             self.status_sock.bind(f"tcp://{status_host}:{status_port}")
         else:
@@ -161,6 +176,14 @@ class ReferenceReceiver:
 
     def expect(self, room: int, *, span: int, hidden: int, deep_width: int = 0, n: int = 1, rank: int = 0,
                shard: bool = False) -> ReceiverFrame:
+        for name, value, least in (("room", room, 0), ("span", span, 1), ("hidden", hidden, 1),
+                                   ("deep_width", deep_width, 0), ("n", n, 1), ("rank", rank, 0)):
+            if type(value) is not int:
+                raise TypeError(f"expect: {name} must be an int, got {type(value).__name__} {value!r:.32}")
+            if value < least:
+                raise ValueError(f"expect: {name} must be >= {least}, got {value}")
+        if not isinstance(shard, bool):
+            raise TypeError(f"expect: shard must be a bool, got {type(shard).__name__}")
         if deep_width % hidden:
             raise ValueError(f"deepstack width {deep_width} is no multiple of hidden {hidden}")
         if room in self.regions:
@@ -278,19 +301,40 @@ class _OnlyKey:
         return key == self.key  # zmq.auth hands the client key over z85-encoded
 
 
-def receiver_from_env(encode_endpoint: str, **kw: Any) -> ReferenceReceiver:
-    """A receiver keyed from EPD_RING_SECRET_KEY / EPD_RING_ENCODER_KEY (insecure if neither is set)."""
+def numeric_host(hostname: str) -> str:
+    """`hostname` as a numeric IPv4 address (resolved once; an address is returned as it is)."""
+    import socket
+
+    try:
+        return socket.getaddrinfo(hostname, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"hostname {hostname!r} does not resolve to an IPv4 address: {exc}") from None
+
+
+class MissingKeys(ValueError):
+    """A receiver process was started without keys and without being told to run insecure."""
+
+
+def receiver_from_env(encode_endpoint: str, insecure: bool = False, **kw: Any) -> ReferenceReceiver:
+    """A receiver keyed from EPD_RING_SECRET_KEY / EPD_RING_ENCODER_KEY; without either, it refuses
+    to start unless `insecure` (then its frames and statuses are unauthenticated: anyone who can
+    reach its status socket can forge a `success`)."""
     import os
 
     secret, encoder = os.environ.get(ENV_SECRET), os.environ.get(ENV_ENCODER)
     if not secret and not encoder:
+        if not insecure:
+            raise MissingKeys(f"no keys: set {ENV_SECRET} (this receiver's secret key) and {ENV_ENCODER} "
+                              "(the encoder's public key), or run with --insecure")
         return ReferenceReceiver(encode_endpoint, insecure=True, **kw)
+    if not encoder:
+        raise MissingKeys(f"{ENV_SECRET} is set but {ENV_ENCODER} (the encoder's public key) is not")
     return ReferenceReceiver(encode_endpoint, encoder_key=encoder, keypair=load_keypair(secret) if secret else None,
                              **kw)
 
 
-def serve(encode_endpoint: str, **kw: Any) -> None:
-    r = receiver_from_env(encode_endpoint, **kw)
+def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
+    r = receiver_from_env(encode_endpoint, insecure=insecure, **kw)
     import zmq  # for zmq.Again below; the module imports it lazily
     print(json.dumps({"session": r.session, "status_endpoint": r.status_endpoint}), flush=True)
     for line in sys.stdin:
@@ -360,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-address", metavar="HOST[:PORT]",
                         help="where the status socket binds and what it advertises (default: the hostname, "
                              "a random port)")
+    parser.add_argument("--insecure", action="store_true",
+                        help=f"run without CURVE keys when {ENV_SECRET} and {ENV_ENCODER} are unset: frames and "
+                             "statuses unauthenticated, so anyone who reaches the status socket can forge a "
+                             "`success` (tests and demos on one host only)")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[^\s:/]+", args.hostname):
         parser.exit(2, f"{parser.prog}: error: --hostname must be a host name or address, got {args.hostname!r}\n")
@@ -370,6 +418,16 @@ def main(argv: list[str] | None = None) -> int:
                        f"got {args.status_address!r}\n")
     if not re.fullmatch(r"tcp://[^\s:/]+:\d{1,5}", args.endpoint) or int(args.endpoint.rsplit(":", 1)[1]) > 65535:
         parser.exit(2, f"{parser.prog}: error: endpoint must look like tcp://HOST:PORT, got {args.endpoint!r}\n")
+    import os
+
+    keyed = bool(os.environ.get(ENV_SECRET) or os.environ.get(ENV_ENCODER))
+    if not keyed and not args.insecure:
+        parser.exit(2, f"{parser.prog}: error: no keys: set {ENV_SECRET} and {ENV_ENCODER}, or pass --insecure "
+                       "to run without authentication\n")
+    if not keyed:
+        print(f"{parser.prog}: warning: running WITHOUT authentication (--insecure): any process that reaches "
+              "the status socket can forge statuses, and the encoder cannot tell this receiver's frames from "
+              "anyone's", file=sys.stderr, flush=True)
     try:
         import zmq  # noqa: F401
     except ImportError as exc:
@@ -377,9 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.transport import TransportError
 
     try:
-        serve(args.endpoint, hostname=args.hostname, status_address=args.status_address)
+        serve(args.endpoint, insecure=args.insecure, hostname=args.hostname, status_address=args.status_address)
     except TransportError as exc:
         parser.exit(3, f"{parser.prog}: error: {exc}\n")
+    except ValueError as exc:  # malformed keys in the environment, a host that does not resolve
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except (KeyboardInterrupt, BrokenPipeError):
         return 130
     return 0
@@ -442,7 +502,8 @@ class ReceiverProcess:
         namespace, say); `env`: variables added to its environment."""
         child, self.public_key = child_env(encoder_key, keypair)
         child.update(env or {})
-        args = ["epd_ring.executor.drivers.receiver", encode_endpoint]
+        args = ["epd_ring.executor.drivers.receiver", encode_endpoint] + ([] if encoder_key is not None
+                                                                          else ["--insecure"])
         if hostname is not None:
             args += ["--hostname", hostname]
         if status_address is not None:

@@ -1,0 +1,286 @@
+"""Caps on the TCP connections a keyless client can hold open on the control plane's socket.
+
+libzmq has no per-source connection limit, and a connection that never completes
+its CURVE handshake never reaches the ZAP handler (ZAP is asked only after the
+client's INITIATE), so an allow-list alone cannot stop idle connections from
+eating file descriptors. What libzmq offers:
+
+- `ZMQ_HANDSHAKE_IVL`: a connection whose handshake has not completed by then is
+  closed (30 s by default; the control plane sets 2 s). Alone it bounds the
+  descriptors an attacker holds to its connection rate times the interval.
+- The socket monitor: `EVENT_ACCEPTED` and `EVENT_DISCONNECTED` carry the
+  connection's file descriptor, in order, from libzmq's one I/O thread.
+
+`ConnectionGuard` reads those events on every poll, learns each new connection's
+source address (`getpeername` on a duplicate of its descriptor) and, when a
+source holds more than `per_source` connections still within the handshake window,
+or all sources together more than `max_pending`, shuts the newest down with
+`shutdown(2)` on the duplicate. libzmq still owns the descriptor: it sees the
+connection end, reports it and closes it itself (closing it under libzmq would
+let it act on a reused number). Connections older than the handshake window are
+authenticated (libzmq closes the others) and are never shut down here.
+
+A descriptor number can be reused between the event and the shutdown; before
+acting the guard checks the descriptor is still a TCP socket on our listening port
+from the same source, so the worst a reuse can do is shut down another young
+connection from the same over-cap source.
+
+Alternatives weighed: a ZAP handler sees only connections that completed the
+first half of the handshake (not idle ones); `ZMQ_TCP_ACCEPT_FILTER` is an
+allow-list of addresses, not a count, and deprecated; an accept front of our own
+(a thread relaying bytes into libzmq) would cap exactly but adds a thread and a
+copy on every frame, and the relayed connections would all come from 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+
+
+class ConnectionGuard:
+    """Per-source and total caps on young (unauthenticated) connections of one listening socket."""
+
+    def __init__(self, sock: zmq.Socket, listen_port: int, *, per_source: int, max_pending: int,
+                 handshake_s: float, max_unread_bytes: int = 64 << 20, bytes_check_s: float = 0.02,
+                 max_events_per_poll: int = 4096, max_checks_per_poll: int = 32):
+        self.monitor = sock.get_monitor_socket(_EVENTS)
+        self.port = listen_port
+        self.per_source = per_source
+        self.max_pending = max_pending
+        # A connection older than this has completed its handshake (libzmq closes the others at
+        # handshake_s); the margin covers libzmq's timer granularity.
+        self.young_s = handshake_s + 0.5
+        self.max_events = max_events_per_poll
+        self.live: dict[int, tuple[str, float]] = {}  # fd -> (source address, accepted at)
+        self.stats: Counter = Counter()
+        # Bytes a source sent that were not read as messages yet (the message cap, below).
+        self.max_unread_bytes = max_unread_bytes
+        self.bytes_check_s = bytes_check_s
+        self._checked_at = 0.0
+        self.received: dict[int, int] = {}  # fd -> the kernel's bytes_received at the last check
+        self.received_closed: Counter = Counter()  # source -> bytes of its closed connections
+        self.delivered: Counter = Counter()  # source -> wire bytes of the messages read from it
+        self.connections_from: Counter = Counter()  # source -> connections ever accepted
+        self.most_unread = 0  # the largest unread backlog of one source seen (for figures)
+        self.max_checks = max_checks_per_poll
+        self._cursor = 0
+
+    def poll(self, budget_s: float = 0.004) -> int:
+        """Read pending monitor events for at most about `budget_s` and shut down connections over
+        the caps; return how many. Events left over wait in the monitor's queue for the next poll
+        (when it fills, libzmq's I/O thread waits for us, and accepts nothing meanwhile)."""
+        events: list[tuple[int, int]] = []
+        deadline = time.perf_counter() + budget_s
+        while len(events) < self.max_events:
+            if len(events) & 15 == 15 and time.perf_counter() > deadline:
+                self.stats["polls_out_of_time"] += 1
+                break
+            try:
+                msg = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            events.append((msg["event"], msg["value"]))
+        if not events:
+            return 0
+        # A descriptor closed later in this batch may already carry another connection: only the
+        # last acceptance of each number, not followed by its close, is looked up.
+        last_close = {fd: i for i, (ev, fd) in enumerate(events) if ev == zmq.EVENT_DISCONNECTED}
+        now = time.monotonic()
+        fresh: list[int] = []
+        for i, (ev, fd) in enumerate(events):
+            if ev == zmq.EVENT_ACCEPTED:
+                self.stats["accepted"] += 1
+                if last_close.get(fd, -1) > i:
+                    continue
+                source = _peer_of(fd, self.port)
+                if source is not None:
+                    self.live[fd] = (source, now)
+                    self.received[fd] = 0
+                    self.connections_from[source] += 1
+                    fresh.append(fd)
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self._forget(fd)
+        shed = self._enforce(fresh, now) if fresh else 0
+        return shed
+
+    def _forget(self, fd: int) -> None:
+        gone = self.live.pop(fd, None)
+        got = self.received.pop(fd, 0)
+        if gone is not None:
+            self.received_closed[gone[0]] += got
+
+    # the message cap ---------------------------------------------------------------------
+    def read_from(self, source: str, wire_bytes: int) -> None:
+        """The control plane read a message (or discarded parts) of `wire_bytes` from `source`."""
+        self.delivered[source] += wire_bytes
+
+    def check_bytes(self) -> int:
+        """Shut down a connection whose source has more than `max_unread_bytes` received but not
+        read as messages, while it keeps sending. libzmq buffers a multipart message whole before
+        any part is readable (and caps neither parts nor total bytes), so the kernel's count of
+        bytes received on each connection (TCP_INFO) against the bytes read from its source is the
+        one measure of what libzmq holds. Return how many were shut down."""
+        now = time.monotonic()
+        if now - self._checked_at < self.bytes_check_s or not self.live:
+            return 0
+        self._checked_at = now
+        # A look costs about 10-40 us (four system calls): at most `max_checks` connections per
+        # check, in turn, the others counted at their last reading.
+        fds = list(self.live)
+        start = self._cursor % len(fds)
+        batch = (fds[start:] + fds[:start])[:self.max_checks]
+        self._cursor = start + len(batch)
+        grew: dict[str, tuple[int, int]] = {}  # source -> (largest growth, its fd)
+        for fd in batch:
+            source = self.live[fd][0]
+            got = _bytes_received(fd, self.port, source)
+            if got is None:
+                continue
+            before = self.received.get(fd, 0)
+            self.received[fd] = got
+            if got > before and got - before > grew.get(source, (0, -1))[0]:
+                grew[source] = (got - before, fd)
+        if not grew:
+            return 0
+        total: Counter = Counter(self.received_closed)
+        for fd, (source, _) in self.live.items():
+            total[source] += self.received.get(fd, 0)
+        shed = 0
+        for source, (_, fd) in grew.items():
+            # A connection's handshake is received and never read as a message: allowed for.
+            unread = total[source] - self.delivered[source] - _HANDSHAKE_BYTES * self.connections_from[source]
+            self.most_unread = max(self.most_unread, unread)
+            if unread > self.max_unread_bytes and _shut(fd, self.port, source):
+                shed += 1
+                self.stats["shed_unread_bytes"] += 1
+                self._forget(fd)
+        return shed
+
+    def _enforce(self, fresh: list[int], now: float) -> int:
+        young = {fd: src for fd, (src, t) in self.live.items() if now - t < self.young_s}
+        per_source = Counter(young.values())
+        total = len(young)
+        shed = 0
+        for fd in reversed(fresh):  # the newest first
+            source = young.get(fd)
+            if source is None:
+                continue
+            if per_source[source] > self.per_source or total > self.max_pending:
+                if _shut(fd, self.port, source):
+                    shed += 1
+                    self.stats["shed_per_source" if per_source[source] > self.per_source else "shed_pending"] += 1
+                per_source[source] -= 1
+                total -= 1
+                self._forget(fd)  # its DISCONNECTED event follows; forgetting twice is harmless
+        return shed
+
+    def connections(self) -> int:
+        """Connections libzmq holds on the socket, as the events so far tell."""
+        return len(self.live)
+
+    def close(self) -> None:
+        self.monitor.close(linger=0)
+
+
+def _dup(fd: int) -> socket.socket | None:
+    try:
+        return socket.socket(fileno=os.dup(fd))  # family and type read from the descriptor itself
+    except OSError:
+        return None
+
+
+def _matches(s: socket.socket, port: int) -> Any:
+    """The source address if `s` is a TCP connection accepted on `port`, else None."""
+    try:
+        if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        if s.getsockname()[1] != port:
+            return None
+        return s.getpeername()[0]
+    except OSError:
+        return None
+
+
+def _peer_of(fd: int, port: int) -> str | None:
+    s = _dup(fd)
+    if s is None:
+        return None
+    try:
+        return _matches(s, port)
+    finally:
+        s.close()  # closes the duplicate only
+
+
+def _shut(fd: int, port: int, source: str) -> bool:
+    s = _dup(fd)
+    if s is None:
+        return False
+    try:
+        if _matches(s, port) != source:
+            return False  # the number was reused by something else: leave it alone
+        s.shutdown(socket.SHUT_RDWR)  # acts on the connection, seen by libzmq's own descriptor
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+# A CURVE client's greeting, HELLO and INITIATE (with its metadata), received on every connection
+# and never read as a message; rounded up.
+_HANDSHAKE_BYTES = 1024
+_TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in Linux's struct tcp_info (4.1+)
+
+
+def wire_bytes(parts: Any, curve: bool) -> int:
+    """The bytes `parts` took on the wire, as ZMTP 3 frames them: each part a frame (flags and a
+    1- or 8-byte size), inside a CURVE MESSAGE command (name, nonce, flags and MAC: 33 bytes)."""
+    total = 0
+    for part in parts:
+        n = len(part) + (33 if curve else 0)
+        total += n + (2 if n <= 255 else 9)
+    return total
+
+
+def _bytes_received(fd: int, port: int, source: str) -> int | None:
+    s = _dup(fd)
+    if s is None:
+        return None
+    try:
+        if _matches(s, port) != source:
+            return None
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        if len(info) < _TCPI_BYTES_RECEIVED + 8:
+            return None  # a kernel before 4.1: the message cap cannot be kept
+        return int.from_bytes(info[_TCPI_BYTES_RECEIVED:_TCPI_BYTES_RECEIVED + 8], "little")
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's descriptor limit (soft) to its hard limit; return (soft, hard) after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
+__all__ = ["ConnectionGuard", "raise_fd_limit", "wire_bytes"]
