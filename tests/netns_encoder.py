@@ -51,8 +51,8 @@ def main() -> None:
     transport = MooncakeTransport(hostname=host, notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), **cfg.get("settings", {}))
     model = TinyVisionModel(TinyVisionTower(seed=7))
-    executor = EncodeExecutor(manager, model, "cpu", ring_slots=cfg.get("slots", 16),
-                              ring_bytes=64 * 64 * model.hidden * 4)
+    # An arena of `items` of the largest size (64 x 64 rows): smaller items share it.
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=cfg.get("items", 16) * 64 * 64 * model.hidden * 4)
     pump = Pump(executor)
     control.attach(pump)
     owner = cfg["owner"]  # the prefill instance's key: every room is its
@@ -121,7 +121,7 @@ def main() -> None:
             elif kind == "wait":
                 waiting = (cmd["rooms"], time.monotonic() + cmd.get("timeout", 0))
             elif kind == "state":
-                answer({"free_slots": executor.ring.free_count, "slots": executor.ring.n_slots,
+                answer({"live_extents": len(executor.ring.extents), "arena": executor.ring.gauges(),
                         "peers": manager.peers.snapshot(), "transport": dict(transport.stats),
                         "control": dict(control.stats), "in_flight": transport.in_flight, "queued": len(queued)})
             elif kind == "exit":

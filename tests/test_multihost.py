@@ -84,10 +84,10 @@ def network():
 class Encoder:
     """The encode worker on host `enc`, driven by JSON lines (tests/netns_encoder.py)."""
 
-    def __init__(self, hosts: netns.Hosts, keypair, owner: bytes, slots: int = 16):
+    def __init__(self, hosts: netns.Hosts, keypair, owner: bytes, items: int = 16):
         env = dict(os.environ, PYTHONUNBUFFERED="1", EPD_RING_SECRET_KEY=keypair[1].decode(),
                    EPD_RING_ALLOWED_KEYS=owner.decode())
-        cfg = {"owner": owner.decode(), "slots": slots, "settings": SETTINGS, "control_port": CONTROL_PORT}
+        cfg = {"owner": owner.decode(), "items": items, "settings": SETTINGS, "control_port": CONTROL_PORT}
         self.proc = subprocess.Popen([*hosts.prefix("enc"), sys.executable, str(HERE / "netns_encoder.py"),
                                       netns.address("enc"), json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
