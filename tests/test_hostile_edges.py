@@ -131,13 +131,18 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
     try:
         most = 0
         longest = longest_cpu = 0.0
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:  # the flood at its height
+        settled = n
+        start = time.monotonic()
+        while time.monotonic() < start + 5.0:  # the flood at its height
             t0, c0 = time.perf_counter(), time.thread_time()
             s.control.poll()
             longest = max(longest, time.perf_counter() - t0)
             longest_cpu = max(longest_cpu, time.thread_time() - c0)
-            most = max(most, open_fds() - baseline)
+            held = open_fds() - baseline
+            most = max(most, held)
+            if time.monotonic() > start + 4.0:
+                # The last second's fewest: what stays held between the attacker's bursts.
+                settled = min(settled, held)
             time.sleep(0.005)
         # An allow-listed receiver comes while the flood goes on, registers and is told.
         keys = generate_keypair()
@@ -162,13 +167,14 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
         attacker.kill()
         attacker.wait()
     shed = s.control.guard.stats if s.control.guard is not None else {}
-    print(f"\n{n} idle keyless connections from 127.0.0.2: at most {most} descriptors above the start, "
+    print(f"\n{n} idle keyless connections from 127.0.0.2: at most {most} descriptors above the start "
+          f"({settled} held through the flood's last second), "
           f"longest poll {longest_cpu * 1e3:.1f} ms of CPU ({longest * 1e3:.1f} ms wall), the allowed receiver told after {waited * 1e3:.0f} ms; "
           f"guard: {dict(shed)}")
     assert got and got[0][0] == b"9" and got[0][1] == b"failed"
-    # Young connections are capped at 64 in all (16 from the attacker's source); the margin is the
-    # shed ones libzmq has not closed yet, a poll apart, and the honest client's own sockets.
-    assert most < 64 + 400 < n
+    # The attacker's young connections are capped at 16; between its bursts (when the ones shed are
+    # closed) the process holds little more. Before, every connection it opened stayed for 30 s.
+    assert settled < 16 + 100 < n
 
 
 # -- attack 9: keys, types, settings ---------------------------------------------------------------
