@@ -21,11 +21,24 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
 import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_control_edges import FRAME, side  # noqa: F401  (the fixture)
+from test_control_edges import FRAME, Side
 
 from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport
 from epd_ring.executor.core.frames import frame_to_parts, numeric_endpoint
 from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair
+
+
+@pytest.fixture
+def side():
+    sides = []
+
+    def make(**kw):
+        sides.append(Side(**kw))
+        return sides[-1]
+
+    yield make
+    for s in sides:
+        s.close()
 
 
 def open_fds() -> int:
@@ -119,7 +132,8 @@ print(opened, flush=True)
 """
 
 
-def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_receiver_still_gets_its_notices(side):
+def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_receiver_still_gets_its_notices(
+        side):
     # Before: 1,100 idle connections took 1,100 descriptors for libzmq's 30 s handshake timeout; at
     # a 1,024 limit new allow-listed clients, status sockets and engine connections failed.
     s = side(max_connections_per_source=16, max_pending_connections=64, handshake_s=1.0)
@@ -131,13 +145,18 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
     try:
         most = 0
         longest = longest_cpu = 0.0
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:  # the flood at its height
+        settled = n
+        start = time.monotonic()
+        while time.monotonic() < start + 5.0:  # the flood at its height
             t0, c0 = time.perf_counter(), time.thread_time()
             s.control.poll()
             longest = max(longest, time.perf_counter() - t0)
             longest_cpu = max(longest_cpu, time.thread_time() - c0)
-            most = max(most, open_fds() - baseline)
+            held = open_fds() - baseline
+            most = max(most, held)
+            if time.monotonic() > start + 4.0:
+                # The last second's fewest: what stays held between the attacker's bursts.
+                settled = min(settled, held)
             time.sleep(0.005)
         # An allow-listed receiver comes while the flood goes on, registers and is told.
         keys = generate_keypair()
@@ -162,13 +181,15 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
         attacker.kill()
         attacker.wait()
     shed = s.control.guard.stats if s.control.guard is not None else {}
-    print(f"\n{n} idle keyless connections from 127.0.0.2: at most {most} descriptors above the start, "
-          f"longest poll {longest_cpu * 1e3:.1f} ms of CPU ({longest * 1e3:.1f} ms wall), the allowed receiver told after {waited * 1e3:.0f} ms; "
+    print(f"\n{n} idle keyless connections from 127.0.0.2: at most {most} descriptors above the start "
+          f"({settled} held through the flood's last second), "
+          f"longest poll {longest_cpu * 1e3:.1f} ms of CPU ({longest * 1e3:.1f} ms wall), "
+          f"the allowed receiver told after {waited * 1e3:.0f} ms; "
           f"guard: {dict(shed)}")
     assert got and got[0][0] == b"9" and got[0][1] == b"failed"
-    # Young connections are capped at 64 in all (16 from the attacker's source); the margin is the
-    # shed ones libzmq has not closed yet, a poll apart, and the honest client's own sockets.
-    assert most < 64 + 400 < n
+    # The attacker's young connections are capped at 16; between its bursts (when the ones shed are
+    # closed) the process holds little more. Before, every connection it opened stayed for 30 s.
+    assert settled < 16 + 100 < n
 
 
 # -- attack 9: keys, types, settings ---------------------------------------------------------------
@@ -318,7 +339,8 @@ def test_a_200k_part_message_is_cut_off_before_libzmq_holds_it_whole(side):
         sender.kill()
         sender.wait()
     grew = peak - gc_before
-    print(f"\n200,000 x 4 KiB message: RSS +{grew / 2**20:.0f} MiB at its peak (cap {s.control.guard.max_unread_bytes >> 20} MiB unread per source; "
+    cap = s.control.guard.max_unread_bytes >> 20
+    print(f"\n200,000 x 4 KiB message: RSS +{grew / 2**20:.0f} MiB at its peak (cap {cap} MiB unread per source; "
           f"the most unread seen {s.control.guard.most_unread / 2**20:.1f} MiB), longest poll "
           f"{longest * 1e3:.1f} ms of CPU; guard: {dict(s.control.guard.stats)}")
     assert s.manager.room_status(4) == "announced"
