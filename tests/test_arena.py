@@ -130,7 +130,7 @@ def test_heaps_stay_proportional_to_the_free_extents_over_a_long_churn():
             if off is not None:
                 live.append(off)
     free = len(a.free_extents())
-    assert sum(len(h) for h in a._heaps) <= 2 * free + 8 * len(a._heaps)
+    assert sum(len(h) for h in a._small + a._large) <= 2 * (2 * free + 8 * len(a._small))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -152,3 +152,49 @@ def test_a_long_churn_of_near_sizes_refuses_only_when_nothing_fits(seed):
             else:
                 live.append(off)
     check(a, {o: a.extent_bytes(o) for o in live})
+
+
+def holes(a: Arena, sizes: list[int]) -> list[int]:
+    """Lay out free extents of `sizes` units, each followed by a one-unit live extent; their offsets."""
+    offs = []
+    for n in sizes:
+        offs.append(a.alloc(64 * n))
+        a.alloc(64)  # keeps this hole apart from the next
+    for o in offs:
+        a.free(o)
+    return offs
+
+
+def test_a_lease_takes_the_smallest_free_extent_that_fits():
+    a = Arena(64 * 100)
+    five, three, eight = holes(a, [5, 3, 8])
+    assert a.alloc(64 * 3) == three  # an exact fit, though a larger extent comes first
+    assert a.alloc(64 * 4) == five  # not the 8-unit hole nor the free space at the end
+    assert a.alloc(64 * 6) == eight
+
+
+def test_equal_best_fits_go_to_the_lowest_address():
+    a = Arena(64 * 100)
+    first, _, third = holes(a, [4, 9, 4])
+    assert a.alloc(64 * 4) == first
+    assert a.alloc(64 * 4) == third
+
+
+def test_the_free_space_at_the_end_is_taken_when_it_is_the_best_fit():
+    a = Arena(64 * 20)
+    big = a.alloc(64 * 10)
+    a.alloc(64 * 7)  # three units left at the end
+    a.free(big)
+    assert a.alloc(64 * 3) == 64 * 17  # the 10-unit hole stays whole for a larger item
+    assert a.alloc(64 * 10) == 0
+
+
+def test_within_one_size_class_a_larger_extent_that_fits_beats_one_of_a_larger_class():
+    a = Arena(64 * 10_000)
+    assert _cls(1000) == _cls(1010) != _cls(2000)
+    small, mid, large = holes(a, [1000, 1010, 2000])
+    # The class's smallest extent (1000) is too small; its largest (1010) fits and is smaller
+    # than anything in a larger class.
+    assert a.alloc(64 * 1005) == mid
+    assert a.alloc(64 * 1005) == large  # the 1000-unit hole never fits it
+    assert a.alloc(64 * 1000) == small
