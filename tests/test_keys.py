@@ -195,3 +195,87 @@ def test_one_identitys_hung_contacts_hold_its_own_share_of_the_connector_and_wai
     finally:
         release.set()
         c.close()
+
+
+class CachingEngine:
+    """The Mooncake engine's segment cache, as 0.3.13 keeps it: a segment's descriptor (its first
+    buffer's address) is taken at the first open of a spelling and kept for good. `hosts` maps a
+    session to the receiver there now: (first buffer address, the page it holds)."""
+
+    def __init__(self, hosts: dict[str, tuple[int, bytes]], probe_s: float = 0.0, open_s: float = 0.0):
+        self.hosts, self.probe_s, self.open_s = hosts, probe_s, open_s
+        self.cached: dict[str, int] = {}  # spelling -> first buffer address when it was opened
+        self.written: list[str] = []
+
+    @staticmethod
+    def _session(name: str) -> str:
+        host, _, port = name.rpartition(":")
+        return f"{host}:{int(port)}"  # the engine parses the port as a number: "0P" is P
+
+    def send_probe(self, name: str) -> int:
+        time.sleep(self.probe_s)
+        return 0 if self._session(name) in self.hosts else -102
+
+    def transfer_sync_read(self, name: str, local: int, remote: int, n: int) -> int:
+        import ctypes
+        base, page = self.hosts[self._session(name)]
+        if name not in self.cached:
+            time.sleep(self.open_s)
+            self.cached[name] = base
+        if n == 0:
+            return 0
+        if remote != base:
+            return -1  # not within any buffer the receiver there registered
+        ctypes.memmove(local, page, n)
+        return 0
+
+    def get_first_buffer_address(self, name: str) -> int:
+        return self.cached[name]
+
+    def transfer_submit_write(self, name: str, src: int, dst: int, n: int) -> int:
+        self.written.append(name)
+        return 1
+
+
+def caching_transport(monkeypatch, engine: CachingEngine, **kw):
+    from epd_ring.executor.drivers import mooncake
+
+    monkeypatch.setattr(mooncake, "load_engine", lambda *a, **k: (engine, "10.0.0.1:15000"))
+    return mooncake.MooncakeTransport("10.0.0.1", **kw)
+
+
+def test_a_receiver_restarted_on_the_same_session_is_proven_at_its_new_buffer_and_written_there(monkeypatch):
+    # Before: the page was read at the predecessor's first buffer from the engine's cache, and
+    # failed for as long as the encoder lived (every room to the restarted receiver: peer_down).
+    from epd_ring.executor.drivers.mooncake import owner_page
+
+    session = "10.0.0.2:15000"
+    engine = CachingEngine({session: (0x1000, owner_page(VICTIM))})
+    t = caching_transport(monkeypatch, engine)
+    assert t._contact(session, VICTIM) == (True, "", VICTIM)
+    engine.hosts[session] = (0x9000, owner_page(VICTIM))  # restarted: same host:port, new buffers
+    assert t._contact(session, VICTIM) == (True, "", VICTIM)
+    assert t.stats["segments_opened_afresh"] == 1
+    t.submit_write(session, [(1, 0x9000, 8)])
+    (name,) = engine.written
+    assert engine.cached[name] == 0x9000  # the loop writes through the segment just proven
+    # A receiver whose memory never named a key costs no fresh segment, however often contacted.
+    engine.hosts["10.0.0.3:15000"] = (0x2000, b"\0" * 64)
+    for _ in range(3):
+        assert t._contact("10.0.0.3:15000", HONEST)[0] is False
+    assert t.stats["segments_opened_afresh"] == 1
+
+
+def test_an_open_that_stalls_after_a_late_probe_answer_is_held_against_the_key_all_the_same(monkeypatch):
+    # The peer answers its own probe: were the penalty kept for quick probes, an attacker would
+    # answer late and stall the engine's opens again with every spelling.
+    from epd_ring.executor.drivers.mooncake import owner_page
+
+    engine = CachingEngine({"10.0.0.2:15000": (0x1000, owner_page(ATTACKER)),
+                            "10.0.0.2:15001": (0x2000, owner_page(ATTACKER))}, probe_s=0.2, open_s=0.2)
+    t = caching_transport(monkeypatch, engine, open_stall_s=0.05)
+    assert t._contact("10.0.0.2:15000", ATTACKER) == (True, "", ATTACKER)
+    assert t.stats["opens_stalled"] == 1
+    assert t._contact("10.0.0.2:15001", ATTACKER)[0] is False
+    assert t.stats["opens_refused_stalled"] == 1
+    assert "10.0.0.2:15001" not in engine.cached  # refused without an open

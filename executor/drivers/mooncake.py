@@ -256,7 +256,8 @@ class MooncakeTransport(Transport):
                  protocol: str = "tcp", device: str = "",
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
                  expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
-                 prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0):
+                 prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0,
+                 max_respellings: int = 64):
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
@@ -280,6 +281,14 @@ class MooncakeTransport(Transport):
         self.open_stall_s = open_stall_s
         self.stall_penalty_s = stall_penalty_s
         self._stalled_until: dict[str, float] = {}
+        # The engine caches a segment by the spelling it was opened with, for good. A session's
+        # segment opened afresh is reached under another spelling (`_respell`): `_names` maps
+        # the session to the spelling its writes use; each session is respelt a bounded number
+        # of times, since every spelling's descriptor stays in the engine's cache.
+        self._names: dict[str, str] = {}
+        self._proven: set[str] = set()  # spellings whose ownership page has been read
+        self._respelt: Counter = Counter()
+        self.max_respellings = max_respellings
         self._handed: queue.SimpleQueue = queue.SimpleQueue()
         self._submitter: threading.Thread | None = None
         self.notifier = notifier
@@ -350,7 +359,7 @@ class MooncakeTransport(Transport):
         if self.closed:
             raise TransportError("transport is closed")
         handle = next(self._ids)
-        p = _Pending(session, bufs)
+        p = _Pending(self._names.get(session, session), bufs)
         p.ids = [0] * len(p.bufs)
         p.status = [_PENDING] * len(p.bufs)
         for i in range(len(p.bufs)):
@@ -396,6 +405,37 @@ class MooncakeTransport(Transport):
             return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
         page = ctypes.create_string_buffer(OWNER_PAGE)
         local = ctypes.addressof(page)
+        name = self._names.get(session, session)
+        failed = self._open(name, identity, local)
+        if failed is not None:
+            return failed
+        if not self.proves_ownership:
+            return True, "", None
+        owner, rc = self._read_owner(name, local, page)
+        if owner is None and name in self._proven:
+            # The engine keeps a segment's descriptor from its first open and has no call to drop
+            # it, so a receiver restarted on the same session (same host:port) is read at its
+            # predecessor's first buffer, and that read fails for as long as this process lives.
+            # Another spelling of the session is a segment the engine opens afresh. Only a page
+            # that was read before and is not now is taken for a stale descriptor: a receiver
+            # that never had a page costs no spelling.
+            name = self._respell(session)
+            if name is None:
+                return False, f"segment opened afresh {self.max_respellings} times already", None
+            failed = self._open(name, identity, local)
+            if failed is not None:
+                return failed
+            owner, rc = self._read_owner(name, local, page)
+        if owner is not None:
+            self._proven.add(name)
+        else:
+            return False, "no ownership page at the peer's first registered buffer" + (f" (read rc={rc})" if rc else
+                                                                                          ""), None
+        return True, "", owner
+
+    def _open(self, name: str, identity: str, local: int) -> tuple[bool, str, None] | None:
+        """Open `name`'s segment under `_opening`; None once open, else the failed contact."""
+        engine = self.engine
         with self._opening:
             if time.monotonic() < self._stalled_until.get(identity, 0.0):
                 self.stats["opens_refused_stalled"] += 1
@@ -403,23 +443,36 @@ class MooncakeTransport(Transport):
             started = time.monotonic()
             # A 0-byte read is not checked against the peer's buffers: it only opens the segment
             # (here, not on the loop's first write).
-            rc = engine.transfer_sync_read(session, local, local, 0)
+            rc = engine.transfer_sync_read(name, local, local, 0)
             if time.monotonic() - started > self.open_stall_s:
+                # Whatever the probe took: the peer answers its own probe, so an attacker would
+                # answer it late to go unpunished.
                 self.stats["opens_stalled"] += 1
                 self._stalled_until[identity] = time.monotonic() + self.stall_penalty_s
                 if len(self._stalled_until) > 4096:  # bounded: the oldest penalties go first
                     self._stalled_until.pop(next(iter(self._stalled_until)))
-        if not self.proves_ownership:
-            return (True, "", None) if rc == 0 else (False, f"opening the segment failed: rc={rc}", None)
         if rc != 0:
             return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
-        base = engine.get_first_buffer_address(session)  # from the segment just cached
-        rc = engine.transfer_sync_read(session, local, base, OWNER_PAGE) if base else -3
-        owner = read_owner_page(page.raw) if rc == 0 else None
-        if owner is None:
-            return False, "no ownership page at the peer's first registered buffer" + (f" (read rc={rc})" if rc else
-                                                                                          ""), None
-        return True, "", owner
+        return None
+
+    def _read_owner(self, name: str, local: int, page: Any) -> tuple[str | None, int]:
+        """The identity the ownership page at `name`'s first registered buffer names, and the read's rc."""
+        base = self.engine.get_first_buffer_address(name)  # from the segment just opened (cached)
+        rc = self.engine.transfer_sync_read(name, local, base, OWNER_PAGE) if base else -3
+        return (read_owner_page(page.raw) if rc == 0 else None), rc
+
+    def _respell(self, session: str) -> str | None:
+        """A spelling of `session` the engine has not opened: one more leading zero on the port."""
+        n = self._respelt[session] + 1
+        if n > self.max_respellings:
+            self.stats["respellings_refused"] += 1
+            return None
+        self._respelt[session] = n
+        host, _, port = session.rpartition(":")
+        name = f"{host}:{'0' * n}{port}"
+        self._names[session] = name  # the loop's writes go to the fresh segment from now on
+        self.stats["segments_opened_afresh"] += 1
+        return name
 
     def peer_reports(self) -> list[tuple[Any, ...]]:
         reports = self.connector.reports
