@@ -18,7 +18,7 @@ one JSON line each (used by the end-to-end tests):
   {"cmd": "expect", "room": R, "span": S, "hidden": H, "deep": D, "n": N, "rank": K, "shard": bool}
   {"cmd": "register", "rooms": [R, ...]}       send those rooms' frames now
   {"cmd": "raw", "parts_hex": [...]}           send arbitrary multipart (hostile frames)
-  {"cmd": "report", "wait_rooms": [...], "timeout": T}   statuses and sha256 of received bytes
+  {"cmd": "report", "wait_rooms": [...], "timeout": T}   statuses, notices not ours, sha256 of received bytes
   {"cmd": "withdraw", "rooms": [R, ...]}       withdraw those rooms' regions (requests aborted)
 """
 
@@ -366,9 +366,11 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
             wait = set(cmd.get("wait_rooms", []))
             while True:
                 r.poll(20)
-                if all(r.status.get(room) for room in wait) or time.monotonic() > deadline:
+                foreign = {room for room, _, _ in r.foreign_notices}
+                if all(r.status.get(room) or room in foreign for room in wait) or time.monotonic() > deadline:
                     break
             print(json.dumps({"status": {str(k): v for k, v in r.status.items()},
+                              "foreign_notices": [[room, status] for room, status, _ in r.foreign_notices],
                               "notices": {str(k): v for k, v in r.notices.items()},
                               "open_regions": {str(k): g.state for k, g in r.regions.items()},
                               "protocol_errors": r.protocol_errors,
