@@ -149,6 +149,7 @@ class EncodeExecutor(Staging):
         ring_bytes: int = 256 * 1024 * 1024,
         max_deferred: int | None = None,
         copy_fence: Callable[[], Any] | None = None,
+        peer_ring_share: float = 0.5,
     ):
         settings.count("ring_slots", ring_slots, 1)
         settings.count("ring_bytes", ring_bytes, 1)
@@ -164,6 +165,13 @@ class EncodeExecutor(Staging):
         self.ring = Ring(manager.transport, ring_slots, ring_bytes, self.device,
                          deep_slot_bytes=ring_bytes * n_deep, actions=manager.actions)
         self.max_deferred = 8 * ring_slots if max_deferred is None else max_deferred
+        # One receiver's peer may hold at most this share of the ring's bytes (unless the manager was
+        # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
+        if not 0 < peer_ring_share <= 1:
+            raise ValueError(f"peer_ring_share must be in (0, 1], got {peer_ring_share}")
+        if manager.peers.max_bytes is None and peer_ring_share < 1:
+            ring_total = ring_slots * (ring_bytes + ring_bytes * n_deep)
+            manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
         self._copy_fence = copy_fence
@@ -177,6 +185,10 @@ class EncodeExecutor(Staging):
         self.stats = manager.stats
         self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
+
+    def _ring_cost(self, nbytes: int, deep_bytes: int) -> int:
+        """Ring bytes a chunk holds, what a peer's bound counts: a whole slot of each ring it uses."""
+        return self.ring.slot_bytes + (self.ring.deep_slot_bytes if deep_bytes else 0)
 
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,

@@ -65,6 +65,8 @@ class EncodeManager(Lifecycle):
         peer_backoff: float = 5.0,
         peer_fail_threshold: int = 3,
         max_peers: int = 4096,
+        peer_probe_interval: float | None = None,
+        max_peer_bytes: int | None = None,
     ):
         # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
         # The core never calls it after that (see effects.py).
@@ -97,7 +99,9 @@ class EncodeManager(Lifecycle):
         self.actions = self.coupling_actions()
         self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
-                               actions=self.actions)
+                               probe_interval=peer_probe_interval, max_bytes=max_peer_bytes, actions=self.actions)
+        # Rooms whose item waits because a receiver's peer holds its bound of ring bytes: since when.
+        self.held_since: dict[int, float] = {}
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
     # settings held by the parts -------------------------------------------
@@ -225,6 +229,36 @@ class EncodeManager(Lifecycle):
         that a write may still land in was released): the record may age out once nothing holds it."""
         self.tombs.unpin(room_id)
 
+    def hold(self, room_id: int, nbytes: int) -> None:
+        """A slot was leased for the room's chunk: it holds `nbytes` of the ring for its receivers' peers
+        until each one's write reports (or the room concludes with none in flight)."""
+        room = self.rooms.get(room_id)
+        if room is not None:
+            self.peers.hold(room_id, nbytes, room.frames)
+
+    def held_back(self, room_id: int, nbytes: int) -> bool:
+        """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer
+        holds its bound (`max_peer_bytes`); such a wait lasts at most the write timeout, then the room
+        fails (kind `capacity`) and this answers False (its item is dropped when staged)."""
+        room = self.rooms.get(room_id)
+        if room is None or not room.frames:
+            return False
+        peer = self.peers.over_bound(room.frames, nbytes)
+        if peer is None:
+            self.held_since.pop(room_id, None)
+            return False
+        now = self.clock.now()
+        since = self.held_since.get(room_id)
+        if since is None:
+            since = self.held_since[room_id] = now
+            self.stats["held_back"] += 1
+        if now - since < self.writes.timeout:
+            return True
+        self.fail(room, Reason(ReasonKind.CAPACITY,
+                               f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound is "
+                               f"{self.peers.max_bytes} B) for {self.writes.timeout} s"))
+        return False
+
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
         """Hand a staged chunk over; the manager owns its slot from here on."""
         slot = chunk.slot
@@ -301,6 +335,7 @@ class EncodeManager(Lifecycle):
             for kind, obj in self.deadlines.due(now):
                 n += 1
                 self._deadline(kind, obj)
+        self.peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
         self.tombs.age(now)
         return n
 

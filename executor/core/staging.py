@@ -41,6 +41,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _sizes(item: Any) -> tuple[int, int]:
+    """Bytes of an item's embedding and deepstack half (0 for what `_check` will refuse when staged)."""
+    return tuple(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # type: ignore[return-value]
+                 for t in (getattr(item, "encoded", None), getattr(item, "encoded_deepstack", None)))
+
+
 @dataclass(slots=True)
 class Sender:
     request_id: Any
@@ -60,6 +66,7 @@ class Staging:
     _copies: deque[tuple[Any, Sender, Chunk]]
     _copy_fence: Callable[[], Any] | None
     _host_copy: bool
+    _ring_cost: Callable[[int, int], int]  # ring bytes a chunk of (main, deepstack) bytes holds
 
     def _offer(self, rid: Any, item: Any) -> None:
         sender = self.senders.get(rid)
@@ -85,7 +92,8 @@ class Staging:
             return
         if self._deferred:
             self.serve_deferred()  # deferred sends are served before new ones
-        if self._deferred or not self.ring.has_free():
+        # What serve_deferred left with slots free waits on its receivers' peers' bound, not on this item.
+        if not self.ring.has_free() or manager.held_back(room, self._ring_cost(checked[1], checked[3])):
             if len(self._deferred) >= self.max_deferred:
                 manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
                                                f"deferred queue full ({self.max_deferred} sends)"))
@@ -104,15 +112,22 @@ class Staging:
         self._stage(sender, item, checked)
 
     def serve_deferred(self) -> None:
-        """Stage deferred sends, oldest first, while the ring has free slots."""
+        """Stage deferred sends, oldest first, while the ring has free slots; a send whose receiver's
+        peer holds its bound of ring bytes is passed over (it keeps its place) and blocks nobody."""
         dq = self._deferred
+        passed: list[tuple[Any, Any]] = []
         while dq and self.ring.has_free():
             rid, item = dq.popleft()
             sender = self.senders.get(rid)
             if sender is None:
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
+            if self.manager.held_back(sender.room, self._ring_cost(*_sizes(item))):
+                passed.append((rid, item))
+                continue
             self._stage(sender, item)
+        if passed:
+            dq.extendleft(reversed(passed))
 
     def has_deferred(self) -> bool:
         return bool(self._deferred)
@@ -196,6 +211,7 @@ class Staging:
         ring = self.ring
         slot = ring.lease()
         assert slot is not None, "staged only when the ring has a free slot"
+        manager.hold(room, self._ring_cost(nbytes, dbytes))
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)
