@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers and readers; at run time the names load on first use
     from .core import (Chunk, DrainReport, EncodeExecutor, EncodeItem, EncodeManager, FakeClock, Fault, FrameError,
                        LoopbackReceiver, LoopbackTransport, Modality, MonotonicClock, Observer, Outcome,
-                       Reason, ReasonKind, ReceiverFrame, Ring, RoomConflict, Slot, StagingError, TowerModel,
+                       Reason, ReasonKind, ReceiverFrame, Ring, RoomConflict, Extent, StagingError, TowerModel,
                        Transport, TransportError, assign_encoded_embeddings, item_token_count, shard_rows)
     from .core import Concluded, Contact, Notify, Pump, Release, Submit
 
@@ -32,7 +32,7 @@ __all__ = [
     "Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Observer",
     "Outcome", "Reason", "ReasonKind", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring",
-    "RoomConflict", "Slot", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
+    "RoomConflict", "Extent", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
     "StagingError", "TowerModel", "Transport", "TransportError", "ZmqControlPlane", "assign_encoded_embeddings",
     "instrument", "item_token_count", "load_engine", "shard_rows",
 ]

@@ -1,7 +1,7 @@
-"""Slot, room, receive region and peer state machines, declared once with `transitions`."""
+"""Extent, room, receive region and peer state machines, declared once with `transitions`."""
 
 from .core import CompiledMachine, Edge, InvalidTransition, build_machine
-from .machines import ROOM, ROOM_CONCLUDED, ROOM_DECLARATION, SLOT, SLOT_DECLARATION
+from .machines import EXTENT, EXTENT_DECLARATION, ROOM, ROOM_CONCLUDED, ROOM_DECLARATION
 from .peer import PEER, PEER_DECLARATION
 from .regions import REGION, REGION_DECLARATION
 
@@ -17,6 +17,6 @@ __all__ = [
     "ROOM",
     "ROOM_CONCLUDED",
     "ROOM_DECLARATION",
-    "SLOT",
-    "SLOT_DECLARATION",
+    "EXTENT",
+    "EXTENT_DECLARATION",
 ]

@@ -16,29 +16,29 @@ from __future__ import annotations
 
 ON_ENTER: dict[tuple[str, str], tuple[str, ...]] = {
     ("room", "announced"): ("arm_announce_deadline",),
-    ("room", "parked"): ("park_slot", "arm_park_deadline"),
+    ("room", "parked"): ("park_extent", "arm_park_deadline"),
     ("room", "transferring"): ("start_writes",),
     ("room", "success"): ("conclude",),
-    ("room", "failed"): ("abandon_slot", "conclude"),
-    ("slot", "quarantined"): ("arm_quarantine_deadline",),
+    ("room", "failed"): ("abandon_extent", "conclude"),
+    ("extent", "quarantined"): ("arm_quarantine_deadline",),
     ("peer", "up"): ("resume_rooms",),
     ("peer", "down"): ("fail_rooms",),
 }
 
 ON_EVENT: dict[tuple[str, str], tuple[str, ...]] = {
     # The last write that could land into a failed room's regions is gone with the quarantine.
-    ("slot", "release"): ("release_regions",),
+    ("extent", "release"): ("release_regions",),
 }
 
 ACTION_DOCS: dict[str, str] = {
     "arm_announce_deadline": "receivers came before the sender: the room fails if no sender binds in time",
-    "park_slot": "the staged chunk waits in its slot (slot: staged -> parked)",
+    "park_extent": "the staged chunk waits in its slot (slot: staged -> parked)",
     "arm_park_deadline": "armed once at park time; partial registrations never extend it",
     "start_writes": "check the receivers tile the rows, cancel the room's deadline, issue one write per "
                     "receiver from the slot (slot -> sending); waits while a receiver's peer is connecting",
     "conclude": "cancel the room's deadlines, tell every receiver the outcome, hand failed rooms' regions "
                 "to the region book, keep a tombstone",
-    "abandon_slot": "a slot holding a chunk no write was issued from goes back free",
+    "abandon_extent": "a slot holding a chunk no write was issued from goes back free",
     "arm_quarantine_deadline": "a write that failed or timed out may still land: the slot is held",
     "resume_rooms": "rooms whose chunk waited for this peer's contact start their writes",
     "fail_rooms": "every live room with a receiver on this peer fails; all its receivers are told",

@@ -77,7 +77,7 @@ def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
     `slots`: objects with index/state/room/writes_in_flight; `rooms`: the manager's snapshot;
     `peers`: the peer table's snapshot (session -> state).
     """
-    from .machines import ROOM, SLOT
+    from .machines import EXTENT, ROOM
     from .peer import PEER
 
     def attrs(machine: CompiledMachine, state: str) -> str:
@@ -87,7 +87,7 @@ def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
     lines = ["digraph live {", "  rankdir=LR;", '  node [shape=box fontname="Helvetica"];']
     for s in slots:
         extra = f"\\nwrites {s.writes_in_flight}" if s.writes_in_flight else ""
-        lines.append(f'  slot{s.index} [label="slot {s.index}\\n{s.state}{extra}" {attrs(SLOT, s.state)}];')
+        lines.append(f'  slot{s.index} [label="slot {s.index}\\n{s.state}{extra}" {attrs(EXTENT, s.state)}];')
         if s.room is not None:
             lines.append(f"  slot{s.index} -> room{s.room};")
     for rid, info in sorted(rooms.items()):

@@ -2,7 +2,7 @@
 
 Everything else (runtime stepping, diagrams, the formal model) is derived from
 these two declarations. Guards name predicate methods of the object stepped:
-`Slot` and `Room` in the executor, and their abstract twins in the model.
+`Extent` and `Room` in the executor, and their abstract twins in the model.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from .core import CompiledMachine
 # Tags give each state its meaning for review: where a slot's bytes may still be
 # read (in_flight), where they may be read by a write we lost track of (unsure),
 # and where nothing will happen any more (terminal).
-SLOT_DECLARATION = {
-    "name": "slot",
+EXTENT_DECLARATION = {
+    "name": "extent",
     "initial": "free",
     "states": [
         {"name": "free", "tags": ["free"]},
@@ -122,7 +122,7 @@ ROOM_DECLARATION = {
     },
 }
 
-SLOT = CompiledMachine("slot", SLOT_DECLARATION)
+EXTENT = CompiledMachine("extent", EXTENT_DECLARATION)
 ROOM = CompiledMachine("room", ROOM_DECLARATION)
 
 ROOM_CONCLUDED = frozenset(ROOM.states_tagged("terminal"))

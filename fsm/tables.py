@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from .core import CompiledMachine
-from .machines import ROOM, SLOT
+from .machines import EXTENT, ROOM
 from .peer import PEER
 from .regions import REGION
 
@@ -29,7 +29,7 @@ def events_table(machine: CompiledMachine) -> str:
 
 def markdown() -> str:
     parts = []
-    for m in (SLOT, ROOM, REGION, PEER):
+    for m in (EXTENT, ROOM, REGION, PEER):
         guards = m.declaration.get("guard_docs", {})
         parts.append(f"#### {m.name.capitalize()} machine\n\n![{m.name} machine](diagrams/{m.name}.svg)\n\n"
                      f"{states_table(m)}\n\n{events_table(m)}")

@@ -152,7 +152,7 @@ class Harness:
             if room.timer:
                 self.armed.setdefault(("room", rid, room.state), now)
         for s in self.executor.ring.slots:
-            key = ("slot", s.index, "quarantine")
+            key = ("extent", s.index, "quarantine")
             if s.state == "quarantined":
                 self.armed.setdefault(key, now)
             else:
@@ -394,7 +394,7 @@ def check_full_state(h: Harness) -> None:
         assert w.timer and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.slots:
         if s.state == "quarantined":
-            want = h.armed[("slot", s.index, "quarantine")] + m.quarantine_s
+            want = h.armed[("extent", s.index, "quarantine")] + m.quarantine_s
             assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
 
 

@@ -313,7 +313,7 @@ class Events(Rules):
     def _quarantine_ends(self, state: tuple, out: list) -> None:
         """A quarantine deadline passes; writes that could land have landed by then."""
         for s, sl in enumerate(state[1]):
-            if sl[SS] in self._armed["slot"] and not self._writes_pending(state[0], s):
+            if sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
                 d = Draft.of(state)
                 self._move_slot(d, s, "release")
                 self._emit(out, d, ("release", s))

@@ -2,7 +2,7 @@
 
 `generate(config)` writes Promela for one bounded configuration. The room,
 slot and region moves are emitted from the compiled `fsm/` tables (`ROOM.table`,
-`SLOT.table`, `REGION.table`: every source, event, guard and destination, first
+`EXTENT.table`, `REGION.table`: every source, event, guard and destination, first
 declared edge first), and the states and their order from the declarations.
 What a move obliges elsewhere comes from fsm/couplings.py: each action is one
 inline (`ACTIONS`), and every move (`move_room_<event>`, `move_slot_<event>`)
@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from epd_ring.fsm import REGION, ROOM, SLOT, couplings
+from epd_ring.fsm import EXTENT, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
 from . import promela_events as events
@@ -60,7 +60,7 @@ CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 # States are numbered in sorted name order, so a numeric comparison in the
 # canonical sort orders rooms exactly as explore.canonical's tuple comparison does.
 ROOM_STATES = tuple(sorted(ROOM.states))
-SLOT_STATES = tuple(sorted(SLOT.states))  # coded 1.. (0 sorts first: "no slot", as "" does)
+SLOT_STATES = tuple(sorted(EXTENT.states))  # coded 1.. (0 sorts first: "no slot", as "" does)
 # A receiver's region is coded 1.. in name order (0: no receiver registered in that place), and
 # sorted with its write's place (W_*) as region * 4 + write, which is the order of spec's (name, write) pairs.
 REGION_STATES = tuple(sorted(REGION.states))
@@ -116,9 +116,9 @@ def _machine_inlines(drop_guard: tuple[str, str, str] | None) -> str:
             for src, opts in rows)
         out.append(f"inline room_{ev}(rcur, rallr, rout) {{\n  if\n{arms}\n"
                    f'  :: else -> printf("MODELBUG room {ev}\\n"); assert(false)\n  fi\n}}')
-    for ev, rows in table(SLOT).items():
+    for ev, rows in table(EXTENT).items():
         def assign(d):
-            return f"slot[sx].ss = {_ss(d)}" + ("; slot[sx].unsure = 0" if d == SLOT.initial else "")
+            return f"slot[sx].ss = {_ss(d)}" + ("; slot[sx].unsure = 0" if d == EXTENT.initial else "")
         arms = "\n".join(
             f"  :: slot[sx].ss == {_ss(src)} -> "
             + _chain(opts, SLOT_GUARDS, assign, {"pend": "spend", "x": "sx"}, f"slot {src} {ev}")
@@ -141,7 +141,7 @@ def _bits(n: int) -> int:
 
 # -- the couplings -----------------------------------------------------------------------------------
 # The machines whose moves run fsm/couplings.py's table here (the generator models no peers).
-COUPLED = ("room", "slot")
+COUPLED = ("room", "extent")
 
 _CONCLUDE = """if
   :: SEED && cause == C_expire -> skip  /* the seed tells nobody on expiry */
@@ -191,15 +191,15 @@ _RELEASE_REGIONS = """k = 0;
 
 # Each action of the table on the coupled machines, as the body of `inline <action>(ax, cause)`: ax is the
 # room or slot that moved, cause the event that moved it (C_<event>). The model keeps no clock: a deadline
-# is armed by the state itself (ARMED_ROOM, ARMED_SLOT enable the event it sends when it passes).
+# is armed by the state itself (ARMED_ROOM, ARMED_EXTENT enable the event it sends when it passes).
 ACTIONS = {
     "arm_announce_deadline": "skip",
     "arm_park_deadline": "skip",
     "arm_quarantine_deadline": "skip",
-    "park_slot": "move_slot_park(room[ax].sl, 0); room[ax].ch = CH_HELD",
+    "park_extent": "move_slot_park(room[ax].sl, 0); room[ax].ch = CH_HELD",
     "start_writes": "issue_writes(ax)",
     # a room failed by the loop keeps the seed's parked chunk: its reaper pops it later
-    "abandon_slot": "if :: room[ax].ch == CH_HELD && !(SEED && cause == C_fail) -> drop_chunk(ax) :: else -> skip fi",
+    "abandon_extent": "if :: room[ax].ch == CH_HELD && !(SEED && cause == C_fail) -> drop_chunk(ax) :: else -> skip fi",
     "conclude": _CONCLUDE,
     "release_regions": _RELEASE_REGIONS,
 }
@@ -221,7 +221,7 @@ def _on_event(machine: str, event: str, index: str) -> str:
 
 def _enter_inline(machine: str) -> str:
     """What entering each state runs, from ON_ENTER (a self-loop enters nothing: the moves check)."""
-    field, code = {"room": ("room[ex].rs", _rs), "slot": ("slot[ex].ss", _ss)}[machine]
+    field, code = {"room": ("room[ex].rs", _rs), "extent": ("slot[ex].ss", _ss)}[machine]
     arms = "".join(f"  :: {field} == {code(st)} -> " + "; ".join(f"{a}(ex, cause)" for a in acts) + "\n"
                    for (m, st), acts in couplings.ON_ENTER.items() if m == machine and acts)
     return f"inline enter_{machine}(ex, cause) {{\n  if\n{arms}  :: else -> skip\n  fi\n}}"
@@ -241,8 +241,8 @@ def _slot_move(event: str) -> str:
             else f'printf("MODELBUG seed slot {event}\\n"); assert(false)')
     return (f"inline move_slot_{event}(sx, spend) {{\n  so = slot[sx].ss;\n"
             f"  if :: SEED -> {seed} :: else -> slot_{event}(sx, spend) fi;\n"
-            f"  if :: slot[sx].ss == so -> so = 0 :: else -> so = 0; enter_slot(sx, C_{event}) fi"
-            f"{_on_event('slot', event, 'sx')}\n}}")
+            f"  if :: slot[sx].ss == so -> so = 0 :: else -> so = 0; enter_extent(sx, C_{event}) fi"
+            f"{_on_event('extent', event, 'sx')}\n}}")
 
 
 def _coupling_inlines() -> str:
@@ -250,7 +250,7 @@ def _coupling_inlines() -> str:
     out = [f"inline {a}(ax, cause) {{\n  {ACTIONS[a]}\n}}" for a in sorted(coupled_actions())]
     out += [_enter_inline(m) for m in COUPLED]
     out += [_room_move(ev) for ev in _table_events(ROOM)]
-    out += [_slot_move(ev) for ev in _table_events(SLOT)]
+    out += [_slot_move(ev) for ev in _table_events(EXTENT)]
     return "\n\n".join(out)
 
 
@@ -287,7 +287,7 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
     # what moved a room or slot, for the actions that depend on it
-    causes = sorted({*_table_events(ROOM), *_table_events(SLOT)})
+    causes = sorted({*_table_events(ROOM), *_table_events(EXTENT)})
     defs += [f"#define C_{ev} {n + 1}" for n, ev in enumerate(causes)]
     return defs
 
@@ -300,7 +300,7 @@ def _macros(cfg: Config) -> list[str]:
             "#define STAGEABLE(x) (" + " || ".join(f"(x) == {_rs(s)}" for s in STAGEABLE) + ")"]
     # the states whose entry arms a deadline: its event may happen while the room or slot stays there
     unarmed = SeedSpec.UNARMED if cfg.variant == "seed" else frozenset()
-    for machine, code in (("room", _rs), ("slot", _ss)):
+    for machine, code in (("room", _rs), ("extent", _ss)):
         armed = " || ".join(f"(x) == {code(s)}" for s in sorted(couplings.armed_states(machine, unarmed)))
         defs.append(f"#define ARMED_{machine.upper()}(x) ({armed or 0})")
     # rules._leasable; the seed (SeedSpec._leasable) reuses a slot whose tenant is concluded and not parked
@@ -383,9 +383,9 @@ def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
                byte infl; byte ghost; byte sl = NONE; byte rg[N]; byte rw[N] }}
-typedef Slot {{ byte ss = {_ss(SLOT.initial)}; byte content = NONE; bit unsure }}
+typedef Extent {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure }}
 Room room[R];
-Slot slot[S];
+Extent slot[S];
 byte dq[R];
 byte dlen;
 byte faults = F;

@@ -320,7 +320,7 @@ inline reap() {
 
 
 def quarantine_ends(event: int, slots: int) -> tuple[list[str], str]:
-    guards = [f"LIVE && ARMED_SLOT(slot[{s}].ss) && !PENDING({s})" for s in range(slots)]
+    guards = [f"LIVE && ARMED_EXTENT(slot[{s}].ss) && !PENDING({s})" for s in range(slots)]
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
     return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_slot_release(x, 0) }}"
 

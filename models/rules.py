@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
-from epd_ring.fsm import PEER, REGION, ROOM, SLOT, couplings
+from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
 from .state import (
@@ -52,8 +52,8 @@ class Rules:
 
     # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
     # the index of the room, slot or peer that moved, and the event that moved it.
-    ACTIONS = frozenset(("arm_announce_deadline", "park_slot", "arm_park_deadline", "start_writes", "conclude",
-                         "abandon_slot", "arm_quarantine_deadline", "resume_rooms", "fail_rooms",
+    ACTIONS = frozenset(("arm_announce_deadline", "park_extent", "arm_park_deadline", "start_writes", "conclude",
+                         "abandon_extent", "arm_quarantine_deadline", "resume_rooms", "fail_rooms",
                          "release_regions"))
     UNARMED: frozenset[str] = frozenset()  # deadline actions a variant does without
     LANDED = W_LANDED  # where a late write that landed leaves its region's write
@@ -83,7 +83,7 @@ class Rules:
         self._on_enter = bind(couplings.ON_ENTER)
         self._on_event = bind(couplings.ON_EVENT)
         # The model keeps no clock: a deadline may pass while its object stays in the state that armed it.
-        self._armed = {m: couplings.armed_states(m, self.UNARMED) for m in ("room", "slot")}
+        self._armed = {m: couplings.armed_states(m, self.UNARMED) for m in ("room", "extent")}
 
     def _couple(self, d: Draft, machine: str, index: int, old: str, new: str, event: str) -> None:
         if new != old:
@@ -112,7 +112,7 @@ class Rules:
         key = (slot[SS], event, pending, slot[UNSURE])
         dest = Rules._slot_moves.get(key)
         if dest is None:
-            dest = Rules._slot_moves[key] = SLOT.destinations(
+            dest = Rules._slot_moves[key] = EXTENT.destinations(
                 slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
         if dest is None:
             raise AssertionError(f"model bug: slot event {event!r} not declared from {slot[SS]!r}")
@@ -137,7 +137,7 @@ class Rules:
         sl = d.slots[s]
         old = sl[SS]
         self._slot_step(sl, event, pending)
-        self._couple(d, "slot", s, old, sl[SS], event)
+        self._couple(d, "extent", s, old, sl[SS], event)
 
     def _move_peer(self, d: Draft, k: int, event: str, backing_off: bool = False) -> None:
         old = d.peers[k]
@@ -151,7 +151,7 @@ class Rules:
 
     _arm_announce_deadline = _arm_park_deadline = _arm_quarantine_deadline = _arm_deadline
 
-    def _park_slot(self, d: Draft, i: int, cause: str) -> None:
+    def _park_extent(self, d: Draft, i: int, cause: str) -> None:
         ro = d.rooms[i]
         self._move_slot(d, ro[SLOTI], "park")
         ro[CH] = CH_HELD
@@ -170,7 +170,7 @@ class Rules:
         if outcome == "failed":
             self._release_settled(ro)
 
-    def _abandon_slot(self, d: Draft, i: int, cause: str) -> None:
+    def _abandon_extent(self, d: Draft, i: int, cause: str) -> None:
         # A copying chunk is abandoned when its copy completes; one not yet in the ring, when it gets there.
         if d.rooms[i][CH] == CH_HELD:
             self._drop_chunk(d, i)

@@ -50,10 +50,10 @@ class SeedSpec(Spec):
                 out.append(s)
         return out
 
-    def _abandon_slot(self, d: Draft, i: int, cause: str) -> None:
+    def _abandon_extent(self, d: Draft, i: int, cause: str) -> None:
         # A room failed by the loop keeps its parked chunk: the seed's reaper pops it later.
         if cause != "fail":
-            super()._abandon_slot(d, i, cause)
+            super()._abandon_extent(d, i, cause)
 
     def _conclude(self, d: Draft, i: int, cause: str) -> None:
         # No Failed on expiry: its receivers are never told.

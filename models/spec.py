@@ -20,7 +20,7 @@ A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`:
   fault budget. Write failures do not move peers here (the model counts writes per
   room, not per receiver); the suites cover suspect peers.
 
-Room, slot and region moves are looked up in the fsm/ declarations (`ROOM`, `SLOT`,
+Room, slot and region moves are looked up in the fsm/ declarations (`ROOM`, `EXTENT`,
 `REGION`), not copied, and what a move obliges elsewhere (a parked room parks its
 slot, a failed one abandons it and tells its receivers, a quarantine's end releases
 regions) is run from fsm/couplings.py's table. Notices reach a receiver when the
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epd_ring.fsm import PEER, ROOM, SLOT
+from epd_ring.fsm import EXTENT, PEER, ROOM
 
 from .events import Events
 
@@ -148,7 +148,7 @@ class Spec(Events):
     # -- states ---------------------------------------------------------------
     def initial(self) -> tuple:
         room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), -1)
-        slot = (SLOT.initial, -1, False)
+        slot = (EXTENT.initial, -1, False)
         peers = (PEER.initial,) * self.N if self.peers else ()
         return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None, peers)
 

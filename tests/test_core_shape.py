@@ -11,10 +11,10 @@ import ast
 from pathlib import Path
 
 from epd_ring.executor import EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport
-from epd_ring.fsm import PEER, REGION, ROOM, SLOT, couplings
+from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 
 CORE = Path(__file__).resolve().parent.parent / "executor" / "core"
-DECLARED = {s for m in (ROOM, SLOT, PEER, REGION) for s in m.states}
+DECLARED = {s for m in (ROOM, EXTENT, PEER, REGION) for s in m.states}
 # Names that hold a machine's state in the core (`room.state`, `was = peer.state`, ...).
 STATE_NAMES = {"state", "was", "now", "dest", "now_state"}
 

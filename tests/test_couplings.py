@@ -62,7 +62,7 @@ def test_an_action_the_implementations_lack_is_refused(monkeypatch):
 
 
 def test_dropping_abandon_slot_from_failed_rooms_strands_their_slots(monkeypatch):
-    """Without abandon_slot a room that fails with a parked chunk keeps its slot: nothing frees it."""
+    """Without abandon_extent a room that fails with a parked chunk keeps its slot: nothing frees it."""
     assert explore(TINY).violations == {}
     monkeypatch.setitem(couplings.ON_ENTER, ("room", "failed"), ("conclude",))
     broken = explore(TINY)
@@ -84,13 +84,13 @@ def test_dropping_the_park_deadline_changes_what_the_spec_explores(monkeypatch):
     assert state[0][0][0] == "parked"
     assert ("expire", 0) in [step.event for step in Spec(TINY).successors(state)]
     before = explore(TINY).states
-    monkeypatch.setitem(couplings.ON_ENTER, ("room", "parked"), ("park_slot",))
+    monkeypatch.setitem(couplings.ON_ENTER, ("room", "parked"), ("park_extent",))
     assert ("expire", 0) not in [step.event for step in Spec(TINY).successors(state)]
     assert explore(TINY).states < before
 
 
 def test_dropping_release_regions_leaves_failed_rooms_regions_and_writes(monkeypatch):
-    monkeypatch.delitem(couplings.ON_EVENT, ("slot", "release"))
+    monkeypatch.delitem(couplings.ON_EVENT, ("extent", "release"))
     assert "deadlock" in explore(TINY).violations
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from epd_ring.executor.tools.diagrams import DIRECTORY, main as render_main, render, stale
-from epd_ring.fsm import PEER, REGION, ROOM, SLOT
+from epd_ring.fsm import EXTENT, PEER, REGION, ROOM
 from epd_ring.fsm.diagrams import machine_dot, parse_edges
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,14 +22,14 @@ def dot_label(edge) -> str:
     return f"{edge.event} [{conds}]"
 
 
-@pytest.mark.parametrize("machine", [SLOT, ROOM, REGION, PEER], ids=lambda m: m.name)
+@pytest.mark.parametrize("machine", [EXTENT, ROOM, REGION, PEER], ids=lambda m: m.name)
 def test_rendered_edges_equal_declared_transitions_both_ways(machine):
     drawn = parse_edges(machine_dot(machine))
     declared = {(e.source, e.dest, dot_label(e)) for e in machine.edges}
     assert drawn == declared
 
 
-@pytest.mark.parametrize("machine", [SLOT, ROOM, REGION, PEER], ids=lambda m: m.name)
+@pytest.mark.parametrize("machine", [EXTENT, ROOM, REGION, PEER], ids=lambda m: m.name)
 def test_states_are_coloured_by_meaning(machine):
     dot = machine_dot(machine)
     from epd_ring.fsm.diagrams import KIND_STYLE

@@ -116,5 +116,5 @@ def test_site_builds_with_warnings_as_errors(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                         "-d", str(site)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert (site / "diagrams" / "slot.svg").is_file()
-    assert 'src="../diagrams/slot.svg"' in (site / "machines" / "index.html").read_text()
+    assert (site / "diagrams" / "extent.svg").is_file()
+    assert 'src="../diagrams/extent.svg"' in (site / "machines" / "index.html").read_text()

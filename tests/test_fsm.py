@@ -20,14 +20,14 @@ from transitions import Machine, MachineError
 from transitions.extensions import GraphMachine
 
 from epd_ring.fsm import (
+    EXTENT,
+    EXTENT_DECLARATION,
     PEER,
     PEER_DECLARATION,
     REGION,
     REGION_DECLARATION,
     ROOM,
     ROOM_DECLARATION,
-    SLOT,
-    SLOT_DECLARATION,
     InvalidTransition,
     build_machine,
     tables,
@@ -35,7 +35,7 @@ from epd_ring.fsm import (
 from epd_ring.fsm.core import CompiledMachine
 from epd_ring.fsm.diagrams import KIND_STYLE, live_dot, machine_dot, parse_edges
 
-MACHINES = [SLOT, ROOM, REGION, PEER]
+MACHINES = [EXTENT, ROOM, REGION, PEER]
 
 
 class Subject:
@@ -85,7 +85,7 @@ def test_undeclared_transitions_raise_naming_machine_state_and_event(machine):
 
 def test_guard_that_holds_nowhere_is_refused_not_ignored():
     subject = Subject("sending", {"writes_pending": False, "write_unsure": False})
-    assert SLOT.step(subject, "settle") == "free"
+    assert EXTENT.step(subject, "settle") == "free"
     # No valuation leaves `settle` without a match, so check refusal on a room guard.
     room = Subject("registered", {"all_receivers": False})
     assert ROOM.step(room, "add_receiver") == "registered"
@@ -119,15 +119,15 @@ def test_compiled_table_agrees_with_the_transitions_machine(machine):
 
 
 def test_slot_machine_has_the_states_safety_needs():
-    assert {"free", "staged", "sending", "parked", "quarantined", "retired"} <= set(SLOT.states)
-    assert SLOT.tags["quarantined"] == ("unsure",)
-    assert SLOT.tags["retired"] == ("terminal",)
+    assert {"free", "staged", "sending", "parked", "quarantined", "retired"} <= set(EXTENT.states)
+    assert EXTENT.tags["quarantined"] == ("unsure",)
+    assert EXTENT.tags["retired"] == ("terminal",)
     # Only quarantine expiry, an abandon (no write issued) or a clean settle free a slot.
-    into_free = {(e.source, e.event) for e in SLOT.edges if e.dest == "free"}
+    into_free = {(e.source, e.event) for e in EXTENT.edges if e.dest == "free"}
     assert into_free == {("copying", "abandon"), ("staged", "abandon"), ("parked", "abandon"),
                          ("sending", "settle"), ("quarantined", "release")}
     # A sending slot never goes straight to free when a write was unsure.
-    assert SLOT.destinations("sending", "settle", {"writes_pending": False, "write_unsure": True}) == "quarantined"
+    assert EXTENT.destinations("sending", "settle", {"writes_pending": False, "write_unsure": True}) == "quarantined"
 
 
 def test_room_failure_is_sticky_and_status_only_moves_forward():
@@ -167,7 +167,7 @@ def test_peer_takes_writes_only_when_up_and_comes_back_only_through_contact():
 
 # ---------------------------------------------------------------- declarations, as read by the tests below
 
-DECLARED = [(SLOT, SLOT_DECLARATION), (ROOM, ROOM_DECLARATION), (REGION, REGION_DECLARATION),
+DECLARED = [(EXTENT, EXTENT_DECLARATION), (ROOM, ROOM_DECLARATION), (REGION, REGION_DECLARATION),
             (PEER, PEER_DECLARATION)]
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` is not installed")
 def declared_edges(decl: dict) -> list[tuple[str, str, str, tuple[tuple[str, bool], ...]]]:
@@ -229,7 +229,7 @@ def test_events_table_lists_every_declared_edge_with_its_guards(machine, decl):
 def test_events_table_spells_a_two_guard_edge():
     # slot: settle from sending to quarantined needs write_unsure and not writes_pending
     assert "| `settle` | `sending` | `quarantined` | write_unsure, not writes_pending |" in \
-        tables.events_table(SLOT).split("\n")
+        tables.events_table(EXTENT).split("\n")
 
 
 def test_markdown_has_a_section_per_machine_with_diagram_tables_and_guard_docs():
@@ -289,7 +289,7 @@ def test_machine_dot_is_titled_and_draws_every_declared_edge(machine, decl):
 
 def test_machine_dot_leaves_graphmachine_styles_alone():
     pristine = {k: dict(v) for k, v in GraphMachine.style_attributes.items()}
-    machine_dot(SLOT)
+    machine_dot(EXTENT)
     machine_dot(ROOM)
     # our per-kind node styles live on our machine only, not on the library's shared class table
     assert not set(KIND_STYLE) & set(GraphMachine.style_attributes["node"])
@@ -300,14 +300,14 @@ def test_machine_dot_does_not_depend_on_pygraphviz_being_installed(monkeypatch):
     """With pygraphviz importable, transitions' default engine would switch to it; ours must not."""
     import transitions.extensions.diagrams_pygraphviz as pgv_backend
 
-    expected = machine_dot(SLOT)
+    expected = machine_dot(EXTENT)
 
     class NoPygraphviz:
         def __getattr__(self, name):
             raise AssertionError(f"pygraphviz.{name} used: the diagrams must come from the graphviz engine")
 
     monkeypatch.setattr(pgv_backend, "pgv", NoPygraphviz())
-    assert machine_dot(SLOT) == expected
+    assert machine_dot(EXTENT) == expected
 
 
 def test_parse_edges_reads_quoted_bare_and_missing_labels():
@@ -361,9 +361,9 @@ def test_live_dot_draws_slots_rooms_and_peers():
 
     assert nodes == {
         # a slot shows its writes in flight only when it has some
-        "slot0": node(r"slot 0\nfree", SLOT, "free"),
-        "slot1": node(r"slot 1\nsending\nwrites 2", SLOT, "sending"),
-        "slot2": node(r"slot 2\nparked", SLOT, "parked"),
+        "slot0": node(r"slot 0\nfree", EXTENT, "free"),
+        "slot1": node(r"slot 1\nsending\nwrites 2", EXTENT, "sending"),
+        "slot2": node(r"slot 2\nparked", EXTENT, "parked"),
         # a room shows k of N registered receivers, "?" while N is unknown
         "room7": node(r"room 7\ntransferring 2/2", ROOM, "transferring"),
         "room8": node(r"room 8\nparked 1/3", ROOM, "parked"),
@@ -404,14 +404,14 @@ def test_build_machine_has_only_the_declared_events(machine, decl):
 
 
 def test_build_machine_extra_arguments_override_the_defaults():
-    m = build_machine(SLOT_DECLARATION, auto_transitions=True)
-    assert {f"to_{s['name']}" for s in SLOT_DECLARATION["states"]} <= set(m.events)
+    m = build_machine(EXTENT_DECLARATION, auto_transitions=True)
+    assert {f"to_{s['name']}" for s in EXTENT_DECLARATION["states"]} <= set(m.events)
 
 
 # ---------------------------------------------------------------- stepping: what a refusal names
 
 class Lamp:
-    """A stepped object: its guard `powered` is a predicate method, as for Slot and Room."""
+    """A stepped object: its guard `powered` is a predicate method, as for Extent and Room."""
 
     def __init__(self, state: str, powered: bool):
         self.state = state

@@ -1,6 +1,6 @@
 """Compiling a declaration, checked on a machine compiled inside the test.
 
-`SLOT` and `ROOM` are compiled once at import, so a test that only uses them
+`EXTENT` and `ROOM` are compiled once at import, so a test that only uses them
 cannot see a fault in the compiler that is introduced after import (as a
 mutation tool does). These tests compile the declarations afresh and check the
 result against the declaration and against the `transitions` Machine itself.
@@ -15,9 +15,9 @@ from transitions import MachineError
 
 from epd_ring.fsm import InvalidTransition, build_machine
 from epd_ring.fsm.core import CompiledMachine, Edge, TaggedMachine
-from epd_ring.fsm.machines import ROOM_DECLARATION, SLOT_DECLARATION
+from epd_ring.fsm.machines import EXTENT_DECLARATION, ROOM_DECLARATION
 
-DECLARATIONS = [SLOT_DECLARATION, ROOM_DECLARATION]
+DECLARATIONS = [EXTENT_DECLARATION, ROOM_DECLARATION]
 
 
 def declared_edges(decl: dict) -> list[tuple[str, str, str, tuple]]:
@@ -105,9 +105,9 @@ def test_step_and_destinations_agree_with_the_transitions_machine(compiled):
 
 
 def test_invalid_transition_says_which_machine_state_event_and_why():
-    e = InvalidTransition("slot", "free", "send", subject="slot 3", detail="no declared guard holds")
-    assert str(e) == "slot machine (slot 3): event 'send' is not allowed in state 'free': no declared guard holds"
-    assert (e.machine, e.state, e.event, e.subject) == ("slot", "free", "send", "slot 3")
+    e = InvalidTransition("extent", "free", "send", subject="extent 3", detail="no declared guard holds")
+    assert str(e) == "extent machine (extent 3): event 'send' is not allowed in state 'free': no declared guard holds"
+    assert (e.machine, e.state, e.event, e.subject) == ("extent", "free", "send", "extent 3")
     bare = InvalidTransition("room", "new", "written")
     assert str(bare) == "room machine: event 'written' is not allowed in state 'new'"
     assert bare.subject is None and isinstance(bare, RuntimeError)
@@ -119,9 +119,9 @@ def test_edge_label_names_event_and_guards():
 
 
 def test_build_machine_keeps_extra_arguments_and_no_auto_transitions():
-    m = build_machine(SLOT_DECLARATION)
+    m = build_machine(EXTENT_DECLARATION)
     assert "to_free" not in m.events and m.initial == "free" and m.models == []
-    plain = build_machine(SLOT_DECLARATION, auto_transitions=True)
+    plain = build_machine(EXTENT_DECLARATION, auto_transitions=True)
     assert "to_free" in plain.events
 
 

@@ -59,11 +59,11 @@ def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
     cfg = Config(slots=1, rooms=2, receivers=1, faults=1, regions=False)
     assert explored(cfg).violations == {}
     assert spin_tool.check(cfg).violations == {}
-    mutant = promela.generate(cfg, drop_guard=("slot", "settle", "write_unsure"))
+    mutant = promela.generate(cfg, drop_guard=("extent", "settle", "write_unsure"))
     assert "write_unsure" not in mutant.split("inline slot_settle", 1)[1].split("inline", 1)[0]
     with pytest.raises(promela.Disagreement, match="overwrite-under-late-write|cannot reach"):
-        spin_tool.check(cfg, drop_guard=("slot", "settle", "write_unsure"))
-    verdict = spin_tool.check(cfg, drop_guard=("slot", "settle", "write_unsure"), replay_on_spec=False)
+        spin_tool.check(cfg, drop_guard=("extent", "settle", "write_unsure"))
+    verdict = spin_tool.check(cfg, drop_guard=("extent", "settle", "write_unsure"), replay_on_spec=False)
     assert sorted(verdict.violations) == ["overwrite-under-late-write"]
 
 

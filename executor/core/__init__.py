@@ -23,7 +23,7 @@ from .manager import Chunk, EncodeManager, RoomConflict
 from .observe import Observer
 from .pump import Pump
 from .reasons import Reason, ReasonKind
-from .ring import Ring, Slot
+from .ring import Extent, Ring
 from .staging import StagingError
 from .tower import TowerModel
 from .transport import Outcome, Transport, TransportError
@@ -31,7 +31,7 @@ from .transport import Outcome, Transport, TransportError
 __all__ = [
     "Chunk", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
     "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "Outcome", "ReceiverFrame",
-    "Ring", "RoomConflict", "Slot", "StagingError", "Transport", "TransportError", "TowerModel", "DrainReport",
+    "Ring", "RoomConflict", "Extent", "StagingError", "Transport", "TransportError", "TowerModel", "DrainReport",
     "Observer", "Reason", "ReasonKind", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
     "assign_encoded_embeddings", "item_token_count", "shard_rows",
 ]

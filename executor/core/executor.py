@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from epd_ring.fsm import ROOM_CONCLUDED, SLOT
+from epd_ring.fsm import EXTENT, ROOM_CONCLUDED
 
 from . import settings
 from .drain import DRAINING, Drain
@@ -380,7 +380,7 @@ class EncodeExecutor(Staging):
             "oldest_write_age_s": m.oldest_write_age(),
             "writes_in_flight": m.writes_in_flight,
             "peers": m.peers.counts(),
-            "slots": {s: slots.get(s, 0) for s in SLOT.states},
+            "slots": {s: slots.get(s, 0) for s in EXTENT.states},
             "quarantined": slots.get("quarantined", 0),
             "deferred": len(self._deferred),
             "rooms": len(m.rooms),

@@ -4,7 +4,7 @@
 fsm/couplings.py lists for the state it enters; the slot's (`Ring.fire`) and
 the peer's (`PeerTable.step`) steps run theirs through the same table and the
 `actions` map built here. A room that fails, by whatever cause, takes one path:
-its reason is set, `step_room(room, "fail")`, then `abandon_slot` and
+its reason is set, `step_room(room, "fail")`, then `abandon_extent` and
 `conclude`.
 """
 
@@ -22,7 +22,7 @@ from .effects import Concluded, Effect, Notify
 from .frames import FrameError, ReceiverFrame, check_tiling
 from .peers import Peer, down_reason
 from .reasons import Reason, ReasonKind
-from .ring import Slot
+from .ring import Extent
 from .rooms import EXPIRABLE, Room
 from .tombstones import Tombstone
 from .transport import Buf, Outcome
@@ -64,9 +64,9 @@ class Lifecycle:
     def coupling_actions(self) -> dict[str, Callable[[Any], None]]:
         """Each action fsm/couplings.py names, implemented once (the test checks the set)."""
         return {
-            "arm_announce_deadline": self._arm_announce_deadline, "park_slot": self._park_slot,
+            "arm_announce_deadline": self._arm_announce_deadline, "park_extent": self._park_extent,
             "arm_park_deadline": self._arm_park_deadline, "start_writes": self._start_writes,
-            "conclude": self._conclude, "abandon_slot": self._abandon_slot,
+            "conclude": self._conclude, "abandon_extent": self._abandon_extent,
             "arm_quarantine_deadline": self._arm_quarantine_deadline,
             "release_regions": self.regions.slot_released,
             "resume_rooms": self._resume_rooms, "fail_rooms": self._fail_rooms,
@@ -112,7 +112,7 @@ class Lifecycle:
         self.admission.announce(room)
         self.deadlines.arm(self.clock.now() + self.announce_timeout, "announce", room)
 
-    def _park_slot(self, room: Room) -> None:
+    def _park_extent(self, room: Room) -> None:
         assert room.chunk is not None
         room.chunk.slot.ring.fire(room.chunk.slot, "park")
         if self.observer is not None:
@@ -121,13 +121,13 @@ class Lifecycle:
     def _arm_park_deadline(self, room: Room) -> None:
         self.deadlines.arm(self.clock.now() + self.park_timeout, "park", room)
 
-    def _abandon_slot(self, room: Room) -> None:
+    def _abandon_extent(self, room: Room) -> None:
         chunk = room.chunk
         if chunk is not None:  # no write was issued from it
             room.chunk = None
             chunk.slot.ring.fire(chunk.slot, "abandon")
 
-    def _arm_quarantine_deadline(self, slot: Slot) -> None:
+    def _arm_quarantine_deadline(self, slot: Extent) -> None:
         self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
 
     def _start_writes(self, room: Room) -> None:
@@ -257,7 +257,7 @@ class Lifecycle:
         self.peers.expired(peer)
         return True
 
-    def release_slot_now(self, slot: Slot) -> bool:
+    def release_slot_now(self, slot: Extent) -> bool:
         """End a slot's quarantine now (see `expire_room_now`)."""
         if slot.state != "quarantined" or not slot.timer:
             return False

@@ -7,7 +7,7 @@ durations), keeps what it needs, and must be cheap: it runs on the encode
 loop's thread, inside the per-item cycle. With no observer attached each hook
 point costs one attribute test.
 
-Slot and room counts by state are not pushed: an exporter reads them when it
+Extent and room counts by state are not pushed: an exporter reads them when it
 is scraped (`ring.counts()`, `manager.rooms`), so they cost nothing per item.
 A room's end is already announced through `manager.on_conclude`.
 """

@@ -16,21 +16,22 @@ from typing import Any
 
 import torch
 
-from epd_ring.fsm import SLOT
+from epd_ring.fsm import EXTENT
 from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
 _ALIGN = 64
-_SLOT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items()) if machine == "slot" for a in acts}
-_UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _SLOT_ACTIONS}
+_EXTENT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items())
+                   if machine == "extent" for a in acts}
+_UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _EXTENT_ACTIONS}
 
 
-class Slot:
+class Extent:
     __slots__ = ("index", "state", "ring", "room", "writes_in_flight", "unsure", "timer", "due")
 
     def __init__(self, index: int, ring: Ring):
         self.index = index
         self.ring = ring
-        self.state = SLOT.initial
+        self.state = EXTENT.initial
         self.room: int | None = None
         self.writes_in_flight = 0
         self.unsure = False
@@ -76,8 +77,8 @@ class Ring:
         # The coupling actions (fsm/couplings.py) a slot's step runs: the manager's. A ring on its
         # own (a tool, a test of the ring) has no deadlines or regions to couple to.
         self.actions: Mapping[str, Callable[[Any], None]] = actions or _UNCOUPLED
-        self.slots = [Slot(i, self) for i in range(n_slots)]
-        self._free: deque[Slot] = deque(self.slots)
+        self.slots = [Extent(i, self) for i in range(n_slots)]
+        self._free: deque[Extent] = deque(self.slots)
 
     @property
     def free_count(self) -> int:
@@ -86,41 +87,41 @@ class Ring:
     def has_free(self) -> bool:
         return bool(self._free)
 
-    def lease(self) -> Slot | None:
+    def lease(self) -> Extent | None:
         if not self._free:
             return None
         slot = self._free.popleft()
         self.fire(slot, "lease")
         return slot
 
-    def fire(self, slot: Slot, event: str) -> str:
+    def fire(self, slot: Extent, event: str) -> str:
         """The one place a slot is stepped: its machine, then the actions the couplings name.
 
         A slot that lands in `free` goes back on the free list."""
         was = slot.state
-        dest = SLOT.step(slot, event)
+        dest = EXTENT.step(slot, event)
         if dest == "free":
             slot.room = None
             slot.unsure = False
             self._free.append(slot)
         if dest != was:
-            for action in ON_ENTER.get(("slot", dest), ()):
+            for action in ON_ENTER.get(("extent", dest), ()):
                 self.actions[action](slot)
-        for action in ON_EVENT.get(("slot", event), ()):
+        for action in ON_EVENT.get(("extent", event), ()):
             self.actions[action](slot)
         return dest
 
-    def main_ptr(self, slot: Slot) -> int:
+    def main_ptr(self, slot: Extent) -> int:
         return self.main_base + slot.index * self.slot_bytes
 
-    def deep_ptr(self, slot: Slot) -> int:
+    def deep_ptr(self, slot: Extent) -> int:
         return self.deep_base + slot.index * self.deep_slot_bytes
 
-    def main_view(self, slot: Slot, nbytes: int) -> torch.Tensor:
+    def main_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
         start = slot.index * self.slot_bytes
         return self.main[start:start + nbytes]
 
-    def deep_view(self, slot: Slot, nbytes: int) -> torch.Tensor:
+    def deep_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
         start = slot.index * self.deep_slot_bytes
         assert self.deep is not None, "this ring has no deepstack half"
         return self.deep[start:start + nbytes]

@@ -11,7 +11,7 @@ from .reasons import Reason
 
 if TYPE_CHECKING:
     from .frames import ReceiverFrame
-    from .ring import Slot
+    from .ring import Extent
     from .writes import Write
 
 # Derived from the declaration: where a chunk may be handed over, and where a room waits
@@ -28,7 +28,7 @@ class RoomConflict(ValueError):
 class Chunk:
     """One room's embedding, staged in a ring slot."""
 
-    slot: Slot
+    slot: Extent
     n_tokens: int
     hidden: int
     dtype: str

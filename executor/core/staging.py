@@ -19,7 +19,7 @@ import torch
 
 from .manager import Chunk, EncodeManager
 from .reasons import Reason, ReasonKind
-from .ring import Ring, Slot
+from .ring import Extent, Ring
 
 log = logging.getLogger("epd_ring.executor")
 
@@ -182,7 +182,7 @@ class Staging:
                                f"{ring.deep_slot_bytes} B")
         return enc, nbytes, deep, dbytes
 
-    def _copy(self, dst_ptr: int, view: Callable[[Slot, int], torch.Tensor], slot: Slot, src: torch.Tensor,
+    def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], slot: Extent, src: torch.Tensor,
               nbytes: int) -> None:
         if self._host_copy and src.is_cpu:
             # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes.

@@ -16,14 +16,14 @@ from .transport import Buf
 if TYPE_CHECKING:
     from .clock import Clock
     from .frames import ReceiverFrame
-    from .ring import Slot
+    from .ring import Extent
     from .timers import Deadlines
 
 
 class Write:
     __slots__ = ("handle", "room", "slot", "frame", "timer", "due", "overdue")
 
-    def __init__(self, handle: int, room: int, slot: Slot, frame: ReceiverFrame):
+    def __init__(self, handle: int, room: int, slot: Extent, frame: ReceiverFrame):
         self.handle, self.room, self.slot, self.frame, self.timer, self.due = handle, room, slot, frame, 0, 0.0
         self.overdue = False  # our deadline passed before the transport reported
 
@@ -42,7 +42,7 @@ class Writes:
     def __len__(self) -> int:
         return len(self.by_handle)
 
-    def issue(self, room: int, slot: Slot, writes: Sequence[tuple[ReceiverFrame, list[Buf]]]) -> None:
+    def issue(self, room: int, slot: Extent, writes: Sequence[tuple[ReceiverFrame, list[Buf]]]) -> None:
         """One `Submit` per (frame, buffers) from `slot`, all due `timeout` from now."""
         due = self.clock.now() + self.timeout
         for frame, bufs in writes:

@@ -179,9 +179,9 @@ class RingMetrics(Observer):
         ex = self.executor
         slots = GaugeMetricFamily("epd_ring_slots", "ring slots, by state", labels=["state"])
         counts = Counter(s.state for s in list(ex.ring.slots))
-        from epd_ring.fsm import SLOT
+        from epd_ring.fsm import EXTENT
 
-        for state in SLOT.states:
+        for state in EXTENT.states:
             slots.add_metric([state], counts.get(state, 0))
         yield slots
         room_states = Counter(r.state for r in list(self.manager.rooms.values()))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import graphviz
 
-from epd_ring.fsm import PEER, REGION, ROOM, SLOT
+from epd_ring.fsm import EXTENT, PEER, REGION, ROOM
 from epd_ring.fsm.diagrams import machine_dot
 from epd_ring.models.graphs import model_sources
 
@@ -25,7 +25,7 @@ def _svg(dot: str) -> bytes:
 
 def sources() -> dict[str, str]:
     """Diagram name -> DOT source, for every diagram the project keeps."""
-    out = {"slot": machine_dot(SLOT), "room": machine_dot(ROOM), "region": machine_dot(REGION),
+    out = {"extent": machine_dot(EXTENT), "room": machine_dot(ROOM), "region": machine_dot(REGION),
            "peer": machine_dot(PEER)}
     out.update(model_sources())
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from epd_ring.fsm import SLOT
+from epd_ring.fsm import EXTENT
 
 COLOURS = {
     "free": "#f2f2f2", "copying": "#9ecae1", "staged": "#6baed6", "parked": "#fdae6b",
@@ -103,7 +103,7 @@ class TimelineRecorder:
             out.append(f'<text x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">{t - self.t0:.2f} s</text>')
         lx = left
         legend_y = axis_y + 22
-        for state in SLOT.states:
+        for state in EXTENT.states:
             out.append(f'<rect x="{lx}" y="{legend_y - 10}" width="12" height="12" fill="{COLOURS[state]}" '
                        f'stroke="#999"/><text x="{lx + 16}" y="{legend_y}">{state}</text>')
             lx += 100
