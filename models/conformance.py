@@ -102,7 +102,8 @@ class Harness:
             self.transport.inject_contact("hang", count=1 << 30)  # the harness answers every contact
         self.tower = RoomTower()
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
-                                       ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence)
+                                       ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence,
+                                       peer_ring_share=1.0)  # the model keeps no per-peer bound of ring bytes
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
         self.pump = Pump(self.manager, self.transport)
@@ -321,6 +322,18 @@ class Harness:
         elif name == "connect_expired":
             assert m.expire_peer_now(f"p.{i}")
             self.faults -= 1
+        elif name in ("probe_refused", "probe_expired"):
+            assert m.probe_peer_now(f"p.{i}")
+            self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
+            if name == "probe_refused":
+                assert t.answer(f"p.{i}", ok=False)
+                self.pump.tick()
+            else:
+                assert m.expire_peer_now(f"p.{i}")
+            self.faults -= 1
+        elif name == "write_deadline":
+            assert m.expire_writes_now(self.room(i))
+            self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
         elif name == "reap":
@@ -391,7 +404,8 @@ def check_full_state(h: Harness) -> None:
                 assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
     for write, w in m.writes.by_handle.items():
         want = h.armed[("write", write, "")] + m.write_timeout
-        assert w.timer and w.due == want, f"write {write} due at {w.due}, not {want}"
+        # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
+        assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.slots:
         if s.state == "quarantined":
             want = h.armed[("extent", s.index, "quarantine")] + m.quarantine_s

@@ -257,6 +257,22 @@ class Lifecycle:
         self.peers.expired(peer)
         return True
 
+    def probe_peer_now(self, session: str) -> bool:
+        """Start the peer's heartbeat probe now (see `expire_room_now`); False if it is not up with work."""
+        peer = self.peers.get(session)
+        if peer is None or not self.peers.probe_due(peer):
+            return False
+        self.peers.beats.cancel(peer.beat)
+        return True
+
+    def expire_writes_now(self, room_id: int) -> bool:
+        """Fire the write deadline of every write of the room still in flight now (see `expire_room_now`)."""
+        due = [w for w in self.writes.values() if w.room == room_id and w.timer and not w.overdue]
+        for w in due:
+            self.deadlines.cancel(w)
+            self._write_overdue(w)
+        return bool(due)
+
     def release_slot_now(self, slot: Extent) -> bool:
         """End a slot's quarantine now (see `expire_room_now`)."""
         if slot.state != "quarantined" or not slot.timer:
