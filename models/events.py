@@ -290,6 +290,7 @@ class Events(Rules):
             return
         d = Draft.of(state)
         d.faults -= 1
+        d.slots[r[SLOTI]][UNSURE] = True  # the writes may land any time: the slot serves a quarantine
         for k in range(self.N):
             self._move_peer(d, k, "write_overdue")
         self._move_room(d, i, "fail")

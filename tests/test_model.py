@@ -191,7 +191,7 @@ TestLockstep.settings = settings(settings(), stateful_step_count=60)
     [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0), ("probe_expired", 0)],
 ], ids=["suspect-then-up", "suspect-then-down", "probe-refused", "probe-expired"])
 def test_suspect_and_probes_step_in_lockstep_with_the_implementation(events):
-    h = Harness(Config(slots=1, rooms=2, receivers=1, faults=1, peers=True))
+    h = Harness(Config(slots=1, rooms=2, receivers=1, faults=2, peers=True))
     for event in events:
         assert event in h.enabled(), (event, h.enabled())
         h.step(event)
