@@ -51,6 +51,7 @@ inline post() {
     :: kind == 0 && hlt == 1 -> kind = K_CRASH
     :: else -> skip
     fi;
+    peer_invariant();
     k = 0;
     do
     :: k < R && kind == 0 ->
@@ -111,7 +112,8 @@ inline show_state() {
   od;
   k = 0;
   do :: k < S -> printf("SL %d %d %d\n", slot[k].ss, slot[k].content, slot[k].unsure); k++ :: else -> break od;
-  k = 0
+  k = 0;
+  show_peers()
 }
 
 /* sort each room's registered receivers by (region, write): stable insertion sort */
