@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
-from . import promela_events as events
-from . import promela_peers as peers
+from . import promela_events as events, promela_peers as peers
 from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
@@ -223,7 +222,8 @@ def _on_event(machine: str, event: str, index: str) -> str:
 
 def _enter_inline(machine: str) -> str:
     """What entering each state runs, from ON_ENTER (a self-loop enters nothing: the moves check)."""
-    field, code = {"room": ("room[ex].rs", _rs), "extent": ("slot[ex].ss", _ss), "peer": ("peer[ex]", peers.ps)}[machine]
+    field, code = {"room": ("room[ex].rs", _rs), "extent": ("slot[ex].ss", _ss),
+                   "peer": ("peer[ex]", peers.ps)}[machine]
     arms = "".join(f"  :: {field} == {code(st)} -> " + "; ".join(f"{a}(ex, cause)" for a in acts) + "\n"
                    for (m, st), acts in couplings.ON_ENTER.items() if m == machine and acts)
     return f"inline enter_{machine}(ex, cause) {{\n  if\n{arms}  :: else -> skip\n  fi\n}}"
