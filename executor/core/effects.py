@@ -28,7 +28,10 @@ class Submit:
 
 @dataclass(frozen=True, slots=True)
 class Contact:
-    """Start first contact with the peer `session` (off the loop); report the answer with `attempt`."""
+    """Start first contact with the peer `session` (off the loop); report the answer with `attempt`.
+
+    The same effect re-checks a `suspect` peer and is the heartbeat's probe of a busy `up` one: the
+    edge does the same cheap probe for each, under the connect deadline."""
 
     session: str
     attempt: int
