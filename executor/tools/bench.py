@@ -70,7 +70,9 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
-    executor = EncodeExecutor(manager, FixedTower(), "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
+    # One receiver's held writes occupy the ring on purpose here: no per-peer share (peer_ring_share=1.0).
+    executor = EncodeExecutor(manager, FixedTower(), "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes(),
+                              peer_ring_share=1.0)
     pump = Pump(executor)
     receiver = transport.add_receiver("prefill:0")
     dst = torch.empty(TOKENS, HIDDEN)
