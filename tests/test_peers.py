@@ -685,6 +685,19 @@ def test_a_send_held_back_by_its_peers_bound_fails_after_the_write_timeout():
     assert rig.manager.room_status(4) == "success"
 
 
+def test_a_chunk_parked_for_a_receiver_not_yet_registered_is_charged_to_no_peer():
+    """Parked chunks wait on receivers that never registered, not on the registered one's peer."""
+    rig = make_rig(slots=4, park_timeout=10.0)
+    rig.receiver("a")
+    for k in range(3):  # two receivers declared, only a registers: parked
+        rig.executor.register(f"req-{k}", "prefill", 1, k)
+        rig.manager.register_receiver(rig.frame(k, "a", 3, n=2, rank=0, shard=True))
+        rig.executor.execute([(f"req-{k}", rig.item(3, k))])
+    assert all(rig.manager.is_parked(k) for k in range(3)) and rig.manager.peers.get("a").held == 0
+    run(rig, room_for(rig, 9, "a"))
+    assert rig.manager.room_status(9) == "success"
+
+
 def test_ring_share_is_checked_and_one_means_no_bound():
     clock = FakeClock()
     t = LoopbackTransport(clock)

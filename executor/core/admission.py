@@ -114,8 +114,6 @@ class Admission:
         peer.rooms.add(room.id)
         if not peer.beat.timer:
             m.peers.schedule(peer)  # work pending: the heartbeat runs
-        if room.id in m.peers.holds:
-            m.peers.hold_for(room.id, peer)  # its chunk is in the ring already
         room.frames[frame.session] = frame
         room.n = frame.n_receivers
         m.step_room(room, "add_receiver")

@@ -143,6 +143,9 @@ class Lifecycle:
                 return
         if room.timer:
             self.deadlines.cancel(room)
+        nbytes = self.peers.leased.get(room.id)
+        if nbytes is not None:  # its ring bytes are held for its receivers' peers from now on
+            self.peers.hold(room.id, nbytes, room.frames)
         peers = self.peers.by_session
         for session in room.frames:
             # Every receiver's peer is in the table while its room lives (admission adds it; a peer

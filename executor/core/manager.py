@@ -230,11 +230,10 @@ class EncodeManager(Lifecycle):
         self.tombs.unpin(room_id)
 
     def hold(self, room_id: int, nbytes: int) -> None:
-        """A slot was leased for the room's chunk: it holds `nbytes` of the ring for its receivers' peers
-        until each one's write reports (or the room concludes with none in flight)."""
-        room = self.rooms.get(room_id)
-        if room is not None:
-            self.peers.hold(room_id, nbytes, room.frames)
+        """A slot was leased for the room's chunk, which holds `nbytes` of the ring: once its writes
+        start, for its receivers' peers, until each one's write reports (`start_writes`)."""
+        if room_id in self.rooms:
+            self.peers.leased[room_id] = nbytes
 
     def held_back(self, room_id: int, nbytes: int) -> bool:
         """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer

@@ -12,10 +12,12 @@ The manager asks one O(1) question on the write path: is this session's peer
 
 Two rules keep one stuck receiver from costing the others:
 
-- Ring bytes per peer: every room's chunk holds ring bytes (`hold`) against the
-  peer of each of its receivers, from its lease until that receiver's write
-  reports (or, with no write in flight, until the room concludes). A room with
-  a receiver whose peer holds `max_bytes` or more does not take ring space
+- Ring bytes per peer: once a room's receivers are all registered and its writes
+  start (or wait for a peer's contact), its chunk's ring bytes are held (`hold`)
+  against the peer of each of its receivers until that receiver's write reports
+  (or, with no write in flight, until the room concludes). A chunk parked for a
+  receiver that has not registered is charged to nobody: the park deadline bounds
+  it. A room with a receiver whose peer holds `max_bytes` does not take ring space
   (`over_bound`); the executor keeps it deferred without blocking the others.
 - Health: the first overdue write makes an `up` peer `suspect` (no new writes,
   re-checked at the edge), and an `up` peer with work pending is probed every
@@ -108,6 +110,8 @@ class PeerTable:
         self.beats = Deadlines()
         # room id -> (bytes its chunk holds, the peers holding them for it)
         self.holds: dict[int, tuple[int, list[Peer]]] = {}
+        # room id -> bytes its leased chunk holds, not yet charged (its writes have not started)
+        self.leased: dict[int, int] = {}
         # The coupling actions (fsm/couplings.py) a peer's step runs: the manager's.
         self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
         self.by_session: OrderedDict[str, Peer] = OrderedDict()
@@ -276,6 +280,7 @@ class PeerTable:
 
     def hold(self, room: int, nbytes: int, sessions: Iterable[str]) -> None:
         """Room `room`'s chunk holds `nbytes` of the ring for each of these sessions' peers."""
+        self.leased.pop(room, None)
         peers = []
         for session in sessions:
             peer = self.by_session.get(session)
@@ -283,14 +288,6 @@ class PeerTable:
                 peer.held += nbytes
                 peers.append(peer)
         self.holds[room] = (nbytes, peers)
-
-    def hold_for(self, room: int, peer: Peer) -> None:
-        """A receiver on `peer` joined a room whose chunk already holds ring bytes."""
-        entry = self.holds.get(room)
-        if entry is not None and peer not in entry[1]:
-            peer.held += entry[0]
-            entry[1].append(peer)
-            self.schedule(peer)
 
     def let_go(self, room: int, session: str) -> None:
         """The write of `room` to `session` reported: its peer no longer holds the room's bytes."""
@@ -309,6 +306,7 @@ class PeerTable:
 
     def let_go_room(self, room: int, keep: Iterable[str] = ()) -> None:
         """`room` concluded: every peer lets its bytes go but those of `keep` (writes still in flight)."""
+        self.leased.pop(room, None)
         entry = self.holds.pop(room, None)
         if entry is None:
             return
