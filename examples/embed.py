@@ -61,8 +61,9 @@ def main() -> int:
     clock = MonotonicClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=5.0, write_timeout=5.0, quarantine_s=1.0)
-    # A small ring: 4 slots of 64 tokens x HIDDEN float32 (4 KiB each), registered once.
-    executor = EncodeExecutor(manager, model, "cpu", ring_slots=4, ring_bytes=64 * HIDDEN * 4)
+    # A small ring: an arena of 16 KiB (four items of 64 tokens x HIDDEN float32), registered once;
+    # each item takes the bytes it needs.
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=4 * 64 * HIDDEN * 4)
     # The core decides and never calls out; the pump does what it decided (submits writes, tells
     # receivers, contacts peers) and feeds the transport's answers back in.
     pump = Pump(executor)
@@ -114,7 +115,7 @@ def main() -> int:
             break
         time.sleep(0.001)
 
-    print(executor.dump_state())  # returns a string: the ring's slots and the live rooms
+    print(executor.dump_state())  # returns a string: the ring's live extents and the live rooms
     ok = True
     for rid, room, item in requests[:10]:
         status = manager.room_status(room)

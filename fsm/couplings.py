@@ -1,7 +1,7 @@
 """How the machines move each other, declared once.
 
 A change of state in one machine obliges work elsewhere: a room that parks arms
-its deadline and parks its slot; a room that concludes tells its receivers; a
+its deadline and parks its extent; a room that concludes tells its receivers; a
 peer that goes down fails its rooms. Those couplings are listed here, by name,
 and nowhere else. The core (executor/core/), the spec (models/spec.py) and the
 Promela generator (models/promela.py) each implement every action once and run
@@ -32,17 +32,17 @@ ON_EVENT: dict[tuple[str, str], tuple[str, ...]] = {
 
 ACTION_DOCS: dict[str, str] = {
     "arm_announce_deadline": "receivers came before the sender: the room fails if no sender binds in time",
-    "park_extent": "the staged chunk waits in its slot (slot: staged -> parked)",
+    "park_extent": "the staged chunk waits in its extent (extent: staged -> parked)",
     "arm_park_deadline": "armed once at park time; partial registrations never extend it",
     "start_writes": "check the receivers tile the rows, cancel the room's deadline, issue one write per "
-                    "receiver from the slot (slot -> sending); waits while a receiver's peer is connecting",
+                    "receiver from the extent (extent -> sending); waits while a receiver's peer is connecting",
     "conclude": "cancel the room's deadlines, tell every receiver the outcome, hand failed rooms' regions "
                 "to the region book, keep a tombstone",
-    "abandon_extent": "a slot holding a chunk no write was issued from goes back free",
-    "arm_quarantine_deadline": "a write that failed or timed out may still land: the slot is held",
+    "abandon_extent": "an extent holding a chunk no write was issued from goes back free (its bytes to the arena)",
+    "arm_quarantine_deadline": "a write that failed or timed out may still land: the extent and its bytes are held",
     "resume_rooms": "rooms whose chunk waited for this peer's contact start their writes",
     "fail_rooms": "every live room with a receiver on this peer fails; all its receivers are told",
-    "release_regions": "failed rooms' regions that waited on this slot are released",
+    "release_regions": "failed rooms' regions that waited on this extent are released",
 }
 
 

@@ -74,7 +74,7 @@ def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
              peers: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """A picture of live controller state: slots by state, the rooms they hold, receivers' peers.
 
-    `slots`: objects with index/state/room/writes_in_flight; `rooms`: the manager's snapshot;
+    `slots`: the ring's live extents (objects with index/state/room/writes_in_flight); `rooms`: the manager's snapshot;
     `peers`: the peer table's snapshot (session -> state).
     """
     from .machines import EXTENT, ROOM
@@ -87,9 +87,9 @@ def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
     lines = ["digraph live {", "  rankdir=LR;", '  node [shape=box fontname="Helvetica"];']
     for s in slots:
         extra = f"\\nwrites {s.writes_in_flight}" if s.writes_in_flight else ""
-        lines.append(f'  slot{s.index} [label="slot {s.index}\\n{s.state}{extra}" {attrs(EXTENT, s.state)}];')
+        lines.append(f'  extent{s.index} [label="extent {s.index}\\n{s.state}{extra}" {attrs(EXTENT, s.state)}];')
         if s.room is not None:
-            lines.append(f"  slot{s.index} -> room{s.room};")
+            lines.append(f"  extent{s.index} -> room{s.room};")
     for rid, info in sorted(rooms.items()):
         n = info["n"] or "?"
         lines.append(f'  room{rid} [label="room {rid}\\n{info["state"]} {len(info["receivers"])}/{n}" '

@@ -1,4 +1,4 @@
-"""The slot and room machines, declared once.
+"""The extent and room machines, declared once.
 
 Everything else (runtime stepping, diagrams, the formal model) is derived from
 these two declarations. Guards name predicate methods of the object stepped:
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .core import CompiledMachine
 
-# Tags give each state its meaning for review: where a slot's bytes may still be
+# Tags give each state its meaning for review: where an extent's bytes may still be
 # read (in_flight), where they may be read by a write we lost track of (unsure),
 # and where nothing will happen any more (terminal).
 EXTENT_DECLARATION = {
@@ -25,16 +25,16 @@ EXTENT_DECLARATION = {
         {"name": "retired", "tags": ["terminal"]},
     ],
     "transitions": [
-        # Leased off the free list; the embedding is being copied in (on CUDA the
-        # copy is asynchronous and must finish before any write may read the slot).
+        # Leased from the arena with the item's size; the embedding is being copied in (on CUDA
+        # the copy is asynchronous and must finish before any write may read the extent).
         {"trigger": "lease", "source": "free", "dest": "copying"},
         {"trigger": "copied", "source": "copying", "dest": "staged"},
-        # Receivers are not all registered: the chunk waits in the slot.
+        # Receivers are not all registered: the chunk waits in the extent.
         {"trigger": "park", "source": "staged", "dest": "parked"},
         {"trigger": "send", "source": ["staged", "parked"], "dest": "sending"},
-        # No write was ever issued from the slot, so nothing can still read it.
+        # No write was ever issued from the extent, so nothing can still read it.
         {"trigger": "abandon", "source": ["copying", "staged", "parked"], "dest": "free"},
-        # One write from the slot reported an outcome (or hit its own deadline).
+        # One write from the extent reported an outcome (or hit its own deadline).
         {"trigger": "settle", "source": "sending", "dest": "free",
          "unless": ["writes_pending", "write_unsure"]},
         {"trigger": "settle", "source": "sending", "dest": "sending",
@@ -47,17 +47,17 @@ EXTENT_DECLARATION = {
         {"trigger": "retire", "source": "free", "dest": "retired"},
     ],
     "docs": {
-        "free": "on the free list; may be leased and rewritten",
+        "free": "its bytes are back in the arena; they may be leased and rewritten",
         "copying": "leased; the embedding is being copied in (async on CUDA)",
         "staged": "holds a complete chunk; no write issued yet",
         "parked": "holds a chunk whose room still waits for receivers",
-        "sending": "writes from the slot are in flight",
+        "sending": "writes from the extent are in flight",
         "quarantined": "a write failed or timed out and may still land; held until the quarantine deadline",
         "retired": "ring closed; never leased again",
     },
     "guard_docs": {
-        "writes_pending": "some write from this slot has not reported yet",
-        "write_unsure": "some write from this slot failed or timed out",
+        "writes_pending": "some write from this extent has not reported yet",
+        "write_unsure": "some write from this extent failed or timed out",
     },
 }
 

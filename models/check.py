@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from .spec import VARIANTS, Config, Spec
 
 # Defaults of the model's size; None in argparse so that `--replay` can tell an
 # explicit flag (refused: the trace file fixes the configuration) from none.
-DEFAULTS = {"slots": 3, "rooms": 4, "receivers": 2, "faults": 1, "variant": "project"}
+DEFAULTS = {"cells": 3, "rooms": 3, "receivers": 2, "faults": 1, "variant": "project", "sizes": (1, 2)}
 
 
 class CheckInputError(ValueError):
@@ -35,10 +36,25 @@ def count_at_least(low: int, what: str = ""):
     return parse
 
 
+def cell_sizes(text: str) -> tuple[int, ...]:
+    """An argparse type: ascending distinct cell counts, comma-separated ("1,2")."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+        Config(sizes=sizes)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected ascending cell counts like 1,2: {exc}") from None
+    return sizes
+
+
 def add_arguments(p) -> None:
     d = DEFAULTS
-    p.add_argument("--slots", type=count_at_least(1), default=None,
-                   help=f"ring slots in the model (default: {d['slots']})")
+    p.add_argument("--cells", type=count_at_least(1), default=None,
+                   help=f"cells of the arena in the model (default: {d['cells']})")
+    p.add_argument("--sizes", type=cell_sizes, default=None,
+                   help=f"item sizes in cells the tower may produce, comma-separated (default: "
+                        f"{','.join(map(str, d['sizes']))}; a size above --cells fails its room)")
+    # The model's ring was slots once; say what replaced the flag rather than "unrecognized argument".
+    p.add_argument("--slots", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--rooms", type=count_at_least(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
     p.add_argument("--receivers", type=count_at_least(1), default=None,
                    help=f"receivers per room (default: {d['receivers']})")
@@ -73,6 +89,9 @@ SPIN_FLAGS = ("spin_opt", "spin_collapse", "spin_hash", "spin_memlim", "spin_kee
 
 def apply_defaults(args) -> None:
     """Fill the model's size flags left unset, and refuse flags the chosen engine would ignore."""
+    if getattr(args, "slots", None) is not None:
+        raise CheckInputError("--slots is gone: the model's ring is an arena of --cells, carved into extents of "
+                              "the --sizes items have (a slot per item is --sizes 1)")
     engine = getattr(args, "engine", "explorer")
     if engine == "spin":
         given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry")
@@ -144,8 +163,8 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         apply_defaults(args)
         return _run_replay(args, out, report)
     apply_defaults(args)
-    cfg = Config(args.slots, args.rooms, args.receivers, args.faults, args.variant,
-                 peers=getattr(args, "peers", False))
+    cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
+                 peers=getattr(args, "peers", False), sizes=args.sizes)
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
     report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers}, runs=[])
@@ -153,7 +172,8 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
     status = 0
     for symmetry in runs:
         label = "with" if symmetry else "without"
-        out(f"checking {cfg.variant}: {cfg.slots} slots, {cfg.rooms} rooms, {cfg.receivers} receivers per room, "
+        out(f"checking {cfg.variant}: {cfg.cells} cells, items of {'/'.join(map(str, cfg.sizes))} cells, "
+            f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, "
             f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{label} symmetry reduction")
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()

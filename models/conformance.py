@@ -4,10 +4,10 @@
 every write held until the harness completes it, copies gated by fences the
 harness completes, and with `Config.peers` every first contact held until the
 harness answers it or fires its deadline) and maps each spec event onto them. `abstract()` reads the
-implementation's state back as a spec state: rooms, slots, the deferred queue,
+implementation's state back as a spec state: rooms, cells, the deferred queue,
 writes in flight and each receiver's region (stepped through the region
 machine on every notice that receiver got, so a second outcome fails at once);
-after every event it must equal, up to relabelling rooms and slots, one of the
+after every event it must equal, up to relabelling rooms, one of the
 spec's successors for that event. Beyond the spec, `check_full_state()`
 compares what the spec has no words for: each live room's frames, every
 deadline against the time its event happened (each timeout a distinct value,
@@ -16,6 +16,9 @@ every receive buffer as room labels.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -41,6 +44,7 @@ from .spec import (
     CH_NONE,
     CH_SENT,
     RCV,
+    SIZE,
     SLOTI,
     W_FLIGHT,
     W_GHOST,
@@ -87,10 +91,19 @@ class RoomTower:
 class Harness:
     ROOM_BASE = 500
 
-    def __init__(self, config: Config, tokens: int = 2):
+    def __init__(self, config: Config, tokens: int = 4, room_sizes: tuple[int, ...] | None = None):
+        """`tokens` rows make one cell (64 B: the arena's alignment, so an item of z cells takes exactly
+        z cells); room i's item has `room_sizes[i]` cells (default: the configuration's sizes in turn).
+        The spec lets the tower pick any size; receivers size their regions from the request, so here
+        each room's size is fixed up front and the harness takes only that room's tower event."""
         if config.variant != "project":
             raise ValueError("the implementation is the project variant")
+        if (tokens * HIDDEN * 4) % 64:
+            raise ValueError("a cell must be a whole number of 64-byte units")
         self.cfg = config
+        self.size = tuple(room_sizes) if room_sizes is not None else self.room_sizes(config)
+        if len(self.size) != config.rooms or not set(self.size) <= set(config.sizes):
+            raise ValueError(f"room sizes {self.size} must give each of {config.rooms} rooms one of {config.sizes}")
         self.spec = Spec(config)
         self.state = self.spec.initial()
         self.tokens = tokens
@@ -101,8 +114,10 @@ class Harness:
         if config.peers:
             self.transport.inject_contact("hang", count=1 << 30)  # the harness answers every contact
         self.tower = RoomTower()
-        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=config.slots,
-                                       ring_bytes=64 * ((tokens * HIDDEN * 4 + 63) // 64), copy_fence=Fence,
+        # The arena is the model's cells: an extent of z cells is z * cell_bytes at a multiple of them.
+        self.cell_bytes = tokens * HIDDEN * 4
+        self.executor = EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=config.cells * self.cell_bytes,
+                                       copy_fence=Fence,
                                        peer_ring_share=1.0)  # the model keeps no per-peer bound of ring bytes
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
@@ -115,10 +130,11 @@ class Harness:
             for k in range(N):
                 session = self.session(i, k)
                 rcv = self.transport.receivers.get(session) or self.transport.add_receiver(session)
-                buf = torch.full((tokens, HIDDEN), -1.0)
+                rows = tokens * self.size[i]
+                buf = torch.full((rows, HIDDEN), -1.0)
                 rcv.register(buf)
                 self.buffers[(i, k)] = buf
-                row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, tokens, 0, tokens, HIDDEN,
+                row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, rows, 0, rows, HIDDEN,
                                          "torch.float32", False, N))
             self.frames.append(row)
         self.registered = [False] * R
@@ -127,7 +143,7 @@ class Harness:
         self.frames_sent = [0] * R
         self.ok = [0] * R
         self.faults = config.faults
-        self.content = [-1] * config.slots
+        self.content = [-1] * config.cells
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
@@ -145,6 +161,11 @@ class Harness:
         # With peers, the rank-k receiver of every room is on one peer, as in the model.
         return f"p.{k}" if self.cfg.peers else f"p{i}.{k}"
 
+    @staticmethod
+    def room_sizes(config: Config) -> tuple[int, ...]:
+        """Each room's item size by default: the configuration's sizes in turn."""
+        return tuple(config.sizes[i % len(config.sizes)] for i in range(config.rooms))
+
     # -- reading the implementation back ---------------------------------------------
     def _observe(self) -> None:
         now = self.clock.now()
@@ -152,12 +173,12 @@ class Harness:
         for rid, room in m.rooms.items():
             if room.timer:
                 self.armed.setdefault(("room", rid, room.state), now)
-        for s in self.executor.ring.slots:
-            key = ("extent", s.index, "quarantine")
-            if s.state == "quarantined":
-                self.armed.setdefault(key, now)
-            else:
-                self.armed.pop(key, None)
+        extents = list(self.executor.ring.extents.values())
+        quarantined = {self.cell(e) for e in extents if e.state == "quarantined"}
+        for c in quarantined:
+            self.armed.setdefault(("extent", c, "quarantine"), now)
+        for key in [k for k in self.armed if k[0] == "extent" and k[1] not in quarantined]:
+            del self.armed[key]
         for h in m.writes.by_handle:
             self.armed.setdefault(("write", h, ""), now)
         for h, write in self.pump.handles().items():  # transport handle -> the core's write
@@ -165,11 +186,31 @@ class Harness:
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
-                self.handle_slot[h] = w.slot.index
+                self.handle_slot[h] = self.cell(w.slot)
                 self.sent[i] = True
-        for s in self.executor.ring.slots:
-            if s.room is not None:
-                self.content[s.index] = s.room - self.ROOM_BASE
+        for e in extents:
+            if e.room is not None:
+                for c in self.span(e):
+                    self.content[c] = e.room - self.ROOM_BASE
+
+    def cell(self, extent: Any) -> int:
+        """The model's cell an extent starts at."""
+        return extent.offset // self.cell_bytes
+
+    def span(self, extent: Any) -> range:
+        """The model's cells an extent covers."""
+        first = self.cell(extent)
+        return range(first, first + max(1, -(-extent.nbytes // self.cell_bytes)))
+
+    def cells(self) -> list[Any]:
+        """The ring as the model's cells: the live extent covering each cell, or a free stand-in."""
+        out: list[Any] = [SimpleNamespace(state="free", room=None, unsure=False, timer=0, due=0.0,
+                                          offset=i * self.cell_bytes, nbytes=self.cell_bytes)
+                          for i in range(self.cfg.cells)]
+        for e in self.executor.ring.extents.values():
+            for c in self.span(e):
+                out[c] = e
+        return out
 
     def region(self, i: int, session: str) -> str:
         """The session's region, stepped through the region machine on every notice it got."""
@@ -204,7 +245,8 @@ class Harness:
     def abstract(self) -> tuple:
         ex, m = self.executor, self.manager
         deferred = tuple(int(rid[1:]) for rid in ex.deferred_requests())
-        slot_of = {s.room - self.ROOM_BASE: s for s in ex.ring.slots if s.room is not None}
+        cells = self.cells()
+        slot_of = {s.room - self.ROOM_BASE: s for s in cells if s.room is not None}
         infl = [0] * self.cfg.rooms
         for w in m.writes.values():
             infl[w.room - self.ROOM_BASE] += 1
@@ -236,10 +278,14 @@ class Harness:
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
-            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv,
-                          slot.index if uses else -1))
-        used = {r[SLOTI] for r in rooms}  # the spec forgets the bytes of slots no room uses
-        slots = tuple((s.state, self.content[s.index] if s.index in used else -1, s.unsure) for s in ex.ring.slots)
+            size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
+            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv, size,
+                          self.cell(slot) if uses else -1))
+        # the spec forgets the bytes of cells no room's extent covers
+        used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
+        slots = tuple((s.state, self.content[i] if i in used else -1, s.unsure,
+                       len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
+                      for i, s in enumerate(cells))
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
@@ -249,8 +295,9 @@ class Harness:
     def enabled(self) -> list[tuple]:
         seen = []
         for step in self.spec.successors(self.state):
-            if step.event not in seen:
-                seen.append(step.event)
+            ev = step.event
+            if ev not in seen and not (ev[0] == "tower" and len(ev) > 2 and ev[2] != self.size[ev[1]]):
+                seen.append(ev)
         return seen
 
     def apply(self, event: tuple) -> None:
@@ -272,7 +319,8 @@ class Harness:
                 raise AssertionError(f"deadline-extended: a partial registration re-armed room {i}'s park deadline")
         elif name in ("tower", "tower_error", "stage_error"):
             self.tower_ran[i] = True
-            n = self.tokens if name != "stage_error" else self.tokens * 64  # too large for a slot
+            # an item of its room's size; a staging error: one larger than the whole arena
+            n = self.tokens * (self.size[i] if name != "stage_error" else self.cfg.cells + 1)
             item = EncodeItem("image", n, meta={"room": self.room(i)})
             if name == "tower_error":
                 self.tower.fail_next = True
@@ -340,7 +388,7 @@ class Harness:
             pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
             ex.reap_concluded_senders(pending)
         elif name == "release":
-            slot = ex.ring.slots[i]
+            slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
             assert m.release_slot_now(slot)
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
@@ -406,10 +454,10 @@ def check_full_state(h: Harness) -> None:
         want = h.armed[("write", write, "")] + m.write_timeout
         # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
         assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
-    for s in h.executor.ring.slots:
+    for s in h.executor.ring.extents.values():
         if s.state == "quarantined":
-            want = h.armed[("extent", s.index, "quarantine")] + m.quarantine_s
-            assert s.timer and s.due == want, f"slot {s.index} released at {s.due}, not {want}"
+            want = h.armed[("extent", h.cell(s), "quarantine")] + m.quarantine_s
+            assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
 
 
 def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
@@ -448,7 +496,7 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
 def coverage_targets(cfg: Config) -> dict:
     """Name -> predicate on spec states: every chunk location, two deferred sends, every region
     and write state, and states just after each kind of deadline fired."""
-    from .spec import CH, CH_NAMES, RCV as _RCV
+    from .spec import CH, CH_NAMES, LEN, RCV as _RCV, SS
 
     t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}
     t["two deferred sends"] = lambda st: len(st[2]) >= 2
@@ -456,11 +504,16 @@ def coverage_targets(cfg: Config) -> dict:
         t[f"region {g}"] = lambda st, g=g: any(x[0] == g for r in st[0] for x in r[_RCV])
     for w, name in ((W_FLIGHT, "in flight"), (W_GHOST, "may land"), (W_LANDED, "landed late")):
         t[f"write {name}"] = lambda st, w=w: any(x[1] == w for r in st[0] for x in r[_RCV])
+    if max(cfg.sizes) > 1:
+        t["extent of two cells"] = lambda st: any(c[LEN] == 2 for c in st[1])
+        t["deferred with a cell free"] = lambda st: bool(st[2]) and any(c[SS] == "free" for c in st[1])
     return t
 
 
 def reach(cfg: Config, targets: dict, max_states: int = 200_000) -> dict[str, list[tuple]]:
-    """Shortest event list reaching each target (breadth-first over the spec, no symmetry)."""
+    """Shortest event list reaching each target (breadth-first over the spec, no symmetry), each room's
+    item of the size `Harness(cfg)` gives it."""
+    sizes = Harness.room_sizes(cfg)
     spec = Spec(cfg)
     init = spec.initial()
     parent: dict[tuple, tuple] = {init: (None, None)}
@@ -482,6 +535,9 @@ def reach(cfg: Config, targets: dict, max_states: int = 200_000) -> dict[str, li
                 if name not in found and pred(st):
                     found[name] = path(st)
             for step in spec.successors(st):
+                ev = step.event
+                if ev[0] == "tower" and len(ev) > 2 and ev[2] != sizes[ev[1]]:
+                    continue
                 if step.state not in parent and not step.violation:
                     parent[step.state] = (st, step.event)
                     nxt.append(step.state)

@@ -21,10 +21,12 @@ from .state import (
     CONTENT,
     GHOST,
     INFL,
+    LEN,
     OK,
     RCV,
     REG,
     RS,
+    SIZE,
     SLOTI,
     SND,
     SS,
@@ -54,17 +56,21 @@ class Events(Rules):
         self._global_families = tuple(getattr(self, f) for f in self.GLOBAL_FAMILIES)
 
     def _emit(self, out: list, d: Draft, event: tuple) -> None:
-        # A slot no room uses holds nothing that matters any more: forget whose bytes it had,
-        # so states that differ only in stale bytes are one state.
-        rooms, slots = d.rooms, d.slots
+        # A cell no room's extent covers holds nothing that matters any more: forget whose bytes
+        # it had, so states that differ only in stale bytes are one state.
+        rooms, slots = d.rooms, d.cells
         used = None
         for s, sl in enumerate(slots):
             if sl[CONTENT] >= 0:
                 if used is None:
-                    used = {r[SLOTI] for r in rooms}
+                    used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
                 if s not in used:
                     sl = slots[s] = list(sl)
                     sl[CONTENT] = -1
+        # Likewise an item's size matters only while it waits or holds an extent.
+        for r in rooms:
+            if r[SIZE] and r[SLOTI] < 0 and r[CH] != CH_DEFERRED:
+                r[SIZE] = 0
         if self.regions:
             rooms = [list(x) for x in rooms]
             for x in rooms:
@@ -143,7 +149,8 @@ class Events(Rules):
 
     # -- the tower and the ring ------------------------------------------------------------
     def _tower(self, state: tuple, i: int, out: list) -> None:
-        """The tower runs (or a cache hit arrives) for the room's single item, or it or the staging fails."""
+        """The tower runs (or a cache hit arrives) for the room's single item, of any size the
+        configuration allows; or it or the staging fails."""
         r = state[0][i]
         if r[SND] != 1 or r[CH] != CH_NONE:
             return
@@ -152,10 +159,18 @@ class Events(Rules):
             d.rooms[i][CH] = CH_DROPPED  # its room concluded: never written, never deferred
             self._emit(out, d, ("tower", i))
             return
-        d = Draft.of(state)
-        d.rooms[i][CH] = CH_DEFERRED  # placeholder until offered
-        for served in self._serve_deferred(d):
-            self._offer_chunk(served, i, out)
+        for z in self.cfg.sizes:
+            d = Draft.of(state)
+            d.rooms[i][SIZE] = z
+            if z > self.cfg.cells:
+                # Larger than the whole arena: it could never be staged, so its room fails at once.
+                d.rooms[i][CH] = CH_DROPPED
+                self._move_room(d, i, "fail")
+                self._emit(out, d, ("tower", i, z))
+                continue
+            d.rooms[i][CH] = CH_DEFERRED  # placeholder until offered
+            for served in self._serve_deferred(d):
+                self._offer_chunk(served, i, out)
         if state[3]:
             for ev in ("tower_error", "stage_error"):
                 d = Draft.of(state)
@@ -165,17 +180,19 @@ class Events(Rules):
                 self._emit(out, d, (ev, i))
 
     def _offer_chunk(self, d: Draft, i: int, out: list) -> None:
-        """Room i's chunk, once the deferred sends were served: staged, or deferred while the ring is full."""
-        if d.halt is None and (d.deferred or not self._leasable(d.rooms, d.slots)):
+        """Room i's chunk, once the deferred sends were served: staged, or deferred while it fits nowhere
+        (or older sends still wait: they are served first)."""
+        event = ("tower", i, d.rooms[i][SIZE])
+        if d.halt is None and (d.deferred or not self._fits(d, i)):
             if self.busy_wait:
                 d.halt = "spin"
             else:
                 d.deferred += (i,)
         elif d.halt is None:
             for staged in self._stage(d, i):
-                self._emit(out, staged, ("tower", i))
+                self._emit(out, staged, event)
             return
-        self._emit(out, d, ("tower", i))
+        self._emit(out, d, event)
 
     def _copied(self, state: tuple, i: int, out: list) -> None:
         """The copy into the slot completed: the chunk goes to the manager, or is dropped."""
@@ -211,7 +228,7 @@ class Events(Rules):
             rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE)
         if unsure:
             ro[GHOST] += 1
-            d.slots[ro[SLOTI]][UNSURE] = True
+            d.cells[ro[SLOTI]][UNSURE] = True
             d.faults -= 1
         self._settle(d, i, unsure)
         if ro[RS] == "transferring":
@@ -233,8 +250,9 @@ class Events(Rules):
             d = Draft.of(state)
             ro = d.rooms[i]
             s = ro[SLOTI]
-            if d.slots[s][CONTENT] != i:
-                d.flag("overwrite-under-late-write", f"bytes of room {d.slots[s][CONTENT]} landed for room {i}")
+            other = next((c for c in (d.cells[x][CONTENT] for x in range(s, s + ro[SIZE])) if c != i), None)
+            if other is not None:
+                d.flag("overwrite-under-late-write", f"bytes of room {other} landed for room {i}")
             elif k is not None and r[RCV][k][0] == "released":
                 d.flag("write-into-released-region",
                        f"room {i}'s late write landed in a region its receiver had released (and may reuse)")
@@ -290,7 +308,9 @@ class Events(Rules):
             return
         d = Draft.of(state)
         d.faults -= 1
-        d.slots[r[SLOTI]][UNSURE] = True  # the writes may land any time: the slot serves a quarantine
+        # the writes may land any time: the extent serves a quarantine (each of its cells says so)
+        d.cells[r[SLOTI]][UNSURE] = True
+        self._spread(d, r[SLOTI])
         for k in range(self.N):
             self._move_peer(d, k, "write_overdue")
         self._move_room(d, i, "fail")
@@ -327,8 +347,8 @@ class Events(Rules):
                     self._emit(out, d, (ev, k))
 
     def _deferred_served(self, state: tuple, out: list) -> None:
-        """The loop serves deferred sends when slots free up."""
-        if state[2] and self._leasable(state[0], state[1]):
+        """The loop serves deferred sends when the oldest fits or is to be dropped."""
+        if self._servable(state[0], state[1], state[2]):
             for d in self._serve_deferred(Draft.of(state)):
                 self._emit(out, d, ("drain",))
 
@@ -344,7 +364,7 @@ class Events(Rules):
     def _quarantine_ends(self, state: tuple, out: list) -> None:
         """A quarantine deadline passes; writes that could land have landed by then."""
         for s, sl in enumerate(state[1]):
-            if sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
+            if sl[LEN] and sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
                 d = Draft.of(state)
                 self._move_slot(d, s, "release")
                 self._emit(out, d, ("release", s))

@@ -19,68 +19,48 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SLOTI, SS, UNSURE, Config, Spec
+from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SIZE, SLOTI, SS, UNSURE, Config, Spec
 
 
 def _keys(state: tuple) -> list:
-    rooms, slots, deferred = state[0], state[1], state[2]
+    rooms, cells, deferred = state[0], state[1], state[2]
     dpos = {r: k for k, r in enumerate(deferred)} if deferred else {}
     keys = []
     for i, r in enumerate(rooms):
         s = r[SLOTI]
         if s >= 0:
-            sl = slots[s]
-            keys.append((r[:SLOTI], sl[SS], sl[UNSURE], sl[CONTENT] == i, dpos.get(i, -1), i))
+            own = all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))
+            keys.append((r[:SLOTI], s + 1, own, dpos.get(i, -1), i))
         else:
-            keys.append((r[:SLOTI], "", False, False, dpos.get(i, -1), i))
+            keys.append((r[:SLOTI], 0, False, dpos.get(i, -1), i))
     keys.sort()
     return keys
 
 
 def canonical(state: tuple) -> tuple:
-    """Relabel rooms and slots into canonical order: a complete invariant of the symmetry.
+    """Relabel rooms into canonical order: a complete invariant of the symmetry.
 
-    Rooms are ordered by everything about them: their fields, the slot they use
-    (its state, whether it holds their bytes) and their place in the deferred
-    queue. Slots in use follow their rooms; the others (which hold nothing that
-    matters, see events.Events._emit) follow, ordered by state. Two states get the
-    same canonical form exactly when a permutation of rooms and slots maps one
-    onto the other.
+    Rooms are interchangeable, cells are not (an extent is a run of neighbours,
+    so a cell's place matters). Rooms are ordered by everything about them:
+    their fields, the first cell of their extent, whether its cells hold their
+    bytes, and their place in the deferred queue; cells keep their places, and
+    the rooms they name are relabelled. Two states get the same canonical form
+    exactly when a permutation of rooms maps one onto the other.
     """
-    rooms, slots, deferred, faults, halt, peers = state
+    rooms, cells, deferred, faults, halt, peers = state
     keys = _keys(state)
     R = len(rooms)
     rmap = [0] * R
     for new, k in enumerate(keys):
         rmap[k[-1]] = new
-    if rmap == _IDENTITY[R] and not any(r[SLOTI] >= 0 for r in rooms):
-        # the common cheap case: rooms already in order, no slot in use
-        free = [(sl[SS], sl[UNSURE]) for sl in slots]
-        if free == sorted(free) and all(sl[CONTENT] < 0 for sl in slots):
-            return state if deferred.__class__ is tuple else (rooms, slots, tuple(deferred), faults, halt)
-    smap = [-1] * len(slots)
-    nxt = 0
-    for k in keys:
-        s = rooms[k[-1]][SLOTI]
-        if s >= 0 and smap[s] < 0:
-            smap[s] = nxt
-            nxt += 1
-    if nxt < len(slots):
-        rest = sorted((sl[SS], sl[UNSURE], rmap[sl[CONTENT]] if sl[CONTENT] >= 0 else -1, s)
-                      for s, sl in enumerate(slots) if smap[s] < 0)
-        for k in rest:
-            smap[k[-1]] = nxt
-            nxt += 1
+    if rmap == _IDENTITY[R]:
+        return state if deferred.__class__ is tuple else (rooms, cells, tuple(deferred), faults, halt, peers)
     new_rooms = [None] * R
     for i, r in enumerate(rooms):
-        s = r[SLOTI]
-        new_rooms[rmap[i]] = r if s < 0 or smap[s] == s else r[:SLOTI] + (smap[s],)
-    new_slots = [None] * len(slots)
-    for s, sl in enumerate(slots):
-        c = sl[CONTENT]
-        new_slots[smap[s]] = sl if c < 0 or rmap[c] == c else (sl[SS], rmap[c], sl[UNSURE])
+        new_rooms[rmap[i]] = r
+    new_cells = tuple(sl if sl[CONTENT] < 0 else (sl[SS], rmap[sl[CONTENT]], *sl[UNSURE:]) for sl in cells)
     new_deferred = tuple(rmap[i] for i in deferred) if deferred else ()
-    return (tuple(new_rooms), tuple(new_slots), new_deferred, faults, halt, peers)
+    return (tuple(new_rooms), new_cells, new_deferred, faults, halt, peers)
 
 
 _IDENTITY = [list(range(n)) for n in range(16)]
@@ -88,15 +68,13 @@ _FACT = [1, 1, 2, 6, 24, 120, 720, 5040, 40320, 362880, 3628800]
 
 
 def orbit_size(state: tuple) -> int:
-    """How many states (relabellings of rooms and slots) this one stands for.
+    """How many states (relabellings of rooms) this one stands for.
 
-    |orbit| = R! S! / |automorphisms|; an automorphism can only swap rooms with
-    identical keys (and with them the slots they use) and unused slots with
-    identical state, so |automorphisms| is a product of factorials. Exact when
-    no two rooms use one slot, which holds in every state that is not itself a
-    violation (a test checks the sum against an unreduced search).
+    |orbit| = R! / |automorphisms|; an automorphism can only swap rooms with
+    identical keys, so |automorphisms| is a product of factorials. Exact when
+    no two rooms' extents overlap, which holds in every state that is not
+    itself a violation (a test checks the sum against an unreduced search).
     """
-    rooms, slots = state[0], state[1]
     keys = _keys(state)
     stab = 1
     run = 1
@@ -107,18 +85,7 @@ def orbit_size(state: tuple) -> int:
             stab *= _FACT[run]
             run = 1
     stab *= _FACT[run]
-    used = {r[SLOTI] for r in rooms}
-    free = sorted((sl[SS], sl[UNSURE]) for s, sl in enumerate(slots) if s not in used)
-    run = 1
-    for a, b in zip(free, free[1:]):
-        if a == b:
-            run += 1
-        else:
-            stab *= _FACT[run]
-            run = 1
-    if free:
-        stab *= _FACT[run]
-    return _FACT[len(rooms)] * _FACT[len(slots)] // stab
+    return _FACT[len(state[0])] // stab
 
 
 @dataclass
@@ -294,7 +261,9 @@ def event_name(event: tuple) -> str:
     name, *args = event
     if not args:
         return name
-    what = "slot" if name == "release" else "room"
+    what = "cell" if name == "release" else "room"
+    if name == "tower" and len(args) > 1:
+        return f"{name} room{args[0]} ({args[1]} cell{'s' if args[1] > 1 else ''})"
     return f"{name} {what}{args[0]}"
 
 
@@ -309,8 +278,9 @@ def format_trace(spec: Spec, violation: Violation, heading: str = "shortest trac
 
 def trace_to_json(config: Config, violation: Violation) -> str:
     head = {
-        "config": {"slots": config.slots, "rooms": config.rooms, "receivers": config.receivers,
-                   "faults": config.faults, "variant": config.variant, **({} if config.regions else {"regions": False}),
+        "config": {"cells": config.cells, "rooms": config.rooms, "receivers": config.receivers,
+                   "faults": config.faults, "variant": config.variant, "sizes": list(config.sizes),
+                   **({} if config.regions else {"regions": False}),
                    **({"peers": True} if config.peers else {})},
         "violation": violation.kind,
         "hazard": violation.hazard,

@@ -8,14 +8,16 @@ from pathlib import Path
 from .explore import explore, trace_to_json
 from .spec import HAZARDS, Config
 
-# The smallest bounds at which each variant shows its hazards.
+# The smallest bounds at which each variant shows its hazards. One cell per item: the traces are
+# also replayed on the implementation, whose ring has one slot per item until the arena is in it.
 FIXTURE_CONFIGS = [
-    Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed"),
-    Config(slots=1, rooms=2, receivers=1, faults=1, variant="no-parked-check"),
-    Config(slots=1, rooms=2, receivers=1, faults=1, variant="busy-wait"),
-    Config(slots=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash"),
-    Config(slots=1, rooms=1, receivers=1, faults=0, variant="blocking-contact", peers=True),
-    Config(slots=1, rooms=1, receivers=1, faults=0, variant="write-before-up", peers=True),
+    Config(cells=1, rooms=2, receivers=2, faults=1, variant="seed", sizes=(1,)),
+    Config(cells=1, rooms=2, receivers=1, faults=1, variant="no-parked-check", sizes=(1,)),
+    Config(cells=1, rooms=2, receivers=2, faults=1, variant="reuse-when-terminal", sizes=(1,)),
+    Config(cells=1, rooms=2, receivers=1, faults=1, variant="busy-wait", sizes=(1,)),
+    Config(cells=1, rooms=2, receivers=1, faults=1, variant="reaped-deferred-crash", sizes=(1,)),
+    Config(cells=1, rooms=1, receivers=1, faults=0, variant="blocking-contact", peers=True, sizes=(1,)),
+    Config(cells=1, rooms=1, receivers=1, faults=0, variant="write-before-up", peers=True, sizes=(1,)),
 ]
 
 

@@ -10,14 +10,31 @@ from epd_ring.fsm.diagrams import KIND_STYLE
 
 from .explore import _transition_check, canonical, event_name, replay
 from .fixtures import hazard_traces
-from .spec import CH, CH_NAMES, CONTENT, GHOST, INFL, RCV, REG, REGION_MARK, RS, SLOTI, SS, TOLD, W_MARK, Config, Spec
+from .spec import (
+    CH,
+    CH_NAMES,
+    CONTENT,
+    GHOST,
+    INFL,
+    RCV,
+    REG,
+    REGION_MARK,
+    RS,
+    SIZE,
+    SLOTI,
+    SS,
+    TOLD,
+    W_MARK,
+    Config,
+    Spec,
+)
 
-TINY = dict(slots=1, rooms=2, receivers=1, faults=1)
+TINY = dict(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,))
 BAD = {"style": "filled", "fillcolor": "#f4b6b6", "color": "#b71c1c", "penwidth": "2"}
 
 
 def short(spec: Spec, state: tuple) -> str:
-    """A node label: one line per room, one per slot."""
+    """A node label: one line per room, one per extent."""
     return "\\n".join(spec.describe_parts(state))
 
 
@@ -50,7 +67,7 @@ def state_graph_dot(cfg: Config) -> str:
                 bad.setdefault(ids[c], problem)
             edges.append((ids[state], ids[c], step.event[0], problem))
     lines = [f'digraph "model {cfg.variant}" {{',
-             f'  graph [label="{cfg.variant}: {cfg.slots} slot, {cfg.rooms} rooms, {cfg.receivers} receiver, '
+             f'  graph [label="{cfg.variant}: {cfg.cells} cell, {cfg.rooms} rooms, {cfg.receivers} receiver, '
              f'{cfg.faults} faults; {len(order)} states up to symmetry; red: breaks an invariant" '
              'labelloc=t fontname="Helvetica"];',
              '  node [shape=box style="rounded,filled" fontname="Helvetica" fontsize=9 fillcolor=white];',
@@ -73,11 +90,11 @@ def state_graph_dot(cfg: Config) -> str:
 
 
 def room_view(state: tuple, i: int = 0) -> tuple:
-    """What room i sees of a global state: itself, its receivers, the slot it uses, its queue place."""
-    rooms, slots, deferred, _, halt = state[:5]
+    """What room i sees of a global state: itself, its receivers, the extent it uses, its queue place."""
+    rooms, cells, deferred, _, halt = state[:5]
     r = rooms[i]
     s = r[SLOTI]
-    slot = (slots[s][SS], slots[s][CONTENT] == i) if s >= 0 else ("", True)
+    slot = (cells[s][SS], all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))) if s >= 0 else ("", True)
     return (r[RS], r[CH], r[REG], r[TOLD], r[INFL], r[GHOST], r[RCV], slot, i in deferred, halt)
 
 
@@ -90,7 +107,7 @@ def _view_label(spec: Spec, v: tuple) -> str:
     if rcv:
         lines.append("receivers " + ",".join(REGION_MARK[g] + W_MARK[w] for g, w in rcv))
     if ss:
-        lines.append(f"slot {ss}" + ("" if mine else " REWRITTEN"))
+        lines.append(f"extent {ss}" + ("" if mine else " OVERLAPPED"))
     if halt:
         lines.append(f"HALT {halt}")
     return "\\n".join(lines)
@@ -137,7 +154,7 @@ def room_view_dot(cfg: Config) -> str:
                 name = ev[0] if mine or ev[0] in ("release", "drain", "reap") else f"{ev[0]} (other room)"
                 edges.add((a, b, name, bool(problem)))
     lines = [f'digraph "model {cfg.variant}" {{',
-             f'  graph [label="{cfg.variant}: the life of one room in {cfg.slots} slot, {cfg.rooms} rooms, '
+             f'  graph [label="{cfg.variant}: the life of one room in {cfg.cells} cell, {cfg.rooms} rooms, '
              f'{cfg.receivers} receiver, {cfg.faults} fault ({len(views)} views of {len(seen)} global states)\\n'
              f'receivers: o offered, W written, F failed, X withdrawing, R released; '
              f'~ write in flight, ? may land, . landed late\\nred: breaks an invariant; green: quiescent" '

@@ -54,7 +54,8 @@ from .state import STAGEABLE
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
          "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
          "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle",
-         "write-into-released-region", "success-under-write", "wrong-outcome", "room-of-down-peer-live")
+         "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent",
+         "room-of-down-peer-live")
 CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 
 # States are numbered in sorted name order, so a numeric comparison in the
@@ -71,7 +72,7 @@ EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", 
 
 # Promela for each guard named in the declarations, given the stepped object.
 ROOM_GUARDS = {"all_receivers": "({allr})"}
-SLOT_GUARDS = {"writes_pending": "({pend})", "write_unsure": "slot[{x}].unsure"}
+SLOT_GUARDS = {"writes_pending": "({pend})", "write_unsure": "cell[{x}].unsure"}
 
 
 def _rs(name: str) -> str:
@@ -118,9 +119,9 @@ def _machine_inlines(drop_guard: tuple[str, str, str] | None) -> str:
                    f'  :: else -> printf("MODELBUG room {ev}\\n"); assert(false)\n  fi\n}}')
     for ev, rows in table(EXTENT).items():
         def assign(d):
-            return f"slot[sx].ss = {_ss(d)}" + ("; slot[sx].unsure = 0" if d == EXTENT.initial else "")
+            return f"cell[sx].ss = {_ss(d)}" + ("; cell[sx].unsure = 0" if d == EXTENT.initial else "")
         arms = "\n".join(
-            f"  :: slot[sx].ss == {_ss(src)} -> "
+            f"  :: cell[sx].ss == {_ss(src)} -> "
             + _chain(opts, SLOT_GUARDS, assign, {"pend": "spend", "x": "sx"}, f"slot {src} {ev}")
             for src, opts in rows)
         out.append(f"inline slot_{ev}(sx, spend) {{\n  if\n{arms}\n"
@@ -222,7 +223,7 @@ def _on_event(machine: str, event: str, index: str) -> str:
 
 def _enter_inline(machine: str) -> str:
     """What entering each state runs, from ON_ENTER (a self-loop enters nothing: the moves check)."""
-    field, code = {"room": ("room[ex].rs", _rs), "extent": ("slot[ex].ss", _ss),
+    field, code = {"room": ("room[ex].rs", _rs), "extent": ("cell[ex].ss", _ss),
                    "peer": ("peer[ex]", peers.ps)}[machine]
     arms = "".join(f"  :: {field} == {code(st)} -> " + "; ".join(f"{a}(ex, cause)" for a in acts) + "\n"
                    for (m, st), acts in couplings.ON_ENTER.items() if m == machine and acts)
@@ -239,11 +240,12 @@ def _room_move(event: str) -> str:
 def _slot_move(event: str) -> str:
     # The seed's slots have no machine: a move sets the state it names (spec: SeedSpec.SLOT_MOVES).
     dest = SeedSpec.SLOT_MOVES.get(event)
-    seed = (f"slot[sx].ss = {_ss(dest)}" + ("; slot[sx].unsure = 0" if event == "lease" else "") if dest
+    seed = (f"cell[sx].ss = {_ss(dest)}" + ("; cell[sx].unsure = 0" if event == "lease" else "") if dest
             else f'printf("MODELBUG seed slot {event}\\n"); assert(false)')
-    return (f"inline move_slot_{event}(sx, spend) {{\n  so = slot[sx].ss;\n"
-            f"  if :: SEED -> {seed} :: else -> slot_{event}(sx, spend) fi;\n"
-            f"  if :: slot[sx].ss == so -> so = 0 :: else -> so = 0; enter_extent(sx, C_{event}) fi"
+    # The move steps the extent's first cell; its other cells follow (spread).
+    return (f"inline move_slot_{event}(sx, spend) {{\n  so = cell[sx].ss;\n"
+            f"  if :: SEED -> {seed} :: else -> slot_{event}(sx, spend) fi;\n  spread(sx);\n"
+            f"  if :: cell[sx].ss == so -> so = 0 :: else -> so = 0; enter_extent(sx, C_{event}) fi"
             f"{_on_event('extent', event, 'sx')}\n}}")
 
 
@@ -267,8 +269,8 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
     """
     if cfg.peers and cfg.variant in PEER_VARIANTS:
         raise ValueError(f"promela: the peer variant {cfg.variant!r} is not generated; check it with the explorer")
-    if cfg.rooms > 15 or cfg.slots > 15 or cfg.receivers > 7 or cfg.faults > 200:
-        raise ValueError("promela: at most 15 rooms, 15 slots, 7 receivers")
+    if cfg.rooms > 15 or cfg.cells > 15 or cfg.receivers > 7 or cfg.faults > 200:
+        raise ValueError("promela: at most 15 rooms, 15 cells, 7 receivers")
     keys, nkeys = _key_defines(cfg)
     defs = _constants(cfg, frozenset(KINDS) if asserted is None else asserted) + _macros(cfg) + keys
     inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg), SEARCH)
@@ -277,7 +279,7 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
 
 def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     v = cfg.variant
-    defs = [f"#define R {cfg.rooms}", f"#define S {cfg.slots}", f"#define N {cfg.receivers}",
+    defs = [f"#define R {cfg.rooms}", f"#define C {cfg.cells}", f"#define N {cfg.receivers}",
             f"#define F {cfg.faults}", f"#define NONE {NONE}",
             f"#define ASSERTED {sum(1 << CODE[k] for k in asserted)}", f"#define REGIONS {int(cfg.regions)}",
             f"#define SEED {int(v == 'seed')}", f"#define NO_PARKED_CHECK {int(v == 'no-parked-check')}",
@@ -297,7 +299,7 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
 
 def _macros(cfg: Config) -> list[str]:
     """The spec's predicates over a state, as macros."""
-    R, S, N = cfg.rooms, cfg.slots, cfg.receivers
+    R, C, N = cfg.rooms, cfg.cells, cfg.receivers
     concluded = " || ".join(f"(x) == {_rs(s)}" for s in sorted(CONCLUDED))
     defs = [f"#define CONCLUDED(x) ({concluded})",
             "#define STAGEABLE(x) (" + " || ".join(f"(x) == {_rs(s)}" for s in STAGEABLE) + ")"]
@@ -306,15 +308,29 @@ def _macros(cfg: Config) -> list[str]:
     for machine, code in (("room", _rs), ("extent", _ss)):
         armed = " || ".join(f"(x) == {code(s)}" for s in sorted(couplings.armed_states(machine, unarmed)))
         defs.append(f"#define ARMED_{machine.upper()}(x) ({armed or 0})")
-    # rules._leasable; the seed (SeedSpec._leasable) reuses a slot whose tenant is concluded and not parked
+    # rules._leasable, per cell; the seed (SeedSpec._leasable) reuses a cell whose tenant is concluded and not parked
     if cfg.variant == "seed":
-        defs.append("#define LEASABLE(x) (slot[x].content == NONE || (CONCLUDED(room[slot[x].content].rs)"
-                    " && room[slot[x].content].ch != CH_HELD))")
+        defs.append("#define LEASABLE(x) (cell[x].content == NONE || (CONCLUDED(room[cell[x].content].rs)"
+                    " && room[cell[x].content].ch != CH_HELD))")
     elif cfg.variant == "no-parked-check":
-        defs.append("#define LEASABLE(x) (slot[x].ss == S_free || slot[x].ss == S_parked)")
+        defs.append("#define LEASABLE(x) (cell[x].ss == S_free || cell[x].ss == S_parked)")
+    elif cfg.variant == "reuse-when-terminal":
+        defs.append("#define LEASABLE(x) (cell[x].ss == S_free || (cell[x].content != NONE"
+                    " && CONCLUDED(room[cell[x].content].rs)))")
     else:
-        defs.append("#define LEASABLE(x) (slot[x].ss == S_free)")
-    defs.append("#define ANY_LEASABLE (" + " || ".join(f"LEASABLE({s})" for s in range(S)) + ")")
+        defs.append("#define LEASABLE(x) (cell[x].ss == S_free)")
+    # rules._placements: an extent of z cells may start at cell o (FITS_o); FITS(z): somewhere
+    for o in range(C):
+        arms = [f"((z) == {z} && " + " && ".join(f"LEASABLE({o + c})" for c in range(z)) + ")"
+                for z in cfg.sizes if o + z <= C]
+        defs.append(f"#define FITS_{o}(z) ({' || '.join(arms) or 0})")
+    defs.append("#define FITS(z) (" + " || ".join(f"FITS_{o}(z)" for o in range(C)) + ")")
+    # rules._reads: room x still needs its extent's bytes
+    defs.append("#define READS(x) (room[x].ghost > 0 || room[x].infl > 0 || room[x].ch == CH_COPYING"
+                " || room[x].ch == CH_HELD)")
+    # every cell of room x's extent holds its bytes (nothing overlapped it)
+    defs.append("#define OWNS(x) (" + " && ".join(f"(room[x].sz <= {m} || cell[room[x].sl + {m}].content == x)"
+                                                  for m in range(max(cfg.sizes))) + ")")
     # rules._writes_pending
     defs.append("#define PENDING(x) (" + " || ".join(f"(room[{i}].sl == (x) && room[{i}].infl > 0)"
                                                      for i in range(R)) + ")")
@@ -329,8 +345,8 @@ def _macros(cfg: Config) -> list[str]:
 
 def _final_and_rank(cfg: Config) -> list[str]:
     """spec.is_final and spec.rank."""
-    R, S, N = cfg.rooms, cfg.slots, cfg.receivers
-    final = " && ".join([f"slot[{s}].ss == S_free" for s in range(S)]
+    R, C, N = cfg.rooms, cfg.cells, cfg.receivers
+    final = " && ".join([f"cell[{s}].ss == S_free" for s in range(C)]
                         + [f"CONCLUDED(room[{i}].rs) && room[{i}].told == N && room[{i}].reg == N && "
                            f"room[{i}].snd == 2 && room[{i}].infl == 0 && room[{i}].ghost == 0" for i in range(R)]
                         + ([f"(room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released) && "
@@ -345,7 +361,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
         [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
          f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
         + [f"REGRANK(room[{i}].rg[{j}])" for i in range(R) for j in range(N) if cfg.regions]
-        + [f"(slot[{s}].ss != S_quarantined)" for s in range(S)] + peers.rank_terms(cfg) + ["(hlt != 0)"])
+        + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
+        + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")
     return defs
 
@@ -360,7 +377,9 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
     if cfg.regions:
         fields += [(f"(room[KI].rg[{j}] * 4 + room[KI].rw[{j}])", _bits(len(REGION_STATES) * 4 + 3))
                    for j in range(N)]
-    fields += [("KSS", _bits(len(SLOT_STATES))), ("KUN", 1), ("KSAME", 1), ("KDPOS", _bits(R))]
+    # then the item's size, and where its extent starts (0 none, else its first cell + 1)
+    fields += [("room[KI].sz", _bits(max(cfg.sizes))), ("KPOS", _bits(cfg.cells)), ("KSAME", 1),
+               ("KDPOS", _bits(R))]
     # The key is split into ints of at most 31 bits, compared most significant first.
     chunks: list[list] = [[]]
     for f in fields:
@@ -372,23 +391,23 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
         key = "0"
         for expr, b in chunk:
             key = f"(({key}) << {b}) | ({expr})"
-        keydefs.append(f"#define KEY{c}OF(KI, KSS, KUN, KSAME, KDPOS) ({key})")
+        keydefs.append(f"#define KEY{c}OF(KI, KPOS, KSAME, KDPOS) ({key})")
     gt = "0"
     for c in reversed(range(len(chunks))):
         gt = f"(key{c}[A] > key{c}[B] || (key{c}[A] == key{c}[B] && {gt}))"
     keydefs.append(f"#define KEYGT(A, B) {gt}")
-    keydefs.append("#define SETKEYS(KI, KSS, KUN, KSAME, KDPOS) "
-                   + "; ".join(f"key{c}[KI] = KEY{c}OF(KI, KSS, KUN, KSAME, KDPOS)" for c in range(len(chunks))))
+    keydefs.append("#define SETKEYS(KI, KPOS, KSAME, KDPOS) "
+                   + "; ".join(f"key{c}[KI] = KEY{c}OF(KI, KPOS, KSAME, KDPOS)" for c in range(len(chunks))))
     return keydefs, len(chunks)
 
 
 def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
-               byte infl; byte ghost; byte sl = NONE; byte rg[N]; byte rw[N] }}
-typedef Extent {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure }}
+               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N] }}
+typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
-Extent slot[S];
+Cell cell[C];
 """ + peers.DECLARATIONS + """
 byte dq[R];
 byte dlen;
@@ -397,18 +416,17 @@ byte hlt;      /* 0 running, 1 the loop crashed, 2 the loop spins */
 bit stop;      /* a violation already reported: a dead end, as in the explorer */
 
 /* scratch, zero between statements that may branch: not part of the state */
-hidden byte tmp, k, n, q, best, gj, gq, gt, so;
-""" + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R], smap[S], sord[S];
-hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sl[R];
-hidden byte t_ss[S], t_content[S], t_unsure[S], t_dq[R];
+hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
+""" + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
+hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
 hidden byte t_rg[R * N], t_rw[R * N];
 """
 
 
 def _rules(cfg: Config) -> str:
     """The event families' inlines, with the variant's and the region machine's names filled in."""
-    choose = "\n".join(f"     :: LEASABLE({s}) -> ls = {s}" for s in range(cfg.slots))
-    rules = events.TEXT.replace("CHOOSE_SLOT", choose)
+    choose = "\n".join(f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells))
+    rules = events.TEXT.replace("CHOOSE_PLACE", choose)
     for notice, event in NOTICE_EVENTS.items():  # which region event each notice steps
         rules = rules.replace(f"region_NOTICE_{notice}(", f"region_{event}(")
     for notice, dest in SeedSpec.NOTICES.items():
@@ -420,7 +438,7 @@ def _proctype(cfg: Config) -> str:
     """One option per event; none enabled is a dead end: fine after a violation or when quiescent."""
     arms, enabled = _room_event_arms(cfg)
     for guards, arm in (events.deferred_served(EVENTS.index("drain")), events.reap(EVENTS.index("reap"), cfg.rooms),
-                        events.quarantine_ends(EVENTS.index("release"), cfg.slots),
+                        events.quarantine_ends(EVENTS.index("release"), cfg.cells),
                         *peers.global_arms(cfg, EVENTS.index)):
         enabled += guards
         arms.append(arm)
@@ -439,10 +457,10 @@ def _room_event_arms(cfg: Config) -> tuple[list[str], list[str]]:
     arms, enabled = [], []
     # An event about one receiver's write or region also picks the receiver (y); receivers alike give the
     # same successor, so picking among them adds transitions, not states (the spec picks one of each kind).
-    for n, (name, _, act, per_receiver) in enumerate(events.room_arms("x", "y", cfg.regions)):
+    for n, (name, _, act, per_receiver) in enumerate(events.room_arms("x", "y", cfg)):
         places = [(i, j) for i in range(cfg.rooms)
                   for j in (range(cfg.receivers) if per_receiver and cfg.regions else [None])]
-        guards = [events.room_arms(str(i), str(j), cfg.regions)[n][1] for i, j in places]
+        guards = [events.room_arms(str(i), str(j), cfg)[n][1] for i, j in places]
         enabled += guards
         pick = " ".join(f":: {g} -> x = {i}" + ("" if j is None else f"; y = {j}")
                         for (i, j), g in zip(places, guards))
@@ -497,10 +515,10 @@ def _parse_state(lines: list[str]) -> tuple:
             peer = peers.parse(f)
         elif tag == "RM":
             # receivers: (region, write) pairs after the room's fields; region 0 is no receiver (or no regions)
-            rcv = tuple((REGION_STATES[g - 1], w) for g, w in zip(f[9::2], f[10::2]) if g)
-            rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, -1 if f[8] == NONE else f[8]))
+            rcv = tuple((REGION_STATES[g - 1], w) for g, w in zip(f[10::2], f[11::2]) if g)
+            rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
-            slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2])))
+            slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))
     return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
 
 

@@ -10,6 +10,7 @@ spec's (same names, same order of effects); machine moves go through the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import promela_peers
 
@@ -57,7 +58,21 @@ inline offer(ox) {
 """
 
 RING = r"""
-/* rules._issue_writes: one write per receiver from the room's slot */
+/* rules._spread: the extent's other cells take its first cell's state; a free extent falls apart into free cells */
+inline spread(px) {
+  sp = px + 1;
+  do
+  :: sp < px + (cell[px].span -> cell[px].span : 1) ->
+     cell[sp].ss = cell[px].ss; cell[sp].unsure = cell[px].unsure;
+     if :: cell[px].ss == S_free -> cell[sp].span = 1 :: else -> skip fi;
+     sp++
+  :: else -> break
+  od;
+  if :: cell[px].ss == S_free -> cell[px].span = 1 :: else -> skip fi;
+  sp = 0
+}
+
+/* rules._issue_writes: one write per receiver from the room's extent */
 inline issue_writes(wx) {
   if :: CONCLUDED(room[wx].rs) -> kind = K_WRITE_FOR_CONCLUDED_ROOM :: else -> skip fi;
   if
@@ -69,31 +84,49 @@ inline issue_writes(wx) {
   fi
 }
 
-/* rules._drop_chunk: the room's chunk will never be sent, its slot goes back free */
+/* rules._drop_chunk: the room's chunk will never be sent, its extent goes back free */
 inline drop_chunk(dx) {
   move_slot_abandon(room[dx].sl, 0); room[dx].ch = CH_DROPPED; room[dx].sl = NONE
 }
 
-/* lease a slot for room gx and start its copy: any leasable slot may be taken */
+/* rules._stage: lease an extent of the room's size and start its copy: any place it fits may be taken */
 inline stage(gx) {
   if
   :: !STAGEABLE(room[gx].rs) -> room[gx].ch = CH_DROPPED
   :: else ->
      if
-     CHOOSE_SLOT
+     CHOOSE_PLACE
      fi;
+     /* a busy extent is never overlapped (rules._stage) */
+     lc = ls;
+     do
+     :: lc < ls + room[gx].sz ->
+        if
+        :: kind == 0 && cell[lc].ss != S_free && !(cell[lc].content != NONE && READS(cell[lc].content)) ->
+           kind = K_OVERLAP_OF_BUSY_EXTENT
+        :: else -> skip
+        fi;
+        lc++
+     :: else -> break
+     od;
+     lc = ls;
+     do :: lc < ls + room[gx].sz -> cell[lc].content = gx; cell[lc].span = 0; lc++ :: else -> break od;
+     lc = 0;
+     cell[ls].span = room[gx].sz;
      if
-     :: slot[ls].ss != S_free -> slot[ls].ss = S_copying; slot[ls].unsure = 0
+     :: cell[ls].ss != S_free -> cell[ls].ss = S_copying; cell[ls].unsure = 0; spread(ls)
      :: else -> move_slot_lease(ls, 0)
      fi;
-     slot[ls].content = gx; room[gx].ch = CH_COPYING; room[gx].sl = ls; ls = 0
+     room[gx].ch = CH_COPYING; room[gx].sl = ls; ls = 0
   fi
 }
 
-/* serve deferred sends oldest first while a slot is leasable */
+/* rules._serve_deferred: oldest first; a reaped or concluded head is dropped, one that fits is staged,
+   else nothing behind it overtakes it */
 inline serve_deferred() {
   do
-  :: dlen == 0 || !ANY_LEASABLE -> break
+  :: dlen == 0 -> break
+  :: dlen > 0 && room[dq[0]].snd != 2 && STAGEABLE(room[dq[0]].rs) && !FITS(room[dq[0]].sz) -> break
   :: else ->
      h = dq[0];
      if
@@ -113,7 +146,7 @@ inline serve_deferred() {
 
 
 # -- room families ---------------------------------------------------------------------------------
-def register(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+def register(r: str, i: str, j: str, cfg) -> list[Arm]:
     return [("register", f"{r}.snd == 0", f"ev_register({i})", False)]
 
 
@@ -125,7 +158,7 @@ inline ev_register(x) {
 """
 
 
-def frame(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+def frame(r: str, i: str, j: str, cfg) -> list[Arm]:
     return promela_peers.frame_arms(r, i)
 
 
@@ -156,28 +189,34 @@ inline late_receiver(x) {
 """
 
 
-def tower(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+def tower(r: str, i: str, j: str, cfg) -> list[Arm]:
     waiting = f"{r}.snd == 1 && {r}.ch == CH_AWAITING_TOWER"
-    return [("tower", f"{waiting} && !STAGEABLE({r}.rs)", f"{r}.ch = CH_DROPPED", False),
-            ("tower", f"{waiting} && STAGEABLE({r}.rs)", f"ev_tower({i})", False),
+    # one arm per size the item may have; one larger than the arena fails its room at once
+    sized = [("tower", f"{waiting} && STAGEABLE({r}.rs)",
+              f"ev_tower({i}, {z})" if z <= cfg.cells else f"ev_too_large({i}, {z})", False) for z in cfg.sizes]
+    return [("tower", f"{waiting} && !STAGEABLE({r}.rs)", f"{r}.ch = CH_DROPPED", False), *sized,
             ("tower_error", f"{waiting} && STAGEABLE({r}.rs) && faults > 0", f"ev_tower_error({i})", False),
             ("stage_error", f"{waiting} && STAGEABLE({r}.rs) && faults > 0", f"ev_tower_error({i})", False)]
 
 
 TOWER = r"""
-inline ev_tower(x) {
-  room[x].ch = CH_DEFERRED;
+inline ev_tower(x, z) {
+  room[x].sz = z; room[x].ch = CH_DEFERRED;
   serve_deferred();
   if
   :: hlt == 1 -> skip
   :: else ->
      if
-     :: dlen > 0 || !ANY_LEASABLE ->
+     :: dlen > 0 || !FITS(z) ->
         if :: BUSY_WAIT -> hlt = 2
            :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi
      :: else -> stage(x)
      fi
   fi
+}
+
+inline ev_too_large(x, z) {
+  room[x].sz = z; room[x].ch = CH_DROPPED; move_room_fail(x)
 }
 
 inline ev_tower_error(x) {
@@ -186,8 +225,8 @@ inline ev_tower_error(x) {
 """
 
 
-def copied(r: str, i: str, j: str, regions: bool) -> list[Arm]:
-    return [("copied", f"{r}.ch == CH_COPYING && slot[{r}.sl].ss == S_copying", f"ev_copied({i})", False)]
+def copied(r: str, i: str, j: str, cfg) -> list[Arm]:
+    return [("copied", f"{r}.ch == CH_COPYING && cell[{r}.sl].ss == S_copying", f"ev_copied({i})", False)]
 
 
 COPIED = r"""
@@ -201,8 +240,8 @@ inline ev_copied(x) {
 """
 
 
-def write_outcomes(r: str, i: str, j: str, regions: bool) -> list[Arm]:
-    flight = f" && {r}.rw[{j}] == W_FLIGHT" if regions else ""
+def write_outcomes(r: str, i: str, j: str, cfg) -> list[Arm]:
+    flight = f" && {r}.rw[{j}] == W_FLIGHT" if cfg.regions else ""
     return [("write_done", f"{r}.infl > 0{flight}", f"ev_write({i}, {j}, 0)", True),
             ("write_unsure", f"{r}.infl > 0 && faults > 0{flight}", f"ev_write({i}, {j}, 1)", True)]
 
@@ -216,9 +255,9 @@ inline ev_write(x, j, UNSURE) {
      if :: UNSURE -> room[x].rw[j] = W_GHOST :: else -> room[x].rw[j] = W_IDLE fi
   :: else -> skip
   fi;
-  if :: UNSURE -> room[x].ghost++; slot[room[x].sl].unsure = 1 :: else -> skip fi;
+  if :: UNSURE -> room[x].ghost++; cell[room[x].sl].unsure = 1 :: else -> skip fi;
   if
-  :: SEED -> if :: UNSURE || room[x].infl == 0 -> slot[room[x].sl].ss = S_free :: else -> skip fi
+  :: SEED -> if :: UNSURE || room[x].infl == 0 -> cell[room[x].sl].ss = S_free :: else -> skip fi; spread(room[x].sl)
   :: else -> move_slot_settle(room[x].sl, PENDING(room[x].sl))
   fi;
   if
@@ -236,16 +275,16 @@ inline ev_write(x, j, UNSURE) {
 """
 
 
-def late_landings(r: str, i: str, j: str, regions: bool) -> list[Arm]:
-    ghost = f" && {r}.rw[{j}] == W_GHOST" if regions else ""
+def late_landings(r: str, i: str, j: str, cfg) -> list[Arm]:
+    ghost = f" && {r}.rw[{j}] == W_GHOST" if cfg.regions else ""
     return [("late_landing", f"{r}.ghost > 0{ghost}", f"ev_late_landing({i}, {j})", True)]
 
 
 LATE_LANDINGS = r"""
 inline ev_late_landing(x, j) {
   if
-  :: slot[room[x].sl].content != x -> kind = K_OVERWRITE_UNDER_LATE_WRITE
-  :: REGIONS && slot[room[x].sl].content == x && room[x].rg[j] == G_released -> kind = K_WRITE_INTO_RELEASED_REGION
+  :: !OWNS(x) -> kind = K_OVERWRITE_UNDER_LATE_WRITE
+  :: REGIONS && OWNS(x) && room[x].rg[j] == G_released -> kind = K_WRITE_INTO_RELEASED_REGION
   :: else -> skip
   fi;
   room[x].ghost--;
@@ -256,13 +295,13 @@ inline ev_late_landing(x, j) {
 """
 
 
-def deadlines(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+def deadlines(r: str, i: str, j: str, cfg) -> list[Arm]:
     return [("expire", f"SEED && {r}.rs == R_failed && {r}.ch == CH_HELD", f"drop_chunk({i})", False),
             ("expire", f"ARMED_ROOM({r}.rs)", f"move_room_expire({i})", False)]
 
 
-def withdraws(r: str, i: str, j: str, regions: bool) -> list[Arm]:
-    if not regions:  # no receivers modelled: nothing to withdraw
+def withdraws(r: str, i: str, j: str, cfg) -> list[Arm]:
+    if not cfg.regions:  # no receivers modelled: nothing to withdraw
         return []
     return [("withdraw", f"faults > 0 && !CONCLUDED({r}.rs) && {r}.rg[{j}] == G_offered", f"ev_withdraw({i}, {j})",
              True)]
@@ -280,30 +319,31 @@ inline ev_withdraw(x, j) {
 """
 
 
-def abort(r: str, i: str, j: str, regions: bool) -> list[Arm]:
+def abort(r: str, i: str, j: str, cfg) -> list[Arm]:
     return [("abort", f"faults > 0 && {r}.snd == 1 && !CONCLUDED({r}.rs)", f"move_room_fail({i}); faults--", False)]
 
 
-Family = Callable[[str, str, str, bool], list[Arm]]
+Family = Callable[[str, str, str, Any], list[Arm]]
 ROOM_FAMILIES: tuple[tuple[Family, str], ...] = (
     (register, REGISTER), (frame, FRAME), (tower, TOWER), (copied, COPIED), (write_outcomes, WRITE_OUTCOMES),
     (late_landings, LATE_LANDINGS), (deadlines, ""), (withdraws, WITHDRAWS), (abort, ""),
     (promela_peers.write_deadline, promela_peers.TEXT))
 
 
-def room_arms(i: str, j: str, regions: bool) -> list[Arm]:
+def room_arms(i: str, j: str, cfg) -> list[Arm]:
     """Every room family's arms for room i (receiver j), in spec.successors' order."""
     r = f"room[{i}]"
     live = "LIVE && " if i != "x" else ""
     # With regions a write, a late landing or a withdraw is about receiver j; without, about the room ("0").
-    j = j if regions else "0"
+    j = j if cfg.regions else "0"
     return [(name, live + guard, act, per)
-            for family, _ in ROOM_FAMILIES for name, guard, act, per in family(r, i, j, regions)]
+            for family, _ in ROOM_FAMILIES for name, guard, act, per in family(r, i, j, cfg)]
 
 
 # -- the encoder's families: (guards that enable them, the proctype's arm) ---------------------------
 def deferred_served(event: int) -> tuple[list[str], str]:
-    guard = "LIVE && dlen > 0 && ANY_LEASABLE"
+    guard = ("LIVE && dlen > 0 && (room[dq[0]].snd == 2 || !STAGEABLE(room[dq[0]].rs) || "
+             "FITS(room[dq[0]].sz))")
     return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_deferred()"
 
 
@@ -327,8 +367,9 @@ inline reap() {
 """
 
 
-def quarantine_ends(event: int, slots: int) -> tuple[list[str], str]:
-    guards = [f"LIVE && ARMED_EXTENT(slot[{s}].ss) && !PENDING({s})" for s in range(slots)]
+def quarantine_ends(event: int, cells: int) -> tuple[list[str], str]:
+    # an extent's deadline: at its first cell (the others carry its state too)
+    guards = [f"LIVE && cell[{s}].span > 0 && ARMED_EXTENT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
     return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_slot_release(x, 0) }}"
 

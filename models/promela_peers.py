@@ -106,7 +106,7 @@ def frame_arms(r: str, i: str) -> list[tuple[str, str, str, bool]]:
             ("frame_after_backoff", down, f"ev_frame({i})", False)]
 
 
-def write_deadline(r: str, i: str, j: str, regions: bool) -> list[tuple[str, str, str, bool]]:
+def write_deadline(r: str, i: str, j: str, cfg) -> list[tuple[str, str, str, bool]]:
     return [("write_deadline", f"PEERS && faults > 0 && {r}.rs == R_transferring && {r}.infl == N",
              f"ev_write_deadline({i})", False)]
 
@@ -120,7 +120,7 @@ inline contact_peer(x) {
 /* the room's writes are due together: each one's peer turns suspect, the room fails, the writes fly on */
 inline ev_write_deadline(x) {
   faults--;
-  slot[room[x].sl].unsure = 1;
+  cell[room[x].sl].unsure = 1; spread(room[x].sl);
   pq = 0; do :: pq < N -> move_peer_write_overdue(pq, 0); pq++ :: else -> break od; pq = 0;
   move_room_fail(x)
 }

@@ -1,9 +1,9 @@
 """The Promela around the rules: what runs after every step, and how a state is printed.
 
 `post()` checks the step (its own violation, failure sticky, status forward, the
-rank, then the invariants, in `spec.Spec`'s order) and relabels rooms and slots
-into `explore.canonical`'s order (`canon()`), so SPIN stores exactly the
-explorer's canonical states; `show_state()` prints a state for
+rank, then the invariants, in `spec.Spec`'s order) and relabels rooms into
+`explore.canonical`'s order (`canon()`; cells keep their places), so SPIN stores
+exactly the explorer's canonical states; `show_state()` prints a state for
 `promela.parse_trail`.
 """
 
@@ -23,13 +23,23 @@ inline post() {
   d_step {
     /* each room's receivers in order (events.Events._emit sorts them) */
     if :: REGIONS -> sort_receivers() :: else -> skip fi;
-    /* a slot no room uses forgets whose bytes it held (events.Events._emit) */
+    /* a cell no room's extent covers forgets whose bytes it held, and an item's size is kept only while it
+       waits or holds an extent (events.Events._emit) */
     q = 0;
     do
-    :: q < S ->
+    :: q < C ->
        k = 0; n = 0;
-       do :: k < R -> if :: room[k].sl == q -> n = 1 :: else -> skip fi; k++ :: else -> break od;
-       if :: n == 0 -> slot[q].content = NONE :: else -> skip fi; q++
+       do
+       :: k < R -> if :: room[k].sl != NONE && room[k].sl <= q && q < room[k].sl + room[k].sz -> n = 1
+                      :: else -> skip fi; k++
+       :: else -> break
+       od;
+       if :: n == 0 -> cell[q].content = NONE :: else -> skip fi; q++
+    :: else -> break
+    od;
+    k = 0;
+    do
+    :: k < R -> if :: room[k].sl == NONE && room[k].ch != CH_DEFERRED -> room[k].sz = 0 :: else -> skip fi; k++
     :: else -> break
     od;
     /* the checks: the step's own violation, then failure sticky / status forward / rank, then the invariant */
@@ -56,7 +66,7 @@ inline post() {
     do
     :: k < R && kind == 0 ->
        if
-       :: room[k].sl != NONE && slot[room[k].sl].content != k ->
+       :: room[k].sl != NONE && !OWNS(k) ->
           if
           :: room[k].ghost > 0 -> kind = K_OVERWRITE_UNDER_LATE_WRITE
           :: room[k].ghost == 0 && room[k].infl > 0 -> kind = K_OVERWRITE_UNDER_WRITE
@@ -104,14 +114,15 @@ inline show_state() {
   printf("\n");
   k = 0;
   do
-  :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
-                     room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sl);
+  :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
+                     room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sz, room[k].sl);
      gj = 0; do :: gj < N -> printf(" %d %d", room[k].rg[gj], room[k].rw[gj]); gj++ :: else -> break od; gj = 0;
      printf("\n"); k++
   :: else -> break
   od;
   k = 0;
-  do :: k < S -> printf("SL %d %d %d\n", slot[k].ss, slot[k].content, slot[k].unsure); k++ :: else -> break od;
+  do :: k < C -> printf("SL %d %d %d %d\n", cell[k].ss, cell[k].content, cell[k].unsure, cell[k].span); k++
+     :: else -> break od;
   k = 0;
   show_peers()
 }
@@ -141,7 +152,7 @@ inline sort_receivers() {
   k = 0; gj = 0; gq = 0; gt = 0
 }
 
-/* relabel rooms and slots into explore.canonical's order */
+/* relabel rooms into explore.canonical's order; cells keep their places */
 inline canon() {
   k = 0;
   do
@@ -149,10 +160,8 @@ inline canon() {
      n = NONE;
      q = 0; do :: q < dlen -> if :: dq[q] == k -> n = q :: else -> skip fi; q++ :: else -> break od;
      if
-     :: room[k].sl != NONE ->
-        SETKEYS(k, slot[room[k].sl].ss, slot[room[k].sl].unsure, slot[room[k].sl].content == k,
-                (n == NONE -> 0 : n + 1))
-     :: else -> SETKEYS(k, 0, 0, 0, (n == NONE -> 0 : n + 1))
+     :: room[k].sl != NONE -> SETKEYS(k, room[k].sl + 1, OWNS(k), (n == NONE -> 0 : n + 1))
+     :: else -> SETKEYS(k, 0, 0, (n == NONE -> 0 : n + 1))
      fi;
      ord[k] = k; k++
   :: else -> break
@@ -167,38 +176,13 @@ inline canon() {
   :: else -> break
   od;
   k = 0; do :: k < R -> rmap[ord[k]] = k; k++ :: else -> break od;
-  /* used slots follow their rooms */
-  k = 0; do :: k < S -> smap[k] = NONE; k++ :: else -> break od;
-  n = 0; k = 0;
-  do
-  :: k < R ->
-     tmp = room[ord[k]].sl;
-     if :: tmp != NONE && smap[tmp] == NONE -> smap[tmp] = n; n++ :: else -> skip fi; k++
-  :: else -> break
-  od;
-  /* unused slots next, by state then unsure (stable) */
-  q = 0; k = 0;
-  do :: k < S -> if :: smap[k] == NONE -> sord[q] = k; q++ :: else -> skip fi; k++ :: else -> break od;
-  k = 1;
-  do
-  :: k < q ->
-     tmp = sord[k]; best = k;
-     do
-     :: best > 0 && (slot[sord[best - 1]].ss * 2 + slot[sord[best - 1]].unsure > slot[tmp].ss * 2 + slot[tmp].unsure) ->
-        sord[best] = sord[best - 1]; best--
-     :: else -> break
-     od;
-     sord[best] = tmp; k++
-  :: else -> break
-  od;
-  k = 0; do :: k < q -> smap[sord[k]] = n; n++; k++ :: else -> break od;
   /* permute */
   k = 0;
   do
   :: k < R ->
      t_rs[k] = room[k].rs; t_snd[k] = room[k].snd; t_ch[k] = room[k].ch; t_reg[k] = room[k].reg;
      t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
-     t_sl[k] = room[k].sl;
+     t_sz[k] = room[k].sz; t_sl[k] = room[k].sl;
      gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj]; gj++
                 :: else -> break od; gj = 0;
      k++
@@ -210,7 +194,7 @@ inline canon() {
      tmp = rmap[k];
      room[tmp].rs = t_rs[k]; room[tmp].snd = t_snd[k]; room[tmp].ch = t_ch[k]; room[tmp].reg = t_reg[k];
      room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
-     if :: t_sl[k] == NONE -> room[tmp].sl = NONE :: else -> room[tmp].sl = smap[t_sl[k]] fi;
+     room[tmp].sz = t_sz[k]; room[tmp].sl = t_sl[k];
      gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj]; gj++
                 :: else -> break od; gj = 0;
      k++
@@ -218,19 +202,10 @@ inline canon() {
   od;
   k = 0;
   do
-  :: k < S -> t_ss[k] = slot[k].ss; t_content[k] = slot[k].content; t_unsure[k] = slot[k].unsure; k++
-  :: else -> break
-  od;
-  k = 0;
-  do
-  :: k < S ->
-     tmp = smap[k];
-     slot[tmp].ss = t_ss[k]; slot[tmp].unsure = t_unsure[k];
-     if :: t_content[k] == NONE -> slot[tmp].content = NONE :: else -> slot[tmp].content = rmap[t_content[k]] fi;
-     k++
+  :: k < C -> if :: cell[k].content != NONE -> cell[k].content = rmap[cell[k].content] :: else -> skip fi; k++
   :: else -> break
   od;
   k = 0; do :: k < dlen -> dq[k] = rmap[dq[k]]; k++ :: else -> break od;
-  k = 0; n = 0; q = 0; tmp = 0; best = 0
+  k = 0; n = 0; q = 0; tmp = 0
 }
 """

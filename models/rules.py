@@ -26,9 +26,11 @@ from .state import (
     CONTENT,
     GHOST,
     INFL,
+    LEN,
     RCV,
     REG,
     RS,
+    SIZE,
     SLOTI,
     SND,
     SS,
@@ -40,6 +42,7 @@ from .state import (
     W_IDLE,
     W_LANDED,
     Draft,
+    extent,
     first_of_each,
     receivers,
 )
@@ -62,6 +65,7 @@ class Rules:
         self.cfg = config
         v = config.variant
         self.no_parked_check = v == "no-parked-check"
+        self.reuse_when_terminal = v == "reuse-when-terminal"
         self.busy_wait = v == "busy-wait"
         self.reap_crash = v == "reaped-deferred-crash"
         self.blocking_contact = v == "blocking-contact"
@@ -134,10 +138,23 @@ class Rules:
         self._couple(d, "room", i, old, ro[RS], event)
 
     def _move_slot(self, d: Draft, s: int, event: str, pending: bool = False) -> None:
-        sl = d.slots[s]
+        """Move the extent whose first cell is s (every cell of it follows)."""
+        sl = d.cells[s]
         old = sl[SS]
         self._slot_step(sl, event, pending)
+        self._spread(d, s)
         self._couple(d, "extent", s, old, sl[SS], event)
+
+    @staticmethod
+    def _spread(d: Draft, s: int) -> None:
+        """The extent's other cells take its first cell's state; a free extent falls apart into free cells."""
+        cells = d.cells
+        head = cells[s]
+        for c in extent(cells, s):
+            cell = cells[c]
+            cell[SS], cell[UNSURE] = head[SS], head[UNSURE]
+            if head[SS] == "free":
+                cell[LEN] = 1
 
     def _move_peer(self, d: Draft, k: int, event: str, backing_off: bool = False) -> None:
         old = d.peers[k]
@@ -215,13 +232,13 @@ class Rules:
         r[RCV] = [(g, W_FLIGHT) for g, _ in r[RCV]]
 
     def _drop_chunk(self, d: Draft, i: int) -> None:
-        """The room's chunk will never be sent: its slot goes back free."""
+        """The room's chunk will never be sent: its extent goes back free."""
         ro = d.rooms[i]
         self._move_slot(d, ro[SLOTI], "abandon")
         ro[CH], ro[SLOTI] = CH_DROPPED, -1
 
     def _settle(self, d: Draft, i: int, unsure: bool) -> None:
-        """A write from the room's slot completed or was reported unsure."""
+        """A write from the room's extent completed or was reported unsure."""
         s = d.rooms[i][SLOTI]
         self._move_slot(d, s, "settle", self._writes_pending(d.rooms, s))
 
@@ -273,44 +290,86 @@ class Rules:
         if self.regions:
             receivers(ro).append(("offered", W_IDLE))
 
-    # -- the ring --------------------------------------------------------------------------
-    def _leasable(self, rooms, slots) -> list[int]:
+    # -- the ring: an arena of cells ------------------------------------------------------------
+    def _leasable(self, rooms, cells) -> list[bool]:
+        """Per cell: may a new extent take it?"""
+        if self.reuse_when_terminal:  # whatever its extent's state, once the room whose bytes it holds concluded
+            return [sl[SS] == "free" or (sl[CONTENT] >= 0 and rooms[sl[CONTENT]][RS] in CONCLUDED) for sl in cells]
         ok = ("free", "parked") if self.no_parked_check else ("free",)
-        return [s for s, sl in enumerate(slots) if sl[SS] in ok]
+        return [sl[SS] in ok for sl in cells]
+
+    def _placements(self, rooms, cells, size: int) -> list[int]:
+        """First cells of every run of `size` leasable cells: where an extent of that size may go."""
+        ok = self._leasable(rooms, cells)
+        return [s for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
+
+    @staticmethod
+    def _reads(r) -> bool:
+        """Does the room still need its extent's bytes (a write in flight or unsure, a chunk to send)?"""
+        return bool(r[GHOST] or r[INFL] or r[CH] in (CH_COPYING, CH_HELD))
+
+    def _fits(self, d: Draft, i: int) -> bool:
+        return bool(self._placements(d.rooms, d.cells, d.rooms[i][SIZE]))
 
     def _stage(self, d: Draft, i: int) -> Iterator[Draft]:
-        """Lease a slot for room i and start the copy: one draft per slot it may take."""
+        """Lease an extent of the room's size and start the copy: one draft per place it may take."""
         if d.rooms[i][RS] not in STAGEABLE:
             d2 = d.copy()
             d2.rooms[i][CH] = CH_DROPPED
             yield d2
             return
-        for s in self._leasable(d.rooms, d.slots):
+        z = d.rooms[i][SIZE]
+        for s in self._placements(d.rooms, d.cells, z):
             d2 = d.copy()
-            sl = d2.slots[s]
-            if sl[SS] != "free":
-                sl[SS], sl[UNSURE] = "copying", False  # a variant leasing a parked slot: no move declared
-            else:
+            cells = d2.cells
+            free = cells[s][SS] == "free"
+            for c in range(s, s + z):
+                # A busy extent is never overlapped: a write may still read it, as far as the encoder can
+                # tell. Where the spec knows the reader (a write in flight or unsure, a chunk to send), the
+                # invariant names the overwrite; otherwise the allocation itself is the violation.
+                t = cells[c][CONTENT]
+                if cells[c][SS] != "free" and not (t >= 0 and self._reads(d2.rooms[t])):
+                    d2.flag("overlap-of-busy-extent", f"room {i}'s extent overlaps a {cells[c][SS]} extent at "
+                                                      f"cell {c}, which a write may still read")
+            for c in range(s, s + z):
+                cells[c][CONTENT], cells[c][LEN] = i, 0
+            cells[s][LEN] = z
+            if free:
                 self._move_slot(d2, s, "lease")
-            sl[CONTENT] = i
+            else:  # a variant leasing over a busy extent: no move declared
+                cells[s][SS], cells[s][UNSURE] = "copying", False
+                self._spread(d2, s)
             d2.rooms[i][CH], d2.rooms[i][SLOTI] = CH_COPYING, s
             yield d2
 
+    def _servable(self, rooms, cells, deferred) -> bool:
+        """Would serving deferred sends do anything: the oldest is dropped (its sender reaped, its room
+        concluded) or fits?"""
+        if not deferred:
+            return False
+        head = rooms[deferred[0]]
+        return head[SND] == 2 or head[RS] not in STAGEABLE or bool(self._placements(rooms, cells, head[SIZE]))
+
     def _serve_deferred(self, d: Draft) -> Iterator[Draft]:
-        """Serve deferred sends oldest first while slots are leasable (a crash halts the draft)."""
-        if not d.deferred or not self._leasable(d.rooms, d.slots):
+        """Serve deferred sends oldest first: drop the oldest if its sender was reaped or its room
+        concluded, stage it if it fits, else stop (nothing behind it overtakes it). A crash halts."""
+        if not d.deferred:
             yield d
             return
         head, rest = d.deferred[0], d.deferred[1:]
-        if d.rooms[head][SND] == 2:
-            if self.reap_crash:
-                d.halt = "crash"
-                yield d
-                return
+        r = d.rooms[head]
+        if r[SND] == 2 and self.reap_crash:
+            d.halt = "crash"
+            yield d
+            return
+        if r[SND] == 2 or r[RS] not in STAGEABLE:
             d2 = d.copy()
             d2.rooms[head][CH] = CH_DROPPED
             d2.deferred = rest
             yield from self._serve_deferred(d2)
+            return
+        if not self._fits(d, head):
+            yield d
             return
         for d2 in self._stage(d, head):
             d2.deferred = rest

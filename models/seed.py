@@ -1,7 +1,9 @@
 """The seed's rules, where they differ from the project's: the `seed` variant of the spec.
 
 The seed has no slot machine (a slot is reusable when its tenant room is
-concluded and its chunk not parked), no release protocol for regions, no
+concluded and its chunk not parked; here, over an arena of cells, a range is
+reusable as soon as the rooms whose bytes it holds are, so a new extent may
+overlap one a write may still read), no release protocol for regions, no
 announce deadline and no peers; a partial registration re-arms the park
 deadline, expiry tells nobody, a failed write frees its slot at once. Each
 override below is one of those rules; everything else is the project's.
@@ -42,12 +44,11 @@ class SeedSpec(Spec):
     def _release_settled(self, ro: list) -> None:
         """No release protocol: nothing waits for the writes to settle."""
 
-    def _leasable(self, rooms, slots) -> list[int]:
+    def _leasable(self, rooms, cells) -> list[bool]:
         out = []
-        for s, sl in enumerate(slots):
+        for sl in cells:
             t = sl[CONTENT]
-            if t < 0 or (rooms[t][RS] in ("success", "failed") and rooms[t][CH] != CH_HELD):
-                out.append(s)
+            out.append(t < 0 or (rooms[t][RS] in ("success", "failed") and rooms[t][CH] != CH_HELD))
         return out
 
     def _abandon_extent(self, d: Draft, i: int, cause: str) -> None:
@@ -74,7 +75,8 @@ class SeedSpec(Spec):
     def _settle(self, d: Draft, i: int, unsure: bool) -> None:
         ro = d.rooms[i]
         if unsure or not ro[INFL]:
-            d.slots[ro[SLOTI]][SS] = "free"  # a failed write frees the slot at once
+            d.cells[ro[SLOTI]][SS] = "free"  # a failed write frees the extent at once
+        self._spread(d, ro[SLOTI])
 
     def _deadlines(self, state: tuple, i: int, out: list) -> None:
         r = state[0][i]

@@ -1,17 +1,24 @@
 """An executable abstract spec of the encode-side protocol.
 
-A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`:
+A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`:
 
-- each room is `(rs, snd, ch, reg, told, ok, infl, ghost, rcv, slot)`: its room-machine
-  state; its sender (0 none, 1 registered, 2 reaped); where its chunk is (see CH_*);
-  receivers registered, told their outcome, written; writes in flight; writes that
-  reported failure or timeout but may still land ("ghosts"); its receivers, the other
-  end (a sorted tuple of `(region, write)`, one per registered receiver: the state of
-  its receive region in the region machine, and where the write into it is, see W_*);
-  the slot its chunk or writes use (-1 none);
-- each slot is `(ss, content, unsure)`: its slot-machine state, the room whose bytes
-  it holds (-1 none), and whether a write from it was unsure;
-- `deferred` is the FIFO of rooms whose chunk waits for a slot; `faults` is the
+- each room is `(rs, snd, ch, reg, told, ok, infl, ghost, rcv, size, extent)`: its
+  room-machine state; its sender (0 none, 1 registered, 2 reaped); where its chunk is
+  (see CH_*); receivers registered, told their outcome, written; writes in flight;
+  writes that reported failure or timeout but may still land ("ghosts"); its
+  receivers, the other end (a sorted tuple of `(region, write)`, one per registered
+  receiver: the state of its receive region in the region machine, and where the
+  write into it is, see W_*); its item's size in cells (0 before the tower ran); the
+  first cell of the extent its chunk or writes use (-1 none);
+- the ring's arena is a few cells, each `(ss, content, unsure, len)`: the extent
+  machine's state of the extent it belongs to, the room whose bytes it holds (-1
+  none), whether a write from its extent was unsure, and the extent's length at its
+  first cell (0 on its other cells). An extent is a run of contiguous cells leased
+  with a size; a free cell is a free extent of one cell. The lease may take any run
+  of free cells long enough (every allocation policy that only hands out free bytes
+  is one of these choices); an item that fits nowhere defers;
+- `deferred` is the FIFO of rooms whose chunk waits for room in the arena (served
+  oldest first, and the oldest blocks the rest until it fits); `faults` is the
   fault budget left; `halt` marks a loop that crashed or spins forever;
 - `peers` (with `Config.peers`) holds one peer-machine state per receiver rank: the
   rank-k receiver of every room lives on peer k. First contact runs at the edge, so
@@ -20,9 +27,9 @@ A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`:
   fault budget. Write failures do not move peers here (the model counts writes per
   room, not per receiver); the suites cover suspect peers.
 
-Room, slot and region moves are looked up in the fsm/ declarations (`ROOM`, `EXTENT`,
+Room, extent and region moves are looked up in the fsm/ declarations (`ROOM`, `EXTENT`,
 `REGION`), not copied, and what a move obliges elsewhere (a parked room parks its
-slot, a failed one abandons it and tells its receivers, a quarantine's end releases
+extent, a failed one abandons it and tells its receivers, a quarantine's end releases
 regions) is run from fsm/couplings.py's table. Notices reach a receiver when the
 encoder sends them (one ordered socket per receiver, so a delay changes when, never
 what, it learns).
@@ -31,8 +38,9 @@ The code: models/state.py (the layout above), models/rules.py (moves, the coupli
 actions, the ring), models/events.py (one method per family of events), this module
 (checks and presentation). Variants change the executor's and manager's rules, never
 the machines: the `seed` variant (models/seed.py) models the seed, whose slots have
-no machine at all (a slot is reusable when its tenant room is terminal and not
-parked), so its slot moves are set directly and the invariants show what goes wrong.
+no machine at all (a range of cells is reusable as soon as the rooms whose bytes it
+holds are terminal and not parked), so its extent moves are set directly and the
+invariants show what goes wrong: a new extent overlaps one a write may still read.
 """
 
 from __future__ import annotations
@@ -59,11 +67,13 @@ from .state import (  # noqa: F401
     CONTENT,
     GHOST,
     INFL,
+    LEN,
     OK,
     RCV,
     REG,
     REGION_MARK,
     RS,
+    SIZE,
     SLOTI,
     SND,
     SS,
@@ -75,6 +85,7 @@ from .state import (  # noqa: F401
     W_LANDED,
     W_MARK,
     Step,
+    extent,
 )
 
 VARIANTS = {
@@ -82,6 +93,8 @@ VARIANTS = {
     "seed": "the seed's rules: tenant-based reuse, only Success stragglers dropped, partial registration "
             "re-arms the deadline, no Failed for late receivers or on expiry, failed write frees its slot at once",
     "no-parked-check": "lease may take a slot whose chunk is parked",
+    "reuse-when-terminal": "the arena hands a range out again as soon as the rooms whose bytes it holds are "
+                           "terminal (a free on completion), while a write from it may still read it",
     "busy-wait": "a full ring makes the single loop wait for a slot instead of deferring",
     "reaped-deferred-crash": "serving a deferred send whose sender was reaped crashes the loop",
     "blocking-contact": "first contact with a peer runs on the encode loop (a silent peer holds it)",
@@ -101,6 +114,7 @@ HAZARDS = {
     ("seed", "deadline-extended"): "H16",
     ("seed", "write-into-released-region"): "H6-receiver-region-reuse",
     ("no-parked-check", "overwrite-under-chunk"): "lease-without-parked-check",
+    ("reuse-when-terminal", "overwrite-under-late-write"): "extent-reuse-when-terminal",
     ("busy-wait", "deadlock"): "busy-wait-lease",
     ("blocking-contact", "loop-waits-on-peer"): "blocking-first-contact",
     ("write-before-up", "write-to-peer-not-up"): "write-before-peer-up",
@@ -110,7 +124,7 @@ HAZARDS = {
 
 @dataclass(frozen=True)
 class Config:
-    slots: int = 2
+    cells: int = 2  # the arena, in cells
     rooms: int = 2
     receivers: int = 1
     faults: int = 1
@@ -120,12 +134,18 @@ class Config:
     # generator covers).
     regions: bool = True
     peers: bool = False  # model the peer machine (one peer per receiver rank)
+    # The sizes, in cells, an item may have (the tower picks one); one larger than the arena fails its room.
+    sizes: tuple[int, ...] = (1, 2)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; one of {sorted(VARIANTS)}")
-        if min(self.slots, self.rooms, self.receivers) < 1 or self.faults < 0:
-            raise ValueError("slots, rooms and receivers must be >= 1, faults >= 0")
+        if min(self.cells, self.rooms, self.receivers) < 1 or self.faults < 0:
+            raise ValueError("cells, rooms and receivers must be >= 1, faults >= 0")
+        sizes = tuple(self.sizes)
+        if not sizes or min(sizes) < 1 or max(sizes) > 15 or list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"sizes must be distinct cell counts from 1 to 15, ascending; got {self.sizes!r}")
+        object.__setattr__(self, "sizes", sizes)  # a list from a trace file reads back as a tuple
 
 
 class Spec(Events):
@@ -147,13 +167,13 @@ class Spec(Events):
 
     # -- states ---------------------------------------------------------------
     def initial(self) -> tuple:
-        room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), -1)
-        slot = (EXTENT.initial, -1, False)
+        room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), 0, -1)
+        cell = (EXTENT.initial, -1, False, 1)
         peers = (PEER.initial,) * self.N if self.peers else ()
-        return ((room,) * self.cfg.rooms, (slot,) * self.cfg.slots, (), self.cfg.faults, None, peers)
+        return ((room,) * self.cfg.rooms, (cell,) * self.cfg.cells, (), self.cfg.faults, None, peers)
 
     def is_final(self, state: tuple) -> bool:
-        """Quiescent: every room concluded and told, every slot free, nothing held or deferred."""
+        """Quiescent: every room concluded and told, every cell free, nothing held or deferred."""
         rooms, slots, deferred, _, halt, _ = state
         return (halt is None and not deferred
                 and all(s[SS] == "free" for s in slots)
@@ -176,7 +196,10 @@ class Spec(Events):
                         return "room-of-down-peer-live", f"peer {k} is down but room {i}, which it serves, is {r[RS]}"
         for i, r in enumerate(rooms):
             s = r[SLOTI]
-            if s >= 0 and slots[s][CONTENT] != i:
+            # Some cell of the room's extent holds another room's bytes: an allocation overlapped it.
+            other = next((c for c in (slots[x][CONTENT] for x in range(s, s + r[SIZE])) if c != i), None) \
+                if s >= 0 else None
+            if other is not None:
                 if r[GHOST]:
                     kind, who = "overwrite-under-late-write", "a write that reported failure may still land"
                 elif r[INFL]:
@@ -186,7 +209,9 @@ class Spec(Events):
                 else:
                     kind = None
                 if kind:
-                    return kind, f"slot {s} was rewritten by room {slots[s][CONTENT]} while {who} (room {i})"
+                    cells = f"cell {s}" if r[SIZE] == 1 else f"cells {s}-{s + r[SIZE] - 1}"
+                    return kind, (f"an allocation for room {other} overlaps room {i}'s extent ({cells}) "
+                                  f"while {who}")
             if r[RS] in CONCLUDED and r[TOLD] < r[REG]:
                 return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
             if r[RS] == "success" and r[OK] < self.N:
@@ -224,18 +249,20 @@ class Spec(Events):
                 v = cache[r] = (m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
                                 + sum(_REGION_RANK[g] for g, _ in r[RCV]))
             total += v
-        for sl in state[1]:
-            total += sl[SS] != "quarantined"
+        for sl in state[1]:  # once per extent: its first cell (a continuation cell counts 1 in every state)
+            total += sl[SS] != "quarantined" or not sl[LEN]
         for ps in state[5]:
             total += _PEER_RANK[ps]
         return total + (state[4] is not None)
 
     def describe_parts(self, state: tuple) -> list[str]:
-        """One short description per room and slot (and the deferred queue), for traces and diagrams."""
+        """One short description per room and extent (and the deferred queue), for traces and diagrams."""
         rooms, slots, deferred, _, halt, peers = state
         parts = []
         for i, r in enumerate(rooms):
-            extra = f" slot{r[SLOTI]}" if r[SLOTI] >= 0 else ""
+            s, z = r[SLOTI], r[SIZE]
+            extra = f" size{z}" if z else ""
+            extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
             rx = ",".join(REGION_MARK[a] + W_MARK[b] for a, b in r[RCV])
@@ -243,7 +270,11 @@ class Spec(Events):
             parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else ""
-            parts.append(f"slot{s}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
+            if sl[LEN]:
+                where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"
+                parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
+            elif sl[CONTENT] != slots[s - 1][CONTENT]:  # past an extent whose first cell was overwritten
+                parts.append(f"cell{s}=+{sl[SS]}{c}")
         if deferred:
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
         for k, ps in enumerate(peers):

@@ -1,8 +1,8 @@
 """The layout of the spec's global state, and the draft a successor is built in.
 
-A global state is a tuple `(rooms, slots, deferred, faults, halt, peers)`; see
+A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`; see
 models/spec.py for what each part means. The constants here name the places in
-a room and a slot tuple and the values they take.
+a room and a cell tuple and the values they take.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
 CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
-RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SLOTI = range(10)
+RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
 # The write into one receiver's region: none that can land (never issued, or done), in
 # flight, reported failed or timed out but may still land, or landed late (the encoder
 # cannot tell: it waits out the quarantine either way).
@@ -19,7 +19,10 @@ W_IDLE, W_FLIGHT, W_GHOST, W_LANDED = range(4)
 W_MARK = ("", "~", "?", ".")
 REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X", "released": "R"}
 _REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
-SS, CONTENT, UNSURE = range(3)
+# A cell: the state of the extent it belongs to (every cell of an extent carries it), whose
+# bytes it holds, whether a write from its extent was unsure, and the extent's length in cells
+# at its first cell (0 on the others; a free cell is an extent of its own, of one cell).
+SS, CONTENT, UNSURE, LEN = range(4)
 CONCLUDED = frozenset(("success", "failed"))
 # Rooms whose chunk may still be staged: a sender bound, no chunk in the ring yet.
 STAGEABLE = ("registered", "ready")
@@ -37,12 +40,12 @@ class Step:
 
 
 class Draft:
-    """One successor being built: mutable copies of the rooms and slots, and what else the step changes."""
+    """One successor being built: mutable copies of the rooms and cells, and what else the step changes."""
 
-    __slots__ = ("deferred", "detail", "faults", "halt", "peers", "rooms", "slots", "violation")
+    __slots__ = ("cells", "deferred", "detail", "faults", "halt", "peers", "rooms", "violation")
 
-    def __init__(self, rooms: list, slots: list, deferred: tuple, faults: int, peers: tuple) -> None:
-        self.rooms, self.slots = rooms, slots
+    def __init__(self, rooms: list, cells: list, deferred: tuple, faults: int, peers: tuple) -> None:
+        self.rooms, self.cells = rooms, cells
         self.deferred, self.faults, self.peers = deferred, faults, peers
         self.halt: str | None = None
         self.violation: str | None = None
@@ -50,11 +53,11 @@ class Draft:
 
     @classmethod
     def of(cls, state: tuple) -> Draft:
-        rooms, slots, deferred, faults, _, peers = state
-        return cls([list(x) for x in rooms], [list(x) for x in slots], deferred, faults, peers)
+        rooms, cells, deferred, faults, _, peers = state
+        return cls([list(x) for x in rooms], [list(x) for x in cells], deferred, faults, peers)
 
     def copy(self) -> Draft:
-        d = Draft([list(x) for x in self.rooms], [list(x) for x in self.slots], self.deferred, self.faults,
+        d = Draft([list(x) for x in self.rooms], [list(x) for x in self.cells], self.deferred, self.faults,
                   self.peers)
         d.halt, d.violation, d.detail = self.halt, self.violation, self.detail
         return d
@@ -70,6 +73,11 @@ def receivers(ro: list) -> list:
     if type(ro[RCV]) is tuple:
         ro[RCV] = list(ro[RCV])
     return ro[RCV]
+
+
+def extent(cells, s: int) -> range:
+    """The cells of the extent whose first cell is s (one cell if s is not the first of several)."""
+    return range(s, s + (cells[s][LEN] or 1))
 
 
 def first_of_each(rcv) -> list[tuple[int, tuple]]:

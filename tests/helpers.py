@@ -227,7 +227,7 @@ class Rig:
         return [(n.status, n.reason) for n in self.receiver(session).notices if n.room == room]
 
     def slot_of(self, room: int):
-        return next(s for s in self.executor.ring.slots if s.room == room)
+        return next(s for s in self.executor.ring.extents.values() if s.room == room)
 
     def item(self, n_tokens: int, seed: int, modality: str = "image") -> EncodeItem:
         return EncodeItem(modality=modality, n_tokens=n_tokens, meta={"seed": seed})
@@ -245,14 +245,15 @@ class Rig:
 
 def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
-             max_deferred: int | None = None, **manager_kw) -> Rig:
+             max_deferred: int | None = None, arena_bytes: int | None = None, **manager_kw) -> Rig:
+    """A rig whose arena holds `slots` items of `slot_bytes` (each capped at that), or is `arena_bytes` uncapped."""
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)
-    executor = drive(EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=slot_bytes,
-                                    max_deferred=max_deferred))
+    sizes = dict(arena_bytes=arena_bytes) if arena_bytes is not None else dict(ring_slots=slots, ring_bytes=slot_bytes)
+    executor = drive(EncodeExecutor(manager, tower, "cpu", max_deferred=max_deferred, **sizes))
     return Rig(clock, transport, executor.manager, executor, tower)
 
 
@@ -293,7 +294,7 @@ class AddressedLoopback(LoopbackTransport):
 
 
 class ManagerRig:
-    """A manager with no executor on a loopback transport and fake clock, and a 4-slot ring to stage
+    """A manager with no executor on a loopback transport and fake clock, and a 4-item ring to stage
     chunks in by hand: for what the manager alone decides (rooms, frames, tombstones, withdraws)."""
 
     def __init__(self, **kw):
@@ -301,7 +302,7 @@ class ManagerRig:
         self.t = AddressedLoopback(self.clock)
         kw = {"park_timeout": 10.0, "quarantine_s": 5.0, "write_timeout": 30.0, **kw}
         self.m = drive(EncodeManager(self.t, self.clock, **kw))
-        self.ring = Ring(self.t, 4, 4096, actions=self.m.actions)  # coupled as an executor couples it
+        self.ring = Ring(self.t, 4 * 4096, actions=self.m.actions)  # coupled as an executor couples it
         self.keep: list[torch.Tensor] = []
 
     def frame(self, room: int, session: str, rows: int = 2, n: int = 1, identity: str = "", **over) -> ReceiverFrame:
@@ -316,7 +317,7 @@ class ManagerRig:
         return ReceiverFrame(**fields)
 
     def chunk(self, rows: int = 2) -> Chunk:
-        slot = self.ring.lease()
+        slot = self.ring.lease(rows * HIDDEN * 4)
         self.ring.fire(slot, "copied")
         return Chunk(slot, rows, HIDDEN, DTYPE, HIDDEN * 4, self.ring.main_ptr(slot))
 

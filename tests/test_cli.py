@@ -78,8 +78,10 @@ def one_line_error(p: Ran | subprocess.CompletedProcess, code: int, *needles: st
 
 
 USAGE_ERRORS = [
-    (["check", "--slots", "0"], "--slots: must be >= 1, got 0"),
-    (["check", "--slots", "-1"], "--slots: must be >= 1, got -1"),
+    (["check", "--cells", "0"], "--cells: must be >= 1, got 0"),
+    (["check", "--cells", "-1"], "--cells: must be >= 1, got -1"),
+    (["check", "--sizes", "2,1"], "--sizes: expected ascending cell counts"),
+    (["check", "--slots", "3"], "--slots is gone"),
     (["check", "--receivers", "0"], "--receivers: must be >= 1"),
     (["check", "--faults", "-1"], "--faults: must be >= 0"),
     (["bench", "--items", "0"], "--items: must be >= 1"),
@@ -99,6 +101,9 @@ USAGE_ERRORS = [
     (["check", "--spin-collapse"], "--spin-collapse apply only to --engine spin"),
     (["check", "--engine", "spin", "--compare-symmetry"], "apply to the explorer, not --engine spin"),
     (["check", "--engine", "spin", "--spin-hash", "0"], "--spin-hash: must be >= 1"),
+    (["bench-arena", "--budget", "0"], "--budget: must be at least 1MiB"),
+    (["bench-arena", "--budgets", "1GiB", "2XB"], "expected a size"),
+    (["bench-arena", "--rate", "0"], "--rate: must be a finite number > 0"),
     (["no-such-command"], "invalid choice"),
 ]
 
@@ -125,12 +130,13 @@ print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
 
 
 def test_version_help_and_usage_errors_answer_without_importing_torch():
-    argvs = [["--version"], ["--help"], ["demo", "--help"], *(args for args, _ in USAGE_ERRORS)]
+    argvs = [["--version"], ["--help"], ["demo", "--help"], ["bench-arena", "--help"],
+             *(args for args, _ in USAGE_ERRORS)]
     p = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, json.dumps(argvs)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     answer = json.loads(p.stdout.strip().splitlines()[-1])
-    assert answer["codes"] == [0, 0, 0] + [2] * len(USAGE_ERRORS), answer
+    assert answer["codes"] == [0, 0, 0, 0] + [2] * len(USAGE_ERRORS), answer
     assert answer["torch"] is False
 
 
@@ -159,7 +165,7 @@ def test_replay_refuses_unreadable_or_malformed_traces(epd, tmp_path):
     one_line_error(epd("check", "--replay", str(bad)), 2, "not enabled at step")
 
 
-@pytest.mark.parametrize("flag", [["--variant", "project"], ["--slots", "5"]])
+@pytest.mark.parametrize("flag", [["--variant", "project"], ["--cells", "5"]])
 def test_replay_refuses_flags_it_would_ignore(epd, flag):
     one_line_error(epd("check", "--replay", str(FIXTURES / "seed--H16.json"), *flag), 2, flag[0],
                    "cannot be combined")
@@ -168,7 +174,7 @@ def test_replay_refuses_flags_it_would_ignore(epd, flag):
 def test_exit_1_is_a_finding_and_0_is_clean(epd):
     p = epd("check", "--replay", str(FIXTURES / "seed--H16.json"))
     assert p.returncode == 1 and "violation:" in p.stdout and "Traceback" not in p.stderr
-    p = epd("check", "--slots", "1", "--rooms", "1", "--receivers", "1", "--quiet")
+    p = epd("check", "--cells", "1", "--rooms", "1", "--receivers", "1", "--quiet")
     assert p.returncode == 0 and "no violation" in p.stdout
 
 
@@ -225,7 +231,7 @@ def test_version_and_help(epd):
 def test_python_dash_m_runs_the_entry_point_in_the_tree_and_installed(installed_wheel, tmp_path):
     p = cli("--version")
     assert p.returncode == 0 and p.stdout.strip() == f"epd-ring {VERSION}", p.stderr
-    one_line_error(cli("check", "--slots", "0"), 2, "--slots")
+    one_line_error(cli("check", "--cells", "0"), 2, "--cells")
     # From anywhere once installed: the wheel's `epd_ring/__main__.py`, outside the source tree.
     _, site = installed_wheel
     p = cli("--version", cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)))
@@ -242,7 +248,7 @@ def test_help_names_defaults(epd):
 
 
 def test_json_outputs_parse(epd):
-    p = epd("check", "--slots", "1", "--rooms", "2", "--receivers", "1", "--json")
+    p = epd("check", "--cells", "1", "--rooms", "2", "--receivers", "1", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["violation"] is False and report["runs"][0]["states"] > 0
@@ -255,7 +261,7 @@ def test_json_outputs_parse(epd):
     p = epd("demo", "--rooms", "60", "--slots", "3", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
-    assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["slots_leaked"] == 0
+    assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
 
 
 def test_quiet_verbose_and_log_level(epd):
@@ -264,7 +270,7 @@ def test_quiet_verbose_and_log_level(epd):
     loud = epd("demo", "--rooms", "60", "-v")
     assert loud.returncode == 0 and "INFO epd_ring.manager: room" in loud.stderr
     assert "ETA" in loud.stderr  # progress, off a terminal: a line per tenth with an ETA
-    p = epd("--log-level", "info", "check", "--slots", "1", "--rooms", "1", "--receivers", "1", "-q")
+    p = epd("--log-level", "info", "check", "--cells", "1", "--rooms", "1", "--receivers", "1", "-q")
     assert p.returncode == 0 and p.stderr == ""
 
 

@@ -58,13 +58,16 @@ def test_fake_clock_may_stand_still_but_never_go_back():
     assert clock.now() == 6.5
 
 
-def test_every_slot_lies_inside_its_ring_buffer_without_overlap():
-    ring = Ring(LoopbackTransport(), n_slots=3, slot_bytes=128, deep_slot_bytes=256)
-    for buf, ptr_of, size in ((ring.main, ring.main_ptr, 128), (ring.deep, ring.deep_ptr, 256)):
+def test_every_extent_lies_inside_its_arena_without_overlap():
+    ring = Ring(LoopbackTransport(), 1024, deep_bytes=3 * 1024)
+    extents = [ring.lease(n, 3 * n) for n in (100, 64, 300, 1, 400)]  # fills the main arena exactly
+    assert all(e is not None for e in extents)
+    for buf, ptr_of, size in ((ring.main, ring.main_ptr, lambda e: e.nbytes),
+                              (ring.deep, ring.deep_ptr, lambda e: e.deep_nbytes)):
         lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
-        spans = sorted((ptr_of(s), ptr_of(s) + size) for s in ring.slots)
+        spans = sorted((ptr_of(e), ptr_of(e) + size(e)) for e in extents)
         assert all(lo <= a and b <= hi for a, b in spans), (lo, hi, spans)
-        assert all(b <= a2 for (_, b), (a2, _) in zip(spans, spans[1:]))  # no two slots overlap
+        assert all(b <= a2 for (_, b), (a2, _) in zip(spans, spans[1:]))  # no two extents overlap
 
 
 # -- the deadline heap: tokens, order, compaction ----------------------------------------------

@@ -14,7 +14,7 @@ from epd_ring.models.explore import explore
 from epd_ring.models.rules import Rules
 from epd_ring.models.spec import Config, Spec
 
-TINY = Config(slots=1, rooms=2, receivers=1, faults=1)
+TINY = Config(cells=1, rooms=2, receivers=1, faults=1)
 
 
 def _table_actions(machines) -> set[str]:
@@ -79,7 +79,7 @@ def _walk(spec: Spec, events: list[tuple]) -> tuple:
 
 
 def test_dropping_the_park_deadline_changes_what_the_spec_explores(monkeypatch):
-    parked_room = [("register", 0), ("tower", 0), ("copied", 0)]  # staged before its receiver registered
+    parked_room = [("register", 0), ("tower", 0, 1), ("copied", 0)]  # staged before its receiver registered
     state = _walk(Spec(TINY), parked_room)
     assert state[0][0][0] == "parked"
     assert ("expire", 0) in [step.event for step in Spec(TINY).successors(state)]
@@ -96,7 +96,7 @@ def test_dropping_release_regions_leaves_failed_rooms_regions_and_writes(monkeyp
 
 @pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
 def test_spin_follows_a_changed_table_as_the_explorer_does(monkeypatch):
-    cfg = Config(slots=1, rooms=2, receivers=1, faults=1, regions=False)
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, regions=False)
     monkeypatch.setitem(couplings.ON_ENTER, ("room", "failed"), ("conclude",))
     spin, ours = spin_tool.check(cfg), explore(cfg)  # SPIN's trail is replayed on the spec (promela.rebuild)
     assert sorted(spin.violations) == sorted(ours.violations) == ["deadlock"]

@@ -75,7 +75,7 @@ def test_send_item_of_none_fails_its_room_with_a_reason():
 
 
 def test_deferred_item_whose_embedding_was_dropped_fails_its_room_not_the_loop():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)  # one 2-row item fills the arena
     first = {1: _room(rig, 1)}
     rid2, item2 = _room(rig, 2)
     rig.transport.inject("hold", session="p1")

@@ -81,8 +81,8 @@ def test_live_state_dump_as_text_and_picture():
     rig.manager.register_receiver(rig.frame(12, "prefill-0:1", 2, n=2))
     rig.executor.execute([("a", rig.item(2, 1)), ("b", rig.item(2, 2))])
     text = rig.executor.dump_state()
-    assert "slot 0: parked room=11" in text and "room 12: parked receivers=1/2" in text
+    assert "extent 1 @0+64: parked room=11" in text and "room 12: parked receivers=1/2" in text
     dot = rig.executor.dump_state("dot")
-    assert "slot0 -> room11" in dot and '"prefill-0:1"' in dot
+    assert "extent1 -> room11" in dot and '"prefill-0:1"' in dot
     svg = subprocess.run(["dot", "-Tsvg"], input=dot.encode(), capture_output=True, check=True).stdout
     assert b"<svg" in svg

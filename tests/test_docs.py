@@ -105,7 +105,7 @@ def test_every_generated_diagram_is_shown_on_a_page():
 def test_glossary_defines_the_domain_words():
     text = (DOCS / "glossary.md").read_text()
     words = set(re.findall(r"^\| ([a-z_]+) \|", text, flags=re.M))
-    assert {"room", "receiver", "session", "identity", "peer", "slot", "registration", "region", "chunk",
+    assert {"room", "receiver", "session", "identity", "peer", "extent", "arena", "registration", "region", "chunk",
             "lease", "park", "defer", "quarantine", "tombstone", "pin", "drain", "reason"} <= words
 
 

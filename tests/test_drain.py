@@ -19,7 +19,7 @@ def _told(rig, session: str, room: int) -> list[tuple[str, str]]:
 
 
 def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
-    rig = make_rig(slots=3, quarantine_s=1.0, park_timeout=10.0, write_timeout=5.0)
+    rig = make_rig(slots=3, slot_bytes=128, quarantine_s=1.0, park_timeout=10.0, write_timeout=5.0)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     items = {}
 
@@ -70,7 +70,7 @@ def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
     assert rig.delivered_ok(2, "b", items[2])
     assert torch.isnan(rig.buffers[(4, "d")][0]).all()  # D's deferred send was never written
     # After the drain: no slot leased, no room live, nothing registered, the transport closed.
-    assert set(ex.ring.counts()) == {"retired"} and not ex.ring.has_free()
+    assert set(ex.ring.counts()) == {"retired"} and ex.ring.lease(1) is None
     assert not manager.rooms and manager.writes_in_flight == 0 and not ex.has_deferred()
     assert len(transport.local) == 0 and transport.closed
     assert transport.submitted == 2  # A and B only
@@ -80,7 +80,7 @@ def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
 
 
 def test_drain_deadline_fails_rooms_in_flight_and_keeps_the_ring_until_the_write_reports():
-    rig = make_rig(slots=2, quarantine_s=0.5)
+    rig = make_rig(slots=2, slot_bytes=128, quarantine_s=0.5)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     transport.inject("hold", session="a")
     item = rig.item(4, seed=1)
@@ -92,9 +92,9 @@ def test_drain_deadline_fails_rooms_in_flight_and_keeps_the_ring_until_the_write
     report = ex.close(1.0, lambda: clock.advance(0.1))
 
     assert not report.clean and not ex.closed
-    assert report.busy_slots == {"sending": 1} and report.writes_in_flight == 1
+    assert report.busy_extents == {"sending": 1} and report.writes_in_flight == 1
     assert manager.failure_reason(1) == DEADLINE and _told(rig, "a", 1) == [("failed", DEADLINE)]
-    assert len(transport.local) == 2 and not transport.closed  # a write may still read the ring: kept
+    assert len(transport.local) == 1 and not transport.closed  # a write may still read the ring: kept
     transport.complete(held, Outcome.TIMED_OUT)  # the write reports at last, unsure: it may still land
     ex.poll()
     assert manager.writes_in_flight == 0 and not ex.closed  # its slot serves a quarantine first
@@ -104,7 +104,7 @@ def test_drain_deadline_fails_rooms_in_flight_and_keeps_the_ring_until_the_write
 
 
 def test_close_of_an_idle_executor_is_immediate():
-    rig = make_rig(slots=2)
+    rig = make_rig(slots=2, slot_bytes=128)
     calls = []
     report = rig.executor.close(5.0, lambda: calls.append(1))
     assert report.clean and not calls and rig.transport.closed
@@ -124,7 +124,7 @@ def _send(rig, room: int, session: str, *, execute: bool = True, ex=None):
 
 
 def test_a_room_that_finishes_during_the_drain_counts_as_finished_not_failed():
-    rig = make_rig(slots=2)
+    rig = make_rig(slots=2, slot_bytes=128)
     ex, transport = rig.executor, rig.transport
     transport.inject("hold", session="a")
     item = _send(rig, 1, "a")
@@ -134,13 +134,13 @@ def test_a_room_that_finishes_during_the_drain_counts_as_finished_not_failed():
     transport.complete(held)
     report = ex.close(2.0, lambda: rig.clock.advance(0.5))
     # Nothing was failed by this drain; the one room concluded on its own.
-    assert report == DrainReport(clean=True, rooms_failed=0, rooms_finished=1, busy_slots={},
+    assert report == DrainReport(clean=True, rooms_failed=0, rooms_finished=1, busy_extents={},
                                  writes_in_flight=0, live_rooms=0)
     assert ex.closed is True and rig.delivered_ok(1, "a", item)
 
 
 def test_the_drain_deadline_is_reached_at_the_exact_instant():
-    rig = make_rig(slots=2, quarantine_s=0.5)
+    rig = make_rig(slots=2, slot_bytes=128, quarantine_s=0.5)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     transport.inject("hold", session="a")
     _send(rig, 1, "a")
@@ -150,14 +150,14 @@ def test_the_drain_deadline_is_reached_at_the_exact_instant():
     ex.poll()
     assert reason_kind(manager, 1) is ReasonKind.DRAIN_DEADLINE
     report = ex.close(1.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
-    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={"sending": 1},
+    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_extents={"sending": 1},
                                  writes_in_flight=1, live_rooms=0)
     assert report.clean is False and ex.closed is False
-    assert not transport.closed and len(transport.local) == 2  # the ring stays registered
+    assert not transport.closed and len(transport.local) == 1  # the ring stays registered
 
 
 def test_every_deferred_send_the_drain_drops_is_counted():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=128)
     ex, manager, transport = rig.executor, rig.manager, rig.transport
     transport.inject("hold", session="a")
     transport.inject("hold", session="c")
@@ -183,7 +183,7 @@ def test_every_deferred_send_the_drain_drops_is_counted():
 
 
 def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
-    rig = make_rig(slots=2)
+    rig = make_rig(slots=2, slot_bytes=128)
     ex, transport = rig.executor, rig.transport
     transport.inject("hold", session="a")
     _send(rig, 1, "a")
@@ -191,7 +191,7 @@ def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
     drain = Drain(ex, rig.clock.now() + 5.0, close_transport=False)
     assert drain.step() is False and drain.done is False  # the write may still read its slot
     assert drain.report() == DrainReport(clean=False, rooms_failed=0, rooms_finished=0,
-                                         busy_slots={"sending": 1}, writes_in_flight=1, live_rooms=1)
+                                         busy_extents={"sending": 1}, writes_in_flight=1, live_rooms=1)
     transport.complete(held)
     rig.manager.poll()
     assert drain.step() is True and drain.done is True
@@ -205,7 +205,7 @@ def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
 def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing_its_transport():
     """Two executors (two rings) on one manager and transport: the drain of one must not close the
     transport while the manager still has a live room or a write in flight on the other's ring."""
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=128)
     ex1, manager, transport = rig.executor, rig.manager, rig.transport
     ex2 = EncodeExecutor(manager, rig.tower, "cpu", ring_slots=1, ring_bytes=4096)
     transport.add_receiver("slow")
@@ -221,7 +221,7 @@ def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing
     rig.clock.advance(5.0)
     report = ex1.close(5.0, lambda: pytest.fail("no idle wait once the deadline is reached"))
     assert reason_kind(manager, 1) is ReasonKind.DRAIN_DEADLINE and not manager.rooms  # failed, its write still out
-    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_slots={},
+    assert report == DrainReport(clean=False, rooms_failed=1, rooms_finished=0, busy_extents={},
                                  writes_in_flight=1, live_rooms=0)
     assert ex1.closed is False and not transport.closed
     (held,) = transport.held
@@ -265,7 +265,7 @@ def test_close_stops_polling_once_its_timeout_has_passed():
     # Polled at 0, 0.5 and 1.0; at 1.0 the deadline has passed, so no more idling.
     assert idles == [0.0, 0.5] and rig.clock.now() == 1.0
     assert not report.clean and report.rooms_failed == 1 and report.writes_in_flight == 1
-    assert report.busy_slots == {"sending": 1}
+    assert report.busy_extents == {"sending": 1}
 
 
 def test_a_request_registered_while_draining_fails_at_once():
@@ -304,8 +304,8 @@ def test_demo_drains_on_sigterm_and_ctrl_c(tmp_path):
         assert report["interrupted"] == name and report["drain"]["clean"] is True
         assert report["drain"]["live_rooms"] == 0 and report["drain"]["writes_in_flight"] == 0
         assert report["rooms_concluded_before"] < report["rooms"]
-        svg = picture.read_text()  # the picture of the interrupted run ends with every slot retired
-        assert "drained after" in svg and "slot 0: retired" in svg
+        svg = picture.read_text()  # the picture of the interrupted run ends with the arena retired
+        assert "drained after" in svg and "arena: retired" in svg
 
 
 def test_a_pump_on_a_manager_alone_has_no_ring_to_drain():

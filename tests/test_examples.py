@@ -18,7 +18,7 @@ def test_embedding_example_runs_and_checks_its_own_deliveries(tmp_path):
     out = p.stdout
     assert "refused req-dup: room 1003 already has a sender" in out  # RoomConflict shown, not raised
     assert out.count("success, receiver told ['success'], bytes equal the tower's: True") == 10
-    assert "ring: 4 slots x 4096 B" in out  # dump_state() returned a string and it was printed
+    assert "ring: arena of 16384 B" in out  # dump_state() returned a string and it was printed
     assert "drained: clean=True" in out and out.rstrip().endswith("OK")
 
 

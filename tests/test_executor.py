@@ -105,10 +105,10 @@ def test_oversized_item_fails_only_its_own_room():
     assert rig.executor.execute([(bad_rid, bad), (ok_rid, ok)]) == 2
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed"
-    assert "exceeds the ring slot" in rig.manager.failure_reason(1)
+    assert reason_kind(rig.manager, 1) is ReasonKind.TOO_LARGE
     assert rig.receiver("p1").statuses(1) == ["failed"]
     assert rig.manager.room_status(2) == "success" and rig.delivered_ok(2, "p2", ok)
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
 
 
 def test_oversized_cache_hit_does_not_escape():
@@ -142,13 +142,13 @@ def test_fail_rooms_deduplicates_and_counts_rooms_it_failed():
 # ------------------------------------------------------------ ring and defer ---
 
 def test_full_ring_defers_then_drains_in_order():
-    rig = make_rig(slots=2)
+    rig = make_rig(slots=2, slot_bytes=64)  # an arena of two 2-row items
     items = [submit(rig, r, 2) for r in range(5)]
     # Rooms 0 and 1 park (no receivers yet) and hold both slots.
     rig.executor.execute(items)
     assert rig.executor.has_deferred()
     assert rig.executor.deferred_requests() == ["req-2", "req-3", "req-4"]
-    assert rig.executor.ring.free_count == 0
+    assert rig.executor.ring.main_arena.free_bytes == 0
     order = []
     rig.executor.pump.on_conclude.append(lambda room, state: order.append(room))  # the driver hears of each
     for r in range(5):
@@ -164,7 +164,7 @@ def test_full_ring_defers_then_drains_in_order():
 
 
 def test_deferred_sends_are_served_before_new_ones():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
     rig.executor.execute([a, b])  # a parks in the only slot, b defers
@@ -178,7 +178,7 @@ def test_deferred_sends_are_served_before_new_ones():
 
 
 def test_deferred_send_after_its_sender_was_reaped_is_dropped():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
     rig.executor.execute([a, b])
@@ -190,11 +190,11 @@ def test_deferred_send_after_its_sender_was_reaped_is_dropped():
     rig.executor.poll()
     assert not rig.executor.has_deferred()
     assert rig.manager.stats["deferred_dropped"] == 1
-    assert rig.executor.ring.free_count == 1
+    assert rig.executor.ring.live == 0
 
 
 def test_chunk_of_a_failed_room_is_never_written():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
     rig.manager.register_receiver(rig.frame(2, "p2", 2))
@@ -212,7 +212,7 @@ def test_chunk_of_a_failed_room_is_never_written():
 def test_deferred_queue_is_bounded():
     clock = FakeClock()
     ex = drive(EncodeExecutor(EncodeManager(LoopbackTransport(clock), clock), TableTower(), "cpu", ring_slots=1,
-                              ring_bytes=4096, max_deferred=2))
+                              ring_bytes=64, max_deferred=2))
     manager = ex.manager
     for r in range(5):
         ex.register(f"q{r}", "h", 1, r)
@@ -221,31 +221,33 @@ def test_deferred_queue_is_bounded():
     assert [manager.room_status(r) for r in range(5)] == ["parked", "registered", "registered", "failed", "failed"]
 
 
-def test_lease_never_hands_out_a_busy_slot():
-    rig = make_rig(slots=3)
+def test_lease_never_hands_out_busy_bytes():
+    rig = make_rig(slots=3, slot_bytes=4096)
     ring = rig.executor.ring
-    leased = [ring.lease() for _ in range(3)]
-    assert ring.lease() is None
-    assert len({s.index for s in leased}) == 3 and all(s.state == "copying" for s in leased)
+    leased = [ring.lease(4096) for _ in range(3)]
+    assert ring.lease(1) is None
+    assert len({s.offset for s in leased}) == 3 and all(s.state == "copying" for s in leased)
     ring.fire(leased[1], "abandon")
-    again = ring.lease()
-    assert again is leased[1]
+    assert leased[1].state == "free" and ring.lease(4097) is None  # only its 4096 bytes came back
+    again = ring.lease(4096)
+    assert again is not leased[1] and again.offset == leased[1].offset  # new extent, same bytes
 
 
-def test_ring_registers_each_slot_once_and_refuses_overlap():
+def test_ring_registers_each_arena_once_and_refuses_overlap():
     transport = LoopbackTransport()
     manager = EncodeManager(transport)
-    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=4, ring_bytes=1024)
-    assert len(transport.local) == 8  # 4 main + 4 deepstack regions
+    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", arena_bytes=4096)
+    assert len(transport.local) == 2  # one main and one deepstack arena, however many items
+    assert transport.local.covers(ex.ring.main_base, 4096) and transport.local.covers(ex.ring.deep_base, 3 * 4096)
     with pytest.raises(TransportError, match="overlaps"):
         transport.register_memory([(ex.ring.main_base + 64, 64)])
 
 
-def test_deepstack_ring_holds_as_many_tokens_per_slot_as_the_main_ring():
-    rig = make_rig(slots=2, slot_bytes=512, hidden=8, n_deep=3)  # 16 rows of 8 float32 per main slot
+def test_deepstack_arena_holds_as_many_tokens_as_the_main_arena():
+    rig = make_rig(slots=1, slot_bytes=512, hidden=8, n_deep=3)  # 16 rows of 8 float32 in the main arena
     ring = rig.executor.ring
-    assert ring.deep_slot_bytes == 3 * ring.slot_bytes
-    rid, item = submit(rig, 1, 16)  # fills the main slot exactly; deepstack is 3x wider
+    assert ring.deep_bytes == 3 * ring.arena_bytes
+    rid, item = submit(rig, 1, 16)  # fills the main arena exactly; deepstack is 3x wider
     rig.manager.register_receiver(rig.frame(1, "p1", 16))
     rig.executor.execute([(rid, item)])
     rig.executor.poll()
@@ -259,7 +261,7 @@ def test_late_registration_parks_then_sends_on_the_nth_receiver():
     rid, item = submit(rig, 5, 6)
     rig.executor.execute([(rid, item)])
     assert rig.manager.room_status(5) == "parked"
-    slot = rig.executor.ring.slots[0]
+    slot = rig.slot_of(5)
     assert slot.state == "parked"
     rig.manager.register_receiver(rig.frame(5, "pa", 6, n=2, rank=0, shard=True))
     assert rig.manager.room_status(5) == "parked"
@@ -305,7 +307,7 @@ def test_park_deadline_tells_registered_and_later_receivers_failed():
     rig.executor.poll()
     assert rig.manager.room_status(4) == "failed"
     assert rig.receiver("early").statuses(4) == ["failed"]
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots  # abandoned: no write was issued
+    assert rig.executor.ring.live == 0  # abandoned: no write was issued
     rig.manager.register_receiver(rig.frame(4, "late", 4, n=2))
     assert rig.receiver("late").statuses(4) == ["failed"]
     assert rig.transport.submitted == 0
@@ -355,7 +357,7 @@ def test_fanout_mismatch_fails_the_room_with_a_reason(span, override, reason):
     assert rig.manager.room_status(2) == "failed"
     assert reason in rig.manager.failure_reason(2)
     assert rig.receiver("p2").statuses(2) == ["failed"]
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
 
 
 def test_shard_gap_fails_the_room_and_tells_every_receiver():
@@ -435,16 +437,16 @@ def test_room_status_query():
 # -------------------------------------------------------- transfer outcomes ---
 
 def test_write_failure_quarantines_the_slot_until_the_deadline():
-    rig = make_rig(slots=1, quarantine_s=5.0)
+    rig = make_rig(slots=1, slot_bytes=64, quarantine_s=5.0)  # one 2-row item fills the arena
     rig.transport.inject("fail", session="p1")
     rid, item = submit(rig, 1, 2)
     rig.manager.register_receiver(rig.frame(1, "p1", 2))
     rig.executor.execute([(rid, item)])
+    slot = rig.slot_of(1)
     rig.executor.poll()
-    slot = rig.executor.ring.slots[0]
     assert rig.manager.room_status(1) == "failed"
     assert rig.receiver("p1").statuses(1) == ["failed"]
-    assert slot.state == "quarantined" and rig.executor.ring.lease() is None
+    assert slot.state == "quarantined" and rig.executor.ring.lease(1) is None
     rig.clock.advance(4.9)
     rig.executor.poll()
     assert slot.state == "quarantined"
@@ -454,7 +456,7 @@ def test_write_failure_quarantines_the_slot_until_the_deadline():
 
 
 def test_timed_out_write_that_lands_later_corrupts_no_other_room():
-    rig = make_rig(slots=1, quarantine_s=5.0)
+    rig = make_rig(slots=1, slot_bytes=128, quarantine_s=5.0)  # one 4-row item fills the arena
     rig.transport.inject("timeout_land_later", session="slow", delay=1.0, land_after=4.0)
     rid, item = submit(rig, 1, 4, seed=11)
     rig.manager.register_receiver(rig.frame(1, "slow", 4))
@@ -487,8 +489,8 @@ def test_write_without_any_report_hits_its_own_deadline():
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed" and "no report within 3.0 s" in rig.manager.failure_reason(1)
     assert rig.receiver("p1").statuses(1) == ["failed"]
-    # The transport may still be reading the slot: it is not reusable, however long we wait.
-    slot = rig.executor.ring.slots[0]
+    # The transport may still be reading the extent: it is not reusable, however long we wait.
+    slot = next(iter(rig.executor.ring.extents.values()))
     rig.clock.advance(100.0)
     rig.executor.poll()
     assert slot.state == "sending"
@@ -516,7 +518,7 @@ def test_one_failed_receiver_fails_the_room_for_all_and_late_completion_is_dropp
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed"
     assert rig.receiver("b").statuses(1) == ["failed"]
-    slot = rig.executor.ring.slots[0]
+    slot = rig.slot_of(1)
     assert slot.state == "quarantined"
 
 
@@ -557,7 +559,7 @@ def test_async_copy_gates_the_write_until_the_fence_completes():
     ex.register("r", "h", 1, 1)
     item = EncodeItem("image", 2, meta={"seed": 3})
     ex.execute([("r", item)])
-    assert ex.ring.slots[0].state == "copying" and transport.submitted == 0
+    assert [e.state for e in ex.ring.extents.values()] == ["copying"] and transport.submitted == 0
     ex.poll()
     assert transport.submitted == 0
     Fence.done = True
@@ -597,7 +599,7 @@ def test_bytes_match_tower_output_under_ring_pressure_and_faults():
         else:
             assert status == "success", (r, status)
             assert rig.delivered_ok(r, f"p{r}", item), r
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
     assert rig.transport.late_landings == len([r for r in rooms if r % 7 == 3])
 
 
@@ -654,7 +656,7 @@ def test_a_live_senders_room_record_outlives_the_tombstone_cap():
 # -- deferred sends ----------------------------------------------------------------------------
 
 def test_deferred_sends_drop_reaped_skip_concluded_and_stage_the_rest_in_one_poll():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)
     ex, m, t = rig.executor, rig.manager, rig.transport
     obs = m.observer = Calls("deferred", "undeferred", "copy_started", "copy_finished")
     items = {}
@@ -687,8 +689,49 @@ def test_deferred_sends_drop_reaped_skip_concluded_and_stage_the_rest_in_one_pol
                          ("copy_started", 4), ("copy_finished", 4)]
 
 
+def test_a_large_deferred_item_is_served_before_any_later_small_one():
+    """Strict FIFO: while the head of the deferred queue does not fit, nothing behind it is served,
+    though the small items behind it would fit; it goes first as soon as its bytes are free."""
+    rig = make_rig(arena_bytes=256)  # 8 rows of 8 float32
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    obs = m.observer = Calls("copy_started")
+    for r in (1, 2):
+        rig.held_room(r)  # two small items in flight: 128 of 256 bytes
+    rig.open_room(3, rows=8)
+    t.inject("hold", session="p3")
+    ex.execute([("r3", rig.item(8, 3))])  # the big item needs the whole arena: deferred
+    for r in (4, 5):
+        rig.open_room(r)
+        ex.execute([(f"r{r}", rig.item(2, r))])  # small, and 128 bytes are free: still they queue behind it
+    assert ex.deferred_requests() == ["r3", "r4", "r5"] and ex.ring.main_arena.largest_free == 128
+    t.complete(t.held[0])  # room 1's bytes come back: 192 free, the big item still does not fit
+    ex.poll()
+    ex.poll()
+    assert m.room_status(1) == "success" and ex.deferred_requests() == ["r3", "r4", "r5"]
+    t.complete(t.held[0])  # room 2's too: the big item fits and goes first
+    ex.poll()
+    assert ex.deferred_requests() == ["r4", "r5"] and m.room_status(3) == "transferring"
+    t.complete(t.held[0])
+    ex.poll()
+    ex.poll()
+    assert [m.room_status(r) for r in (3, 4, 5)] == ["success"] * 3 and not ex.has_deferred()
+    assert [room for _, room in obs.calls] == [1, 2, 3, 4, 5]
+
+
+def test_an_item_larger_than_the_arena_fails_at_once_and_never_blocks_the_queue():
+    rig = make_rig(arena_bytes=128)
+    ex, m = rig.executor, rig.manager
+    rig.held_room(1)  # 64 of 128 bytes in flight
+    rig.open_room(2, rows=5)
+    ex.execute([("r2", rig.item(5, 2))])  # 160 bytes: more than the whole arena
+    assert reason_kind(m, 2) is ReasonKind.TOO_LARGE and not ex.has_deferred()
+    rig.open_room(3)
+    ex.execute([("r3", rig.item(2, 3))])
+    assert m.room_status(3) == "transferring"  # the small one is not held up behind it
+
+
 def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
-    rig = make_rig(slots=1, max_deferred=0)
+    rig = make_rig(slots=1, slot_bytes=64, max_deferred=0)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2):
@@ -700,7 +743,7 @@ def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
 
 
 def test_the_deferred_queue_is_bounded_by_max_deferred():
-    rig = make_rig(slots=1, max_deferred=2)
+    rig = make_rig(slots=1, slot_bytes=64, max_deferred=2)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2, 3, 4):
@@ -713,7 +756,7 @@ def test_the_deferred_queue_is_bounded_by_max_deferred():
 
 
 def test_a_deferred_send_keeps_its_bytes_when_the_tower_reuses_its_buffers():
-    rig = make_rig(slots=1, n_deep=2)
+    rig = make_rig(slots=1, slot_bytes=64, n_deep=2)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2):
@@ -773,9 +816,9 @@ def test_fenced_copies_wait_for_their_fence_and_finish_out_of_order():
         rig.open_room(r)
     assert ex.execute([("r1", items[1]), ("r2", items[2])]) == 2
     dump = ex.dump_state().splitlines()
-    assert dump[1:3] == ["  slot 0: copying room=1", "  slot 1: copying room=2"]
-    assert ex.health()["slots"] == {"free": 0, "copying": 2, "staged": 0, "parked": 0, "sending": 0,
-                                    "quarantined": 0, "retired": 0}
+    assert dump[1:3] == ["  extent 1 @0+64: copying room=1", "  extent 2 @64+64: copying room=2"]
+    assert ex.health()["extents"] == {"free": 0, "copying": 2, "staged": 0, "parked": 0, "sending": 0,
+                                      "quarantined": 0, "retired": 0}
     assert ex.finish_copies() == 0 and ex.poll() == 0
     assert rig.transport.submitted == 0  # no write may read a slot whose copy is pending
     fences.made[1].done = True
@@ -862,7 +905,7 @@ def test_a_reused_request_id_is_not_reaped_when_an_old_room_id_concludes_again()
 
 # -- health and dumps --------------------------------------------------------------------------
 
-def test_health_counts_every_slot_state_and_live_room():
+def test_health_counts_every_extent_state_live_room_and_arena_bytes():
     rig = make_rig()
     ex, t = rig.executor, rig.transport
     rig.open_room(1, rid="r")
@@ -871,12 +914,14 @@ def test_health_counts_every_slot_state_and_live_room():
     ex.execute([("r", rig.item(2, 1))])
     ex.poll()  # the write failed: its slot is quarantined, the room failed
     h = ex.health()
-    assert h["slots"] == {"free": 3, "copying": 0, "staged": 0, "parked": 0, "sending": 0,
-                          "quarantined": 1, "retired": 0}
+    assert h["extents"] == {"free": 0, "copying": 0, "staged": 0, "parked": 0, "sending": 0,
+                            "quarantined": 1, "retired": 0}
+    assert h["main_bytes_in_use"] == 64 and h["main_largest_free"] == 4 * 4096 - 64  # the extent is at offset 0
+    assert h["main_fragmentation"] == 0.0
     assert (h["quarantined"], h["rooms"], h["deferred"], h["writes_in_flight"]) == (1, 1, 0, 0)
 
 
-def test_dump_state_lists_slots_rooms_and_peers():
+def test_dump_state_lists_extents_rooms_and_peers():
     rig = make_rig(peer_fail_threshold=1)
     ex, t = rig.executor, rig.transport
     rig.held_room(1)  # room 1: its write is held in flight
@@ -892,14 +937,13 @@ def test_dump_state_lists_slots_rooms_and_peers():
     ex.execute([("r4", rig.item(2, 4))])
     ex.poll()
     assert ex.dump_state() == "\n".join([
-        "ring: 4 slots x 4096 B, 1 free, 0 deferred",
-        "  slot 0: sending room=1 writes=1",
-        "  slot 1: parked room=3",
-        "  slot 2: quarantined room=4",
-        "  slot 3: free",
+        "ring: arena of 16384 B, 192 B in 3 extents, largest free 16192 B, 0 deferred",
+        "  extent 1 @0+64: sending room=1 writes=1",
+        "  extent 2 @64+64: parked room=3",
+        "  extent 3 @128+64: quarantined room=4",
         "  room 1: transferring receivers=1/1",
         "  room 2: registered receivers=0/?",
-        "  room 3: parked receivers=1/2 slot=1",
+        "  room 3: parked receivers=1/2 extent=2",
         "  peer p1: up rooms=1",
         "  peer p3: up rooms=1",
         "  peer p4: down rooms=0 fails=1 (contact failed (refused))",

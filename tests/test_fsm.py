@@ -245,8 +245,8 @@ def test_markdown_has_a_section_per_machine_with_diagram_tables_and_guard_docs()
             expected.append("\n".join(f"- guard `{g}`: {doc}" for g, doc in decl["guard_docs"].items()))
     # blocks separated by one blank line, in the order slot, room, region, peer
     assert md == "\n\n".join(expected)
-    assert "- guard `writes_pending`: some write from this slot has not reported yet\n" \
-           "- guard `write_unsure`: some write from this slot failed or timed out" in md
+    assert "- guard `writes_pending`: some write from this extent has not reported yet\n" \
+           "- guard `write_unsure`: some write from this extent failed or timed out" in md
 
 
 def test_refresh_replaces_only_the_generated_block():
@@ -344,7 +344,7 @@ def parse_live(dot: str):
     return nodes, edges
 
 
-def test_live_dot_draws_slots_rooms_and_peers():
+def test_live_dot_draws_extents_rooms_and_peers():
     slots = [SimpleNamespace(index=0, state="free", room=None, writes_in_flight=0),
              SimpleNamespace(index=1, state="sending", room=7, writes_in_flight=2),
              SimpleNamespace(index=2, state="parked", room=8, writes_in_flight=0)]
@@ -361,9 +361,9 @@ def test_live_dot_draws_slots_rooms_and_peers():
 
     assert nodes == {
         # a slot shows its writes in flight only when it has some
-        "slot0": node(r"slot 0\nfree", EXTENT, "free"),
-        "slot1": node(r"slot 1\nsending\nwrites 2", EXTENT, "sending"),
-        "slot2": node(r"slot 2\nparked", EXTENT, "parked"),
+        "extent0": node(r"extent 0\nfree", EXTENT, "free"),
+        "extent1": node(r"extent 1\nsending\nwrites 2", EXTENT, "sending"),
+        "extent2": node(r"extent 2\nparked", EXTENT, "parked"),
         # a room shows k of N registered receivers, "?" while N is unknown
         "room7": node(r"room 7\ntransferring 2/2", ROOM, "transferring"),
         "room8": node(r"room 8\nparked 1/3", ROOM, "parked"),
@@ -371,7 +371,7 @@ def test_live_dot_draws_slots_rooms_and_peers():
         "p:1": node(r"peer p:1\nup", PEER, "up"),
         "p:2": node(r"peer p:2\nsuspect", PEER, "suspect"),
     }
-    assert sorted(edges) == sorted([("slot1", "room7", False), ("slot2", "room8", False),
+    assert sorted(edges) == sorted([("extent1", "room7", False), ("extent2", "room8", False),
                                     ("room7", "p:1", True), ("room7", "p:2", True), ("room8", "p:3", True),
                                     ("room9", "p:4", True)])
 
@@ -388,7 +388,7 @@ def test_live_dot_renders_with_graphviz():
     slots = [SimpleNamespace(index=0, state="sending", room=1, writes_in_flight=1)]
     dot = live_dot(slots, {1: {"state": "transferring", "receivers": ["h:1"], "n": 1}}, {"h:1": {"state": "up"}})
     plain = subprocess.run(["dot", "-Tplain"], input=dot.encode(), capture_output=True, check=True).stdout.decode()
-    assert {ln.split()[1] for ln in plain.splitlines() if ln.startswith("node ")} == {"slot0", "room1", '"h:1"'}
+    assert {ln.split()[1] for ln in plain.splitlines() if ln.startswith("node ")} == {"extent0", "room1", '"h:1"'}
 
 
 # ---------------------------------------------------------------- building machines

@@ -82,7 +82,7 @@ class ReadOnlyItem:
 
 
 def test_an_item_that_breaks_the_send_path_fails_only_its_room():
-    rig = make_rig(slots=1)
+    rig = make_rig(slots=1, slot_bytes=64)  # one 2-row item fills the arena
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2, 3):
@@ -261,7 +261,7 @@ def test_deepstack_half_no_receiver_can_take_fails_its_room(deep_width, deep_dty
     ex.send_item("r", item)
     assert reason_kind(m, 1) is ReasonKind.FRAME  # the chunk's width is no multiple of hidden
     assert m.stats["items_refused"] == 0
-    assert rig.transport.submitted == 0 and ex.ring.free_count == ex.ring.n_slots
+    assert rig.transport.submitted == 0 and ex.ring.live == 0
 
 
 def test_zero_width_embedding_fails_on_the_hidden_mismatch():
@@ -271,7 +271,7 @@ def test_zero_width_embedding_fails_on_the_hidden_mismatch():
     item = EncodeItem("image", 2, encoded=torch.ones(2, 0), encoded_deepstack=torch.ones(2, 24))
     ex.send_item("r", item)
     assert reason_kind(m, 1) is ReasonKind.FRAME
-    assert m.stats["items_refused"] == 0 and ex.ring.free_count == ex.ring.n_slots
+    assert m.stats["items_refused"] == 0 and ex.ring.live == 0
 
 
 # -- staging -----------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
         item.encoded_deepstack = torch.empty(2, 16, device="meta")
     ex.send_item("bad", item)
     assert reason_kind(m, 1) is ReasonKind.ITEM
-    assert ex.ring.free_count == ex.ring.n_slots  # the leased slot went back
+    assert ex.ring.live == 0  # the leased slot went back
     assert m.stats["items_refused"] == 0  # handled by staging, not the last line of defence
     # The worker carries on: the next item lands intact.
     rig.open_room(2, rid="next")
@@ -316,31 +316,33 @@ def test_zero_row_embedding_parks_until_its_deadline_and_frees_its_slot():
     ex, m = rig.executor, rig.manager
     ex.register("r", "prefill-host", 8998, 1)
     ex.send_item("r", EncodeItem("image", 0, encoded=torch.ones(0, 8)))
-    assert m.room_status(1) == "parked" and ex.ring.free_count == ex.ring.n_slots - 1
+    assert m.room_status(1) == "parked" and ex.ring.live == 1
     rig.clock.advance(10.0)
     ex.poll()
-    assert m.room_status(1) == "failed" and ex.ring.free_count == ex.ring.n_slots
+    assert m.room_status(1) == "failed" and ex.ring.live == 0
     assert (m.stats["expired"], m.stats["items_refused"]) == (1, 0)
+
+
+TOO_LARGE = ReasonKind.TOO_LARGE
 
 
 @pytest.mark.parametrize("encoded, deep, reason", [
     (None, None, "item.encoded must be a 2-D tensor, got NoneType"),
     (torch.ones(8), None, "item.encoded must be a 2-D tensor, got Tensor(8,)"),
     (torch.ones(1, 2, 8), None, "item.encoded must be a 2-D tensor, got Tensor(1, 2, 8)"),
-    (torch.ones(129, 8), None, "embedding of 4128 B exceeds the ring slot of 4096 B; raise ring_bytes"),
+    (torch.ones(129, 8), None, TOO_LARGE),  # 4128 B: over max_item_bytes (ring_bytes)
     (torch.ones(2, 8), torch.ones(3, 24), "deepstack shape (3, 24) does not match 2 rows"),
     (torch.ones(2, 8), torch.ones(2), "deepstack shape (2,) does not match 2 rows"),
     (torch.ones(2, 8), torch.ones(2, 4, 6), "deepstack shape (2, 4, 6) does not match 2 rows"),
-    (torch.ones(128, 8), torch.ones(128, 32),
-     "deepstack embedding of 16384 B exceeds the deepstack slot of 12288 B"),
+    (torch.ones(128, 8), torch.ones(128, 32), TOO_LARGE),  # 16384 B deepstack: over the whole deepstack arena
 ])
 def test_items_that_cannot_be_staged_fail_their_room_with_the_reason(encoded, deep, reason):
-    rig = make_rig(n_deep=3)  # slots of 4096 B (128 rows of 8 float32), deepstack slots 3x that
+    rig = make_rig(slots=1, n_deep=3)  # an arena of 4096 B (128 rows of 8 float32), deepstack 3x that
     ex, m = rig.executor, rig.manager
     ex.register("r", "prefill-host", 8998, 1)
     ex.send_item("r", EncodeItem("image", 2, encoded=encoded, encoded_deepstack=deep))
-    assert reason_kind(m, 1) is ReasonKind.ITEM
-    assert m.stats["items_refused"] == 0 and ex.ring.free_count == ex.ring.n_slots
+    assert reason_kind(m, 1) is (reason if reason is TOO_LARGE else ReasonKind.ITEM)
+    assert m.stats["items_refused"] == 0 and ex.ring.live == 0
 
 
 def test_an_embedding_that_fills_its_slots_exactly_is_shipped():

@@ -65,8 +65,8 @@ def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
     report = json.loads(capsys.readouterr().out)
     # Scraped while the run went on: some rooms concluded, not all; and the gauges said something.
     assert any(0 < c < rooms for c, _ in mid), [c for c, _ in mid]
-    assert any(sum(v for (n, _), v in f.items() if n == "epd_ring_slots" and ("state", "free") not in _) > 0
-               for _, f in mid)
+    assert any(sum(v for (n, _), v in f.items() if n == "epd_ring_extents") > 0 for _, f in mid)
+    assert any(value(f, "epd_ring_arena_bytes_in_use", arena="main") > 0 for _, f in mid)
     # At the end the figures are the run's own counts.
     outcomes = report["outcomes"]
     for outcome in ("success", "failed"):
@@ -78,7 +78,11 @@ def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
         report["by_injection"].get("batch_mate", {}).get("failed", 0)
     assert by_reason["park_timeout"] > 0 and by_reason["write_failed"] > 0
     assert value(final, "epd_ring_room_lifetime_seconds_count") == rooms
-    assert value(final, "epd_ring_slots", state="free") == slots
+    assert sum(v for (n, _), v in final.items() if n == "epd_ring_extents") == 0  # every extent came back
+    for arena in ("main", "deep"):
+        assert value(final, "epd_ring_arena_bytes_in_use", arena=arena) == 0
+        assert value(final, "epd_ring_arena_fragmentation", arena=arena) == 0
+        assert value(final, "epd_ring_arena_largest_free_bytes", arena=arena) > 0
     assert value(final, "epd_ring_deferred") == 0 and value(final, "epd_ring_parked") == 0
     assert value(final, "epd_ring_writes_in_flight") == 0
     writes = sum(value(final, "epd_ring_writes_reported_total", outcome=o) for o in ("done", "failed", "timed_out"))

@@ -64,10 +64,13 @@ class SkippingClock(MonotonicClock):
         self.skipped += seconds
 
 
+IMAGE_BYTES = 64 * 64 * 4  # the largest image: 64 merged tokens of 64 float32
+
+
 class EncodeSide:
     def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
-                 write_timeout: float = 60.0, announce_timeout: float = 120.0, peer_ring_share: float = 0.5,
-                 peer_probe_interval: float | None = None):
+                 write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None,
+                 peer_ring_share: float = 0.5, peer_probe_interval: float | None = None):
         # CURVE on, as in production: the encoder's keypair, and one prefill instance's
         # keypair shared by its receiver processes (its ranks).
         self.keypair = generate_keypair()
@@ -85,8 +88,11 @@ class EncodeSide:
         self.hidden = self.model.hidden
         self.deep_width = self.model.hidden * self.model.num_deepstack_embeddings
         # Driven as a worker drives it: each call is followed by the pump's flush, `poll()` is its tick.
-        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", ring_slots=slots,
-                                             ring_bytes=64 * 64 * 4 * 2, peer_ring_share=peer_ring_share))
+        # One arena for items of every size (images and videos), by default as large as `slots`
+        # twice-the-largest images.
+        arena_bytes = slots * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
+        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes,
+                                             peer_ring_share=peer_ring_share))
         self.manager = self.executor.manager
         self.control.attach(self.executor.pump)  # frames are read on every tick
         self.expected: dict[int, torch.Tensor] = {}
@@ -145,6 +151,14 @@ def image(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
     return EncodeItem("image", tower.tokens_for(h, w), pixel_values=pixels)
 
 
+def video(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
+    """Frames of one size, each encoded as an image: up to 4x the largest image's bytes."""
+    h, w, frames = STEP * rng.randint(4, 8), STEP * rng.randint(4, 8), rng.randint(2, 4)
+    g = torch.Generator().manual_seed(room)
+    return EncodeItem("video", frames * tower.tokens_for(h, w), pixel_values=[torch.randn(3, h, w, generator=g)
+                                                                               for _ in range(frames)])
+
+
 @pytest.mark.parametrize("deep", [True, False], ids=["deepstack", "plain"])
 def test_images_across_processes_with_fanout_and_late_registration(deep):
     rng = random.Random(1 if deep else 2)
@@ -160,7 +174,8 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
             kind = rng.choice(["a", "a", "b", "identity", "shard"])
             partial = k % 25 == 7  # only one of two receivers ever registers: fails at the park deadline
             late = rng.random() < 0.3
-            item = image(rng, room, enc.model.tower)
+            # mixed sizes in one arena: images of 1-64 tokens, and every fifth item a video of 32-256
+            item = (video if k % 5 == 3 else image)(rng, room, enc.model.tower)
             members = {"a": [(a, 0)], "b": [(b, 0)], "identity": [(a, 0), (b, 0)], "shard": [(a, 0), (b, 1)]}[kind]
             if partial:
                 kind, members = "partial", [(a, 0), (b, 1)]
@@ -204,7 +219,7 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
                 if status == "success":
                     start, rows = shard_rows(item.n_tokens, rank, n) if kind == "shard" else (0, item.n_tokens)
                     assert reports[rcv]["digest"][str(room)] == enc.digest(room, start, rows), (room, kind)
-        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+        assert enc.executor.ring.live == 0
         for rcv in (a, b):
             assert reports[rcv]["protocol_errors"] == []
             # Only Success regions stay open (until consumed), and the ones never registered.
@@ -253,10 +268,10 @@ def test_killed_receiver_fails_its_rooms_and_others_succeed():
         assert enc.transport.probe(b.session) is False  # dead peer, told apart at once
         assert enc.transport.probe(a.session) is True
         deadline = time.monotonic() + 60  # the quarantines end (0.5 s); this only keeps a broken build from hanging
-        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+        while enc.executor.ring.live and time.monotonic() < deadline:
             enc.executor.poll()
             time.sleep(0.01)
-        assert enc.executor.ring.free_count == enc.executor.ring.n_slots
+        assert enc.executor.ring.live == 0
     finally:
         a.close()
         b.close()
@@ -332,7 +347,9 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
             assert report["status"][str(r)] == ["success"], r  # the forged statuses never arrived
         told = attacker.ask(cmd="report", wait_rooms=[first, second], timeout=10)["status"]
         assert told.get(str(first)) == ["failed"] and told.get(str(second)) == ["failed"]
-        assert str(third) not in told  # naming a's session: no reply, to anyone
+        # Naming a's session in a's room: told failed like any frame for another's room, at its own
+        # endpoint under its own key (a's status socket would refuse that key).
+        assert told.get(str(third)) == ["failed"]
     finally:
         a.close()
         attacker.close()
@@ -347,18 +364,23 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     # receiver's rooms, then the quarantine of their slots (one skip each). The announce and park
     # deadlines are further still, so neither skip fires them.
     quarantine_s, write_timeout = 300.0, 3000.0
-    # The write deadline's path, alone: no heartbeat (it would find the stopped peer first, see
+    tower = TinyVisionTower(seed=7)
+    items = [image(rng, 50_000 + k, tower) for k in range(13)]
+    extent = [64 * -(-it.n_tokens * 64 * 4 // 64) for it in items]
+    # The arena holds the three stopped rooms' extents (they will be quarantined) and room for the
+    # largest of the others: no more, so the others queue for the quarantines' bytes. The write
+    # deadline's path, alone: no heartbeat (it would find the stopped peer first, see
     # test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat) and no per-peer share (the
-    # stopped receiver's three rooms take three of the four slots on purpose).
-    enc = EncodeSide(False, slots=4, quarantine_s=quarantine_s, write_timeout=write_timeout,
+    # stopped receiver's three rooms take most of the arena on purpose).
+    arena = sum(extent[1:4]) + max(extent[4:])
+    enc = EncodeSide(False, quarantine_s=quarantine_s, write_timeout=write_timeout, arena_bytes=arena,
                      announce_timeout=100 * quarantine_s, park_timeout=100 * quarantine_s, peer_ring_share=1.0,
                      peer_probe_interval=100 * write_timeout)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
-        for k in range(13):
+        for k, item in enumerate(items):
             room = 50_000 + k
-            item = image(rng, room, enc.model.tower)
             rcv = b if k < 4 else a
             rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
             rooms[room] = (item, rcv)
@@ -392,7 +414,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
 
         def quarantine_ends(_):
             if enc.clock.skipped == write_timeout:  # once: the first batch waits for a slot
-                assert enc.executor.has_deferred()  # only one slot is free: the rest waits for the quarantine
+                assert enc.executor.has_deferred()  # the quarantined bytes are not reused: the rest waits
                 enc.clock.skip(quarantine_s)
 
         enc.run(others, after_batch=quarantine_ends)
@@ -402,7 +424,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
             assert enc.manager.room_status(r) == "success", (r, repr(enc.manager.failure_reason(r)))
             assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
         deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.executor.ring.free_count < enc.executor.ring.n_slots and time.monotonic() < deadline:
+        while enc.executor.ring.live and time.monotonic() < deadline:
             enc.executor.poll()  # the quarantines end: the release notices go out
             time.sleep(0.01)
         while True:
@@ -505,7 +527,7 @@ def test_demo_over_mooncake_passes_its_own_checks(capsys):
 
     assert main(["demo", "--transport", "mooncake", "--rooms", "80", "--seed", "2", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "slots leaked: 0" in out and "differing from the tower output: 0" in out and "RESULT: ok" in out
+    assert "extents leaked: 0" in out and "differing from the tower output: 0" in out and "RESULT: ok" in out
 
 
 def test_mooncake_bench_prints_controller_and_raw_figures(capsys):
@@ -636,7 +658,9 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
     # Far beyond the run: the queued rooms can fail only by their peer going down, all together,
     # never one by one at a write deadline (which would have shown only as a speed before).
     write_timeout = 600.0
-    enc = EncodeSide(False, slots=8, quarantine_s=0.5, write_timeout=write_timeout)
+    # An arena of three of the largest images holds about as many of these mixed ones in flight as
+    # eight slots did: the rest of b's rooms are still waiting for bytes when it dies.
+    enc = EncodeSide(False, quarantine_s=0.5, write_timeout=write_timeout, arena_bytes=3 * IMAGE_BYTES)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}

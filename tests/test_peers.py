@@ -74,7 +74,7 @@ def test_hung_contact_holds_only_its_rooms_and_fails_them_at_the_connect_deadlin
     assert "peer hung is down" in reason and "connect deadline" in reason
     assert rig.receiver("hung").statuses(1) == ["failed"]
     assert rig.manager.peers.get("hung").state == "down"
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
     # The answer that finally comes is stale: it cannot revive the peer.
     rig.transport.answer("hung", ok=True)
     rig.executor.poll()
@@ -228,7 +228,7 @@ def test_the_first_overdue_write_makes_the_peer_suspect_and_its_late_report_coun
     assert peer.state == "up" and rig.manager.room_status(2) == "success"
 
 
-def test_health_reports_lag_oldest_write_peers_slots_and_dump_shows_peers():
+def test_health_reports_lag_oldest_write_peers_extents_and_dump_shows_peers():
     rig = make_rig(slots=4, connect_timeout=2.0)
     assert rig.executor.health()["loop_lag_s"] is None  # never polled
     rig.receiver("hung")
@@ -240,7 +240,7 @@ def test_health_reports_lag_oldest_write_peers_slots_and_dump_shows_peers():
     h = rig.executor.health()
     assert h["loop_lag_s"] == 1.5 and h["oldest_write_age_s"] == 1.5 and h["writes_in_flight"] == 1
     assert h["peers"] == {"unknown": 0, "connecting": 1, "up": 1, "suspect": 0, "down": 0}
-    assert h["slots"]["sending"] == 1 and h["quarantined"] == 0 and h["deferred"] == 0
+    assert h["extents"]["sending"] == 1 and h["quarantined"] == 0 and h["deferred"] == 0
     rig.executor.poll()
     assert rig.executor.health()["loop_lag_s"] == 0.0
     text = rig.executor.dump_state()
@@ -580,7 +580,7 @@ def stuck(rig, session):
 
 def slots_of(rig, rooms):
     """Slots not free whose bytes belong to one of `rooms`."""
-    return sum(1 for s in rig.executor.ring.slots if s.state != "free" and s.room in rooms)
+    return sum(1 for s in rig.executor.ring.extents.values() if s.state != "free" and s.room in rooms)
 
 
 def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_keep_succeeding():

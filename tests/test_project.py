@@ -35,7 +35,7 @@ def test_demo_main_job_passes_its_own_checks(capsys):
     assert main(["demo", "--rooms", "300", "--slots", "4", "--seed", "3"]) == 0
     captured = capsys.readouterr()
     out = captured.out
-    assert "slots leaked: 0" in out and "differing from the tower output: 0" in out
+    assert "extents leaked: 0" in out and "differing from the tower output: 0" in out
     assert "items/s" in out
     assert "rooms concluded" in captured.err and "ETA" in captured.err  # progress goes to stderr
 

@@ -146,7 +146,7 @@ def test_chunks_for_rooms_that_take_none_are_dropped_and_their_slots_freed():
     b = ManagerRig()
     m = b.m
     assert m.submit_chunk(9, b.chunk()) is False  # nobody bound room 9
-    assert m.stats["chunks_dropped"] == 1 and b.ring.free_count == 4
+    assert m.stats["chunks_dropped"] == 1 and b.ring.live == 0
 
     assert m.register_receiver(b.frame(3, "p3", n=2))  # announced: no sender, so no chunk either
     assert m.submit_chunk(3, b.chunk()) is False
@@ -155,7 +155,7 @@ def test_chunks_for_rooms_that_take_none_are_dropped_and_their_slots_freed():
     b.succeed(5, "p5")
     assert m.submit_chunk(5, b.chunk()) is False  # concluded
     assert m.room_status(5) == "success" and m.stats["chunks_dropped"] == 3
-    assert b.ring.free_count == 4 and m.stats["failed"] == 0
+    assert b.ring.live == 0 and m.stats["failed"] == 0
 
 
 @pytest.mark.parametrize("state", ["parked", "transferring"])
@@ -173,10 +173,10 @@ def test_a_second_chunk_fails_its_room(state):
     assert m.room_status(1) == "failed" and reason_text(m, 1) == reason
     assert m.stats["chunks_dropped"] == 1 and m.stats["failed"] == 1
     if state == "parked":
-        assert b.ring.free_count == 4  # both slots: the second dropped, the parked one abandoned
+        assert b.ring.live == 0  # both slots: the second dropped, the parked one abandoned
     else:
         assert b.notices("p1", 1) == [(1, "failed", reason)]  # its release waits for the held write
-        assert b.ring.free_count == 2 + 1  # the sending slot stays until its write reports
+        assert b.ring.live == 1  # the sending slot stays until its write reports
 
 
 def test_a_chunk_its_receivers_do_not_expect_fails_the_room():
@@ -188,7 +188,7 @@ def test_a_chunk_its_receivers_do_not_expect_fails_the_room():
     reason = "room 1: receiver p1 expects 3 rows, chunk has 2"
     assert reason_text(m, 1) == reason
     assert b.notices("p1", 1) == [(1, "failed", reason), (1, "released", "")]
-    assert b.ring.free_count == 4 and m.stats["chunks_dropped"] == 0
+    assert b.ring.live == 0 and m.stats["chunks_dropped"] == 0
 
 
 def test_the_last_frame_of_a_parked_room_starts_its_writes():
@@ -203,7 +203,7 @@ def test_the_last_frame_of_a_parked_room_starts_its_writes():
     m.poll()
     assert m.room_status(1) == "success"
     assert b.notices("p1") == [(1, "success", "")] and b.notices("p2") == [(1, "success", "")]
-    assert m.stats["told_success"] == 2 and b.ring.free_count == 4
+    assert m.stats["told_success"] == 2 and b.ring.live == 0
 
 
 # -- frames the manager refuses ----------------------------------------------------------------
@@ -304,7 +304,7 @@ def test_frames_must_agree_fit_n_and_fit_the_chunk():
         assert m.register_receiver(b.frame(room, "p1", **over)) is False
         assert reason_text(m, room) == why
         assert b.notices("p1", room) == [(room, "failed", why), (room, "released", "")]
-    assert b.ring.free_count == 4
+    assert b.ring.live == 0
 
 
 def test_a_frame_beyond_n_is_told_why_the_room_failed():
@@ -394,7 +394,7 @@ def test_park_deadline_fails_the_room_with_its_own_reason_and_observer_sees_it()
     assert m.room_status(4) == "failed"
     assert reason_kind(m, 4) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 1 and len(m.deadlines) == 0
-    assert b.ring.free_count == 4  # no write was issued from the parked slot
+    assert b.ring.live == 0  # no write was issued from the parked slot
 
 
 def test_each_deadline_fails_its_room_with_its_own_reason():
@@ -417,7 +417,7 @@ def test_each_deadline_fails_its_room_with_its_own_reason():
     assert rig.told("b", 2)[0] == ("failed", "only 1 of 2 receivers registered within 10.0 s of parking")
     assert reason_kind(m, 3) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 3 and m.stats["failed"] == 3
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots  # the parked chunks' slots came back
+    assert rig.executor.ring.live == 0  # the parked chunks' slots came back
 
 
 def test_announce_timeout_is_its_own_when_given():
@@ -449,7 +449,7 @@ def test_a_driver_fires_room_deadlines_early_and_only_pending_ones():
     assert reason_kind(m, 2) is ReasonKind.PARK_TIMEOUT
     assert rig.told("b", 2)[0] == ("failed", m.failure_reason(2))  # its receiver is told the same reason
     assert m.stats["expired"] == 2
-    assert rig.executor.ring.free_count == rig.executor.ring.n_slots
+    assert rig.executor.ring.live == 0
     assert not m.expire_room_now(1)  # concluded
 
 

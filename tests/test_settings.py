@@ -196,11 +196,17 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
 # -- the executor ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, n_deep, setting, rule", [
+    (dict(arena_bytes=0), 0, "arena_bytes", ">= 64"),
+    (dict(arena_bytes=100), 0, "arena_bytes", "multiple of 64"),
+    (dict(arena_bytes=4096.0), 0, "arena_bytes", "integer"),
+    (dict(max_item_bytes=0), 0, "max_item_bytes", ">= 1"),
+    (dict(deep_arena_bytes=-64), 3, "deep_arena_bytes", ">= 0"),
+    (dict(deep_arena_bytes=100), 3, "deepstack arena bytes", "multiple of 64"),  # the ring's own check
     (dict(ring_slots=0), 0, "ring_slots", ">= 1"),
     (dict(ring_slots=2.0), 0, "ring_slots", "integer"),
     (dict(ring_bytes=0), 0, "ring_bytes", ">= 1"),
     (dict(ring_bytes="4096"), 0, "ring_bytes", "integer"),
-    (dict(ring_bytes=1), 0, "slot bytes", "multiple of 64"),  # the ring's own check
+    (dict(ring_bytes=1), 0, "ring_bytes", "multiple of 64"),
     (dict(max_deferred=-1), 0, "max_deferred", ">= 0"),
     (dict(max_deferred=True), 0, "max_deferred", "integer"),
     (dict(), -1, "model.num_deepstack_embeddings", ">= 0"),
@@ -211,16 +217,30 @@ def test_constructor_refuses_bad_sizes_naming_the_setting(kw, n_deep, setting, r
     manager = EncodeManager(LoopbackTransport(clock), clock)
     tower = TableTower()
     tower.num_deepstack_embeddings = n_deep
+    base = {} if set(kw) & {"ring_slots", "ring_bytes", "arena_bytes"} else {"arena_bytes": 4096}
     with pytest.raises(ValueError) as err:
-        EncodeExecutor(manager, tower, "cpu", **{"ring_bytes": 4096, **kw})
+        EncodeExecutor(manager, tower, "cpu", **{**base, **kw})
     assert refusal(err, setting, next(iter(kw.values())) if kw else n_deep, rule)
+
+
+def test_fixed_slot_settings_map_onto_the_arena_and_do_not_mix_with_it():
+    clock = FakeClock()
+    manager = EncodeManager(LoopbackTransport(clock), clock)
+    # ring_slots x ring_bytes: an arena that holds that many of the largest items, each capped at ring_bytes
+    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=3, ring_bytes=128)
+    assert (ex.ring.arena_bytes, ex.ring.max_item_bytes, ex.ring.deep_bytes, ex.max_deferred) == (384, 128, 1152, 24)
+    for mixed in (dict(ring_slots=3, arena_bytes=4096), dict(ring_bytes=128, max_item_bytes=64)):
+        with pytest.raises(ValueError, match="arena_bytes"):
+            EncodeExecutor(manager, TableTower(), "cpu", **mixed)
 
 
 def test_constructor_defaults_and_smallest_sizes():
     clock = FakeClock()
     manager = EncodeManager(LoopbackTransport(clock), clock)
-    ex = EncodeExecutor(manager, TableTower(), "cpu", ring_bytes=4096)
-    assert (ex.ring.n_slots, ex.max_deferred) == (64, 8 * 64)
+    ex = EncodeExecutor(manager, TableTower(), "cpu")
+    assert (ex.ring.arena_bytes, ex.ring.max_item_bytes, ex.max_deferred) == (2 << 30, None, 8 * 64)
     assert ex.ring.deep is None
-    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=1, ring_bytes=64, max_deferred=0)
-    assert (ex.ring.n_slots, ex.ring.slot_bytes, ex.ring.deep_slot_bytes, ex.max_deferred) == (1, 64, 3 * 64, 0)
+    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", arena_bytes=64, max_deferred=0)
+    assert (ex.ring.arena_bytes, ex.ring.deep_bytes, ex.max_deferred) == (64, 3 * 64, 0)
+    ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", arena_bytes=64, deep_arena_bytes=128)
+    assert ex.ring.deep_bytes == 128  # a deepstack arena of its own size

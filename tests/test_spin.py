@@ -1,5 +1,6 @@
-"""SPIN on Promela generated from the same declarations and rules agrees with the Python explorer;
-a generator with one guard dropped makes the two engines disagree."""
+"""SPIN on Promela generated from the same declarations and rules agrees with the Python explorer,
+over the same arena of cells and extents of mixed sizes; a generator with one guard dropped makes
+the two engines disagree."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.skipif(not spin_tool.available(), reason="needs spin an
 @pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
 def test_spin_stores_exactly_the_explorers_canonical_states(regions, explored):
     """Same symmetry reduction, one atomic step per event: the two state spaces are the same set."""
-    cfg = Config(slots=2, rooms=3, receivers=2, faults=1, regions=regions)
+    cfg = Config(cells=3, rooms=2, receivers=2, faults=1, regions=regions)
     spin, ours = spin_tool.check(cfg), explored(cfg)
     assert spin.violations == ours.violations == {}
     assert spin.states == ours.states
@@ -27,7 +28,7 @@ def test_spin_stores_exactly_the_explorers_canonical_states(regions, explored):
 @pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - PEER_VARIANTS))  # the peer variants: explorer only
 def test_spin_and_explorer_find_the_same_violations(variant, regions, explored):
-    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant=variant, regions=regions)
+    cfg = Config(cells=1, rooms=2, receivers=2, faults=1, variant=variant, regions=regions)
     spin, ours = spin_tool.check(cfg), explored(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     assert (variant == "project") == (not spin.violations)
@@ -37,9 +38,10 @@ def test_spin_and_explorer_find_the_same_violations(variant, regions, explored):
         assert v.hazard == ours.violations[kind].hazard
 
 
-@pytest.mark.parametrize("cfg", [Config(slots=1, rooms=2, receivers=1, faults=2, peers=True),
-                                 Config(slots=2, rooms=2, receivers=2, faults=1, peers=True),
-                                 Config(slots=1, rooms=3, receivers=1, faults=1, peers=True, regions=False)], ids=str)
+@pytest.mark.parametrize("cfg", [Config(cells=1, rooms=2, receivers=1, faults=2, peers=True, sizes=(1,)),
+                                 Config(cells=2, rooms=2, receivers=2, faults=1, peers=True, sizes=(1,)),
+                                 Config(cells=1, rooms=3, receivers=1, faults=1, peers=True, sizes=(1,),
+                                        regions=False)], ids=str)
 def test_peers_spin_stores_exactly_the_explorers_canonical_states(cfg, explored):
     """First contact, suspect peers' re-checks, write deadlines and heartbeat probes: the same state space."""
     spin, ours = spin_tool.check(cfg), explored(cfg)
@@ -66,7 +68,7 @@ def _peer_states(cfg):
 def test_peers_a_generator_whose_down_peer_fails_no_rooms_disagrees_with_the_spec(monkeypatch):
     """Without `fail_rooms` SPIN finds a down peer with a live room, which the spec cannot reach."""
     monkeypatch.setitem(promela.ACTIONS, "fail_rooms", "skip")
-    cfg = Config(slots=1, rooms=2, receivers=1, faults=1, peers=True)
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, peers=True, sizes=(1,))
     with pytest.raises(promela.Disagreement):
         spin_tool.check(cfg)
     verdict = spin_tool.check(cfg, replay_on_spec=False)
@@ -75,7 +77,7 @@ def test_peers_a_generator_whose_down_peer_fails_no_rooms_disagrees_with_the_spe
 
 def test_spin_finds_the_seeds_receiver_side_region_reuse():
     """The seed's receiver frees a region on Failed (or on its own abort) while a write into it may land."""
-    cfg = Config(slots=1, rooms=2, receivers=2, faults=1, variant="seed", regions=True)
+    cfg = Config(cells=1, rooms=2, receivers=2, faults=1, variant="seed", regions=True)
     spin = spin_tool.check(cfg)
     v = spin.violations["write-into-released-region"]
     assert v.hazard == "H6-receiver-region-reuse"
@@ -92,7 +94,7 @@ def test_spin_finds_the_seeds_receiver_side_region_reuse():
 
 def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
     """Drop `write_unsure` from the slot's `settle` edges: an unsure write frees its slot at once."""
-    cfg = Config(slots=1, rooms=2, receivers=1, faults=1, regions=False)
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, regions=False)
     assert explored(cfg).violations == {}
     assert spin_tool.check(cfg).violations == {}
     mutant = promela.generate(cfg, drop_guard=("extent", "settle", "write_unsure"))
@@ -106,8 +108,24 @@ def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
 def test_cli_engine_spin(capsys):
     from epd_ring.executor.tools.cli import main
 
-    assert main(["check", "--engine", "spin", "--slots", "1", "--rooms", "2", "--receivers", "1",
+    assert main(["check", "--engine", "spin", "--cells", "1", "--rooms", "2", "--receivers", "1",
                  "--variant", "reaped-deferred-crash", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "violation: crash (deferred-send-after-reap)" in out and "SPIN trail, replayed on the spec" in out
     assert "drain" in out.splitlines()[-1]
+
+
+def test_spin_finds_an_extent_reused_while_a_write_may_still_read_it(explored):
+    """The seed-style arena (a range handed out again once its room is terminal): SPIN's trail, replayed
+    on the spec, ends in an allocation over a two-cell extent whose unsure write may still land."""
+    from epd_ring.models.spec import SIZE, SLOTI
+
+    cfg = Config(cells=3, rooms=2, receivers=1, faults=1, variant="reuse-when-terminal", sizes=(2,))
+    spin, ours = spin_tool.check(cfg), explored(cfg)
+    assert sorted(spin.violations) == sorted(ours.violations)
+    v = spin.violations["overwrite-under-late-write"]
+    assert v.hazard == "extent-reuse-when-terminal" and v.trace[-1][0][0] in ("tower", "drain")
+    rooms = v.trace[-1][1][0]
+    a, b = (r for r in rooms if r[SLOTI] >= 0)
+    assert a[SIZE] == b[SIZE] == 2 and abs(a[SLOTI] - b[SLOTI]) <= 1  # the two extents share a cell
+    assert spin_tool.check(Config(cells=3, rooms=2, receivers=1, faults=1, sizes=(2,))).violations == {}

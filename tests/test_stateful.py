@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -84,8 +85,8 @@ class Room:
 
 
 class EncodeWorker(RuleBasedStateMachine):
-    @initialize(slots=st.integers(1, 3), deep=st.booleans())
-    def start(self, slots, deep):
+    @initialize(cells=st.integers(1, 4), capped=st.booleans(), deep=st.booleans())
+    def start(self, cells, capped, deep):
         self.invalid: list[InvalidTransition] = []
         original = CompiledMachine.step
 
@@ -108,16 +109,19 @@ class EncodeWorker(RuleBasedStateMachine):
                                      peer_backoff=BACKOFF, peer_fail_threshold=2)
         self.tower = TableTower(hidden=HIDDEN, n_deep=1 if deep else 0)
         self.slot_tokens = 6
+        # Mixed sizes: items of 1-8 rows share an arena of `cells` x 4 rows, so they pack, wait for
+        # bytes, or (over the arena, or over a cap of 6 rows) can never fit.
+        cap = self.slot_tokens * HIDDEN * 4 if capped else None
         # Driven as a worker drives it: every call flushes its effects, poll() is the pump's tick.
-        self.executor = drive(EncodeExecutor(self.manager, self.tower, "cpu", ring_slots=slots,
-                                             ring_bytes=self.slot_tokens * HIDDEN * 4))
+        self.executor = drive(EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=cells * 4 * HIDDEN * 4,
+                                             max_item_bytes=cap, max_deferred=8 * cells))
         self.manager = self.executor.manager
         self.pump = self.executor.pump
         self.rooms: dict[int, Room] = {}
         self.pending: list[Room] = []  # registered, tower not yet run
         self.buffers: dict[tuple[int, str], tuple] = {}
         self.ghosts: dict[int, float] = {}  # handle -> when it reported failure
-        self.unsure: list[tuple[int, int, float]] = []  # (slot, room, report time)
+        self.unsure: list[tuple[Any, int, float]] = []  # (extent, room, report time)
         self.next_room = 0
 
     def teardown(self):
@@ -261,9 +265,9 @@ class EncodeWorker(RuleBasedStateMachine):
         handle = data.draw(st.sampled_from(self.transport.held))
         write = self.manager.writes.by_handle.get(self.pump.write_of(handle))
         if outcome != "done" and write is not None:
-            # From this report on, the write may still land: its slot must not be reused
-            # for a full quarantine.
-            self.unsure.append((write.slot.index, write.room, self.clock.now()))
+            # From this report on, the write may still land: its extent's bytes must not be
+            # reused for a full quarantine.
+            self.unsure.append((write.slot, write.room, self.clock.now()))
         if outcome == "done":
             self.transport.complete(handle, Outcome.DONE)
         elif outcome == "failed":
@@ -376,16 +380,17 @@ class EncodeWorker(RuleBasedStateMachine):
         _ = h
 
     @invariant()
-    def unsure_writes_keep_their_slot(self):
+    def unsure_writes_keep_their_bytes(self):
         if not hasattr(self, "unsure"):
             return
         now = self.clock.now()
         self.unsure = [u for u in self.unsure if now < u[2] + QUARANTINE]
-        for index, room, _ in self.unsure:
-            slot = self.executor.ring.slots[index]
-            assert slot.state != "free" and slot.room == room, (
-                f"slot {index} is {slot.state} (room {slot.room}) within the quarantine of an unsure write "
-                f"of room {room}")
+        ring = self.executor.ring
+        for ext, room, _ in self.unsure:
+            assert ext.state != "free" and ext.room == room and ring.extents.get(ext.index) is ext, (
+                f"{ext} is {ext.state} (room {ext.room}) within the quarantine of an unsure write of room {room}")
+            # its bytes are the arena's live extent still: no other extent was handed any of them
+            assert (ext.offset, ring.main_arena.extent_bytes(ext.offset)) in ring.main_arena.live_extents()
 
     @invariant()
     def writes_only_for_transferring_rooms(self):
@@ -412,16 +417,21 @@ class EncodeWorker(RuleBasedStateMachine):
                 assert not down & set(room.frames), f"room {room.id} is {room.state} with a down peer"
 
     @invariant()
-    def slot_accounting_adds_up(self):
+    def extent_accounting_adds_up(self):
+        """The ring's live extents are exactly the arenas' live extents: none free, none overlapping."""
         if not hasattr(self, "executor"):
             return
         ring = self.executor.ring
-        free_list = list(ring._free)
-        assert len({s.index for s in free_list}) == len(free_list)
-        assert all(s.state == "free" and s.writes_in_flight == 0 for s in free_list)
-        counts = Counter(s.state for s in ring.slots)
-        assert counts["free"] == len(free_list)
-        assert sum(counts.values()) == ring.n_slots
+        live = list(ring.extents.values())
+        assert all(e.state != "free" and ring.extents[e.index] is e for e in live)
+        for arena, at in ((ring.main_arena, lambda e: e.offset), (ring.deep_arena, lambda e: e.deep_offset)):
+            if arena is None:
+                continue
+            held = sorted((at(e), arena.extent_bytes(at(e))) for e in live if at(e) >= 0)
+            assert held == arena.live_extents(), (held, arena.live_extents())
+            assert all(a + n <= b for (a, n), (b, _) in zip(held, held[1:]))
+            assert not held or sum(held[-1]) <= arena.capacity
+            assert arena.in_use + arena.free_bytes == arena.capacity
 
     @invariant()
     def records_stay_bounded(self):
@@ -519,10 +529,11 @@ class EncodeWorker(RuleBasedStateMachine):
             self.ghosts.clear()
             self.clock.advance(WRITE_T + PARK + QUARANTINE)
             ex.poll()
-            if not t.held and not m.rooms and not ex.has_deferred() and ex.ring.free_count == ex.ring.n_slots:
+            if not t.held and not m.rooms and not ex.has_deferred() and ex.ring.live == 0:
                 break
         assert not m.rooms, f"rooms never concluded: {m.snapshot()}"
-        assert ex.ring.counts() == Counter(free=ex.ring.n_slots), ex.dump_state()
+        assert ex.ring.live == 0 and ex.ring.counts() == Counter(), ex.dump_state()
+        assert ex.ring.main_arena.free_extents() == [(0, ex.ring.main_arena.capacity)]  # coalesced whole again
         assert not ex.has_deferred() and not any(m.is_parked(r) for r in self.rooms)
         for room in self.rooms.values():
             for session in room.told_sessions:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from epd_ring.fsm import ROOM
 
 from .frames import FrameError, ReceiverFrame, check_against_chunk, check_frame, check_frames_agree
-from .peers import down_reason
+from .peers import Peer, down_reason
 from .reasons import Reason, ReasonKind
 from .regions import Reply
 from .rooms import Room
@@ -24,16 +24,20 @@ if TYPE_CHECKING:
     from .manager import EncodeManager
 
 _NOT_OPEN = "room not open to this receiver"
+_NOT_YOURS = "session is another receiver's (its own memory names another key)"
 _TOO_LATE = "room already concluded without this receiver"
 
 
 class Admission:
-    __slots__ = ("m", "max_announced", "announced")
+    __slots__ = ("m", "max_announced", "announced", "proves")
 
     def __init__(self, manager: EncodeManager, max_announced: int):
         self.m = manager
         self.max_announced = max_announced
         self.announced = 0  # rooms receivers announced whose sender has not bound yet
+        manager.peers.on_owner = self.owner_proven
+        # Whether contacts name a session's owner (read once: the transport is set-up only).
+        self.proves = bool(getattr(manager.transport, "proves_ownership", False))
 
     # a room announced by receivers before its sender ------------------------------
     def announce(self, room: Room) -> None:
@@ -56,7 +60,15 @@ class Admission:
             self.refuse(frame, str(exc))
             return False
         identity = frame.identity
-        if m.tenancy.session_owner(frame.session) not in (None, identity):
+        session = frame.session
+        peer = m.peers.by_session.get(session)
+        proven = peer.owner if peer is not None else None
+        if proven is not None and proven != identity:
+            # The session's own memory names another key: told so at the frame's own endpoint,
+            # under its own key (the status socket serves only the key the frame came with).
+            return self.foreign(frame, _NOT_YOURS)
+        claimed = m.tenancy.session_owner(session)
+        if claimed not in (None, identity) and proven is None and not self.proves:
             # Another identity's session: no reply at all, since any reply would be addressed
             # by that session (a confused deputy is what this refuses).
             return self.foreign(frame, "session belongs to another receiver", tell=False)
@@ -65,9 +77,13 @@ class Admission:
         owner = room.owner if room is not None else (tomb.owner if tomb is not None else None)
         if owner is not None and owner != identity:
             return self.foreign(frame, _NOT_OPEN)
-        why = m.tenancy.claim(identity, frame.session)  # only a frame that may proceed claims
-        if why:
-            return self.foreign(frame, why)
+        # Only a frame that may proceed claims. Where the transport proves ownership, a string
+        # another identity named first is no claim on it: the contact's proof decides, and this
+        # frame's room waits for it (no write goes to a peer before its contact answers).
+        if claimed in (None, identity) or proven == identity:
+            why = m.tenancy.claim(identity, session, take=proven == identity)
+            if why:
+                return self.foreign(frame, why)
         if room is None:
             if tomb is not None:
                 self.tell_late(frame, tomb)
@@ -101,12 +117,13 @@ class Admission:
         except FrameError as exc:
             m.fail(room, Reason(ReasonKind.FRAME, str(exc)), extra=frame)
             return False
-        peer = m.peers.by_session.get(frame.session)
-        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup
-            peer = m.peers.contact(frame.session)
+        if peer is None or peer.state != "up":  # per-frame cost for a known peer: one dict lookup (above)
+            peer = m.peers.contact(session, identity)
         if peer is None or peer.state == "down":
             if peer is None:
-                why_down = Reason(ReasonKind.CAPACITY, f"too many peers to add {frame.session}")
+                mine = m.peers.per_identity[identity] >= m.peers.max_peers_per_identity
+                why_down = Reason(ReasonKind.CAPACITY, f"too many peers to add {frame.session}" + (
+                    f" (this receiver key has {m.peers.max_peers_per_identity})" if mine else ""))
             else:
                 why_down = Reason(ReasonKind.PEER_DOWN, down_reason(peer))
             m.fail(room, why_down, extra=frame)
@@ -118,6 +135,26 @@ class Admission:
         room.n = frame.n_receivers
         m.step_room(room, "add_receiver")
         return True
+
+    def owner_proven(self, peer: Peer) -> None:
+        """A contact read the peer's owner out of its own memory: the session is that identity's,
+        and every live room of another identity with a receiver there fails (kind `foreign`)
+        before the peer comes up, so none of its writes goes out. A pre-claim or an alias of
+        another receiver's session ends here."""
+        m = self.m
+        owner = peer.owner
+        if owner is None:
+            return
+        m.tenancy.claim(owner, peer.session, take=True)
+        reason = Reason(ReasonKind.FOREIGN, f"receiver {peer.session}: {_NOT_YOURS}")
+        for rid in sorted(peer.rooms):
+            room = m.rooms.get(rid)
+            if room is not None and room.owner != owner:
+                peer.rooms.discard(rid)
+                m.stats["rooms_disowned"] += 1
+                m.log.warning("disowned", "failed room %s: a receiver named a session whose memory names another "
+                              "key", rid)
+                m.fail(room, reason)
 
     def tell_late(self, frame: ReceiverFrame, tomb: Tombstone) -> None:
         m = self.m

@@ -11,7 +11,7 @@ the loop's thread like everything else and its deadline is the injected clock:
 2. Rooms whose writes are in flight finish; at the deadline they fail.
 3. Once no room is live, no write is in flight, no copy is pending and every
    quarantine has ended (a write that failed may still land: its slot is not
-   released early), every slot is retired and a `Release` effect asks the
+   released early), the ring is retired and a `Release` effect asks the
    driver to unregister the ring's memory and close the transport.
 
 If the deadline passes before step 3, `Pump.close()` returns a report that says
@@ -41,7 +41,7 @@ class DrainReport:
     clean: bool
     rooms_failed: int = 0  # rooms this drain failed (not yet transferring, or past the deadline)
     rooms_finished: int = 0  # rooms that concluded on their own during the drain
-    busy_slots: dict[str, int] = field(default_factory=dict)  # slot states still not free (unclean only)
+    busy_extents: dict[str, int] = field(default_factory=dict)  # states of extents still live (unclean only)
     writes_in_flight: int = 0
     live_rooms: int = 0
 
@@ -83,7 +83,7 @@ class Drain:
                 self.fail(room_id, DEADLINE)
         ex.drop_deferred()  # their rooms just failed
         ring = ex.ring
-        if manager.rooms or manager.writes_in_flight or ex.copies_pending or ring.free_count != ring.n_slots:
+        if manager.rooms or manager.writes_in_flight or ex.copies_pending or ring.live:
             return False
         ring.close()
         manager.outbox.append(Release(ring, self.close_transport))

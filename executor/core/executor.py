@@ -8,8 +8,8 @@ comes back as effects that a `Pump` does. That is what lets tests and the model
 drive every interleaving.
 
 A walk through one item: `execute` runs the tower on the batch and splits its
-output per item (`assign_encoded_embeddings`); `_offer` (staging.py) leases a
-slot or defers the item; `_stage` copies the embedding into the slot and hands
+output per item (`assign_encoded_embeddings`); `_offer` (staging.py) leases an
+extent or defers the item; `_stage` copies the embedding into the extent and hands
 the chunk to the manager (`submit_chunk`), at once or when its copy fence
 passes (`finish_copies`). The room's step then parks the chunk or starts its
 writes (lifecycle.py, through fsm/couplings.py), which leave `Submit` effects.
@@ -145,14 +145,16 @@ class EncodeExecutor(Staging):
         multimodal_model: TowerModel,
         device: Any,
         *,
-        ring_slots: int = 64,
-        ring_bytes: int = 256 * 1024 * 1024,
+        arena_bytes: int | None = None,
+        deep_arena_bytes: int | None = None,
+        max_item_bytes: int | None = None,
+        ring_slots: int | None = None,
+        ring_bytes: int | None = None,
         max_deferred: int | None = None,
         copy_fence: Callable[[], Any] | None = None,
         peer_ring_share: float = 0.5,
     ):
-        settings.count("ring_slots", ring_slots, 1)
-        settings.count("ring_bytes", ring_bytes, 1)
+        arena_bytes, max_item_bytes, old_slots = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
             settings.count("max_deferred", max_deferred, 0)
         self.manager = manager
@@ -160,17 +162,24 @@ class EncodeExecutor(Staging):
         self.device = torch.device(device)
         n_deep = settings.count("model.num_deepstack_embeddings",
                                 getattr(multimodal_model, "num_deepstack_embeddings", 0) or 0, 0)
-        # The deepstack ring is n_deep times wider per slot, so it holds as many
-        # tokens per slot as the main ring (deepstack rows are n_deep * hidden wide).
-        self.ring = Ring(manager.transport, ring_slots, ring_bytes, self.device,
-                         deep_slot_bytes=ring_bytes * n_deep, actions=manager.actions)
-        self.max_deferred = 8 * ring_slots if max_deferred is None else max_deferred
-        # One receiver's peer may hold at most this share of the ring's bytes (unless the manager was
+        # By default the deepstack arena is n_deep times the main one, so it holds as many tokens
+        # as the main arena (deepstack rows are n_deep * hidden wide).
+        if deep_arena_bytes is None:
+            deep_arena_bytes = arena_bytes * n_deep
+        else:
+            settings.count("deep_arena_bytes", deep_arena_bytes, 0)
+            if not n_deep:
+                deep_arena_bytes = 0  # no deepstack rows to hold
+        self.ring = Ring(manager.transport, arena_bytes, self.device, deep_bytes=deep_arena_bytes,
+                         actions=manager.actions, max_item_bytes=max_item_bytes)
+        self.max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
+        # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
         # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
-        if not 0 < peer_ring_share <= 1:
-            raise ValueError(f"peer_ring_share must be in (0, 1], got {peer_ring_share}")
+        if isinstance(peer_ring_share, bool) or not isinstance(peer_ring_share, (int, float)) \
+                or not 0 < peer_ring_share <= 1:
+            raise ValueError(f"peer_ring_share must be in (0, 1], got {peer_ring_share!r}")
         if manager.peers.max_bytes is None and peer_ring_share < 1:
-            ring_total = ring_slots * (ring_bytes + ring_bytes * n_deep)
+            ring_total = arena_bytes + deep_arena_bytes
             manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
@@ -180,6 +189,7 @@ class EncodeExecutor(Staging):
         self.senders: dict[Any, Sender] = {}
         self._room_sender: dict[int, Sender] = {}
         self._deferred: deque[tuple[Any, Any]] = deque()
+        self._head_waits = False
         self._concluded: list[Any] = []
         self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
         self.stats = manager.stats
@@ -187,8 +197,8 @@ class EncodeExecutor(Staging):
         manager.on_conclude.append(self._room_concluded)
 
     def _ring_cost(self, nbytes: int, deep_bytes: int) -> int:
-        """Ring bytes a chunk holds, what a peer's bound counts: a whole slot of each ring it uses."""
-        return self.ring.slot_bytes + (self.ring.deep_slot_bytes if deep_bytes else 0)
+        """Ring bytes a chunk holds, what a peer's bound counts: its extents in both arenas."""
+        return self.ring.extent_cost(nbytes, deep_bytes)
 
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,
@@ -366,7 +376,7 @@ class EncodeExecutor(Staging):
 
     # health and debugging ------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        """A cheap view for health checks and metrics (O(slots + peers + writes); not for the hot path).
+        """A cheap view for health checks and metrics (O(extents + peers + writes); not for the hot path).
 
         `loop_lag_s`: seconds since the last `poll()` read the clock (None before the
         first); a loop stuck on anything shows here. `oldest_write_age_s`: age of the
@@ -374,38 +384,44 @@ class EncodeExecutor(Staging):
         """
         m = self.manager
         now = m.clock.now()
-        slots = self.ring.counts()
+        ring = self.ring
+        counts = ring.counts()
         return {
             "loop_lag_s": None if m.polled_at is None else max(0.0, now - m.polled_at),
             "oldest_write_age_s": m.oldest_write_age(),
             "writes_in_flight": m.writes_in_flight,
             "peers": m.peers.counts(),
-            "slots": {s: slots.get(s, 0) for s in EXTENT.states},
-            "quarantined": slots.get("quarantined", 0),
+            "extents": {s: counts.get(s, 0) for s in EXTENT.states},
+            "quarantined": counts.get("quarantined", 0),
+            **ring.gauges(),
             "deferred": len(self._deferred),
             "rooms": len(m.rooms),
         }
 
     def dump_state(self, format: str = "text") -> str:
-        """Each slot with its state and room, each live room with its state and receivers.
+        """Each live extent with its state and room, each live room with its state and receivers.
 
         `format="dot"` gives a graphviz picture of the same (render with `dot -Tsvg`).
         """
         if format == "dot":
             from epd_ring.fsm.diagrams import live_dot
-            return live_dot(self.ring.slots, self.manager.snapshot(), self.manager.peers.snapshot())
+            return live_dot(list(self.ring.extents.values()), self.manager.snapshot(), self.manager.peers.snapshot())
         if format != "text":
             raise ValueError(f"format must be 'text' or 'dot', got {format!r}")
-        lines = [f"ring: {self.ring.n_slots} slots x {self.ring.slot_bytes} B, "
-                 f"{self.ring.free_count} free, {len(self._deferred)} deferred"]
-        for s in self.ring.slots:
+        ring = self.ring
+        arena = ring.main_arena
+        lines = [f"ring: arena of {arena.capacity} B, {arena.in_use} B in {ring.live} extents, largest free "
+                 f"{arena.largest_free} B, {len(self._deferred)} deferred"]
+        for s in ring.extents.values():
             extra = f" room={s.room}" if s.room is not None else ""
             if s.writes_in_flight:
                 extra += f" writes={s.writes_in_flight}"
-            lines.append(f"  slot {s.index}: {s.state}{extra}")
+            lines.append(f"  extent {s.index} @{s.offset}+{s.nbytes}: {s.state}{extra}")
+        if ring.retired:
+            lines.append("  retired")
         for rid, info in sorted(self.manager.snapshot().items()):
             lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
-                         + (f" slot={info['slot']}" if info["slot"] is not None else ""))
+                         + (f" extent={info['slot']}" if info["slot"] is not None else ""))
         for session, info in self.manager.peers.snapshot().items():
             extra = f" fails={info['fails']}" if info["fails"] else ""
             if info["reason"]:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epd_ring.fsm import ROOM
-from epd_ring.fsm.couplings import ON_ENTER
 
 from .effects import Concluded, Effect, Notify
 from .frames import FrameError, ReceiverFrame, check_tiling
@@ -60,6 +59,7 @@ class Lifecycle:
     park_timeout: float
     announce_timeout: float
     quarantine_s: float
+    _room_enter: dict[str, tuple[str, ...]]
 
     def coupling_actions(self) -> dict[str, Callable[[Any], None]]:
         """Each action fsm/couplings.py names, implemented once (the test checks the set)."""
@@ -77,7 +77,7 @@ class Lifecycle:
         was = room.state
         now = ROOM.step(room, event)
         if now != was:
-            for action in ON_ENTER.get(("room", now), ()):
+            for action in self._room_enter[now]:
                 self.actions[action](room)
         return now
 

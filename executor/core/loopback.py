@@ -193,7 +193,7 @@ class LoopbackTransport(Transport):
         self._contact_rules.append(_ContactRule(kind, delay, session, count))
 
     # peers ----------------------------------------------------------------
-    def connect(self, session: str, attempt: int) -> bool | None:
+    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
         """Contact answers at once unless a contact fault applies: refused if the receiver is dead.
 
         A session with no receiver here is not refused: its writes fail, as before peers existed.

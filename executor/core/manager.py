@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
+from epd_ring.fsm.couplings import ON_ENTER
 
 from . import settings
 from .admission import Admission
@@ -67,6 +68,7 @@ class EncodeManager(Lifecycle):
         max_peers: int = 4096,
         peer_probe_interval: float | None = None,
         max_peer_bytes: int | None = None,
+        max_peers_per_identity: int = 256,
     ):
         # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
         # The core never calls it after that (see effects.py).
@@ -97,9 +99,12 @@ class EncodeManager(Lifecycle):
         # Warnings an identity can provoke at will: one line per kind per second of our clock.
         self.log = RateLimitedLog(log, self.clock.now)
         self.actions = self.coupling_actions()
+        # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
+        self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
         self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
-                               probe_interval=peer_probe_interval, max_bytes=max_peer_bytes, actions=self.actions)
+                               probe_interval=peer_probe_interval, max_bytes=max_peer_bytes,
+                               max_peers_per_identity=max_peers_per_identity, actions=self.actions)
         # Rooms whose item waits because a receiver's peer holds its bound of ring bytes: since when.
         self.held_since: dict[int, float] = {}
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
@@ -311,11 +316,14 @@ class EncodeManager(Lifecycle):
             n += 1
         return n
 
-    def contacts_reported(self, reports: Iterable[tuple[str, int, bool, str]]) -> int:
-        """Answers to `Contact` effects: (session, attempt, ok, detail); return how many."""
+    def contacts_reported(self, reports: Iterable[tuple[Any, ...]]) -> int:
+        """Answers to `Contact` effects: (session, attempt, ok, detail[, owner]); return how many.
+
+        `owner`, from a transport that proves ownership, is the identity the peer's own
+        memory names: the session is bound to it, whoever named the session first."""
         n = 0
-        for session, attempt, ok, detail in reports:
-            self.peers.report(session, attempt, ok, detail)
+        for session, attempt, ok, detail, *owner in reports:
+            self.peers.report(session, attempt, ok, detail, owner[0] if owner else None)
             n += 1
         return n
 

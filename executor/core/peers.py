@@ -54,10 +54,12 @@ class Beat:
 
 class Peer:
     __slots__ = ("session", "state", "fails", "attempt", "timer", "due", "retry_at", "rooms", "reason", "table",
-                 "waiting", "held", "beat")
+                 "waiting", "held", "beat", "identity", "owner")
 
-    def __init__(self, session: str, table: PeerTable):
+    def __init__(self, session: str, table: PeerTable, identity: str = ""):
         self.session = session
+        self.identity = identity  # whose frame made this peer: it counts against that identity's cap
+        self.owner: str | None = None  # the identity the peer's own memory names, once its contact read it
         self.state = PEER.initial
         self.fails = 0  # consecutive failed or overdue writes
         self.attempt = 0  # number of the contact whose report we wait for
@@ -84,11 +86,14 @@ class Peer:
 
 
 class PeerTable:
-    """Peers by session, bounded by `max_peers` (idle peers are forgotten oldest first)."""
+    """Peers by session, bounded by `max_peers` in all and `max_peers_per_identity` per identity
+    that made them (idle peers are forgotten oldest first), so one identity naming sessions
+    by the thousand fills its own share, never the table."""
 
     def __init__(self, outbox: list[Effect], clock: Clock, deadlines: Deadlines, *,
                  connect_timeout: float = 5.0, backoff: float = 5.0, fail_threshold: int = 3,
                  max_peers: int = 4096, probe_interval: float | None = None, max_bytes: int | None = None,
+                 max_peers_per_identity: int = 256,
                  actions: Mapping[str, Callable[[Any], None]] | None = None):
         if settings.seconds("connect_timeout", connect_timeout) == 0:
             raise ValueError("connect_timeout must be > 0 seconds, got 0")
@@ -112,6 +117,11 @@ class PeerTable:
         self.holds: dict[int, tuple[int, list[Peer]]] = {}
         # room id -> bytes its leased chunk holds, not yet charged (its writes have not started)
         self.leased: dict[int, int] = {}
+        self.max_peers_per_identity = settings.count("max_peers_per_identity", max_peers_per_identity, 1)
+        self.per_identity: Counter[str] = Counter()  # peers made by each identity
+        # Called when a contact names the peer's owner, before the peer comes up (so no write
+        # of another identity's room goes to it): the admission's `owner_proven`.
+        self.on_owner: Callable[[Peer], None] | None = None
         # The coupling actions (fsm/couplings.py) a peer's step runs: the manager's.
         self.actions: Mapping[str, Callable[[Any], None]] = actions or {}
         self.by_session: OrderedDict[str, Peer] = OrderedDict()
@@ -139,18 +149,23 @@ class PeerTable:
         return {s: c.get(s, 0) for s in PEER.states}
 
     # a frame names the peer -------------------------------------------------
-    def contact(self, session: str) -> Peer | None:
-        """The peer a frame from `session` will be written through; None if the table is full.
+    def contact(self, session: str, identity: str = "") -> Peer | None:
+        """The peer a frame from `session` will be written through; None if the table is full,
+        or `identity`'s share of it is (with none of its own peers idle to forget).
 
         Starts first contact (or a retry of a down peer whose backoff passed).
         The returned peer may be `up`, `connecting`, `suspect` or `down`.
         """
         peer = self.by_session.get(session)
         if peer is None:
+            if self.per_identity[identity] >= self.max_peers_per_identity and not self._forget_one(identity):
+                self.stats["peers_refused_identity"] += 1
+                return None
             if len(self.by_session) >= self.max_peers and not self._forget_one():
                 self.stats["peers_refused"] += 1
                 return None
-            peer = self.by_session[session] = Peer(session, self)
+            peer = self.by_session[session] = Peer(session, self, identity)
+            self.per_identity[identity] += 1
         was = peer.state
         if was == "up":
             return peer  # the declared up -> up self-loop; nothing to do on the frame path
@@ -158,12 +173,17 @@ class PeerTable:
             self._start(peer)
         return peer
 
-    def _forget_one(self) -> bool:
+    def _forget_one(self, identity: str | None = None) -> bool:
+        """Forget the oldest idle peer (of `identity`'s, if given)."""
         for session, peer in self.by_session.items():
-            if not peer.rooms and not peer.waiting and not peer.held:
+            if (not peer.rooms and not peer.waiting and not peer.held
+                    and identity in (None, peer.identity)):
                 self.deadlines.cancel(peer)
                 self.beats.cancel(peer.beat)
                 del self.by_session[session]
+                self.per_identity[peer.identity] -= 1
+                if not self.per_identity[peer.identity]:
+                    del self.per_identity[peer.identity]
                 self.stats["peers_forgotten"] += 1
                 return True
         return False
@@ -175,7 +195,7 @@ class PeerTable:
         self.beats.cancel(peer.beat)  # this contact is the probe; the next is armed when it answers
         self.stats["contacts"] += 1
         self.deadlines.arm(self.clock.now() + self.connect_timeout, "connect", peer)
-        self.outbox.append(Contact(peer.session, peer.attempt))
+        self.outbox.append(Contact(peer.session, peer.attempt, peer.identity))
 
     # the heartbeat ---------------------------------------------------------
     def busy(self, peer: Peer) -> bool:
@@ -210,7 +230,7 @@ class PeerTable:
         return 1
 
     # the edge reports ------------------------------------------------------
-    def report(self, session: str, attempt: int, ok: bool, detail: str = "") -> None:
+    def report(self, session: str, attempt: int, ok: bool, detail: str = "", owner: str | None = None) -> None:
         peer = self.by_session.get(session)
         if peer is None or attempt != peer.attempt or not peer.waiting or peer.state not in _CONTACTING:
             self.stats["reports_stale"] += 1  # answers a contact whose deadline already passed
@@ -218,6 +238,12 @@ class PeerTable:
         self.deadlines.cancel(peer)
         peer.waiting = False
         if ok:
+            if owner is not None:
+                # Before the peer comes up: the rooms of other identities leave it first.
+                peer.owner = owner
+                self.stats["owners_proven"] += 1
+                if self.on_owner is not None:
+                    self.on_owner(peer)
             peer.fails = 0
             peer.reason = ""
             self.stats["connected"] += 1

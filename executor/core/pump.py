@@ -65,7 +65,14 @@ class Pump:
         effects = take()
         while effects:
             for e in effects:
-                self._do(e)
+                if type(e) is Submit:  # the per-item case, done here without a call
+                    try:
+                        self._handles[self.transport.submit_write(e.session, e.bufs)] = e.write
+                    except Exception as exc:  # a transport must not raise here; if it does, fail this write only
+                        log.error("transport refused a write to %s: %s", e.session, exc)
+                        self._refused.append((e.write, Outcome.FAILED))
+                else:
+                    self._do(e)
             n += len(effects)
             effects = take()
         return n
@@ -88,7 +95,10 @@ class Pump:
                             e.status, exc)
         elif type(e) is Contact:
             try:
-                answer, detail = t.connect(e.session, e.attempt), "refused"
+                # An identity goes to the edge only when there is one (transports written before it
+                # take two arguments).
+                answer = t.connect(e.session, e.attempt, e.identity) if e.identity else t.connect(e.session, e.attempt)
+                detail = "refused"
             except Exception as exc:  # a transport must not raise here; treat it as a refusal
                 answer, detail = False, f"{type(exc).__name__}: {exc}"
             if answer is not None:

@@ -14,7 +14,8 @@ class ReasonKind(str, enum.Enum):
     TOWER = "tower"  # the tower (or the split of its output) raised for the batch
     ITEM = "item"  # the item could not be staged: shape, size, modality, copy
     PROTOCOL = "protocol"  # the caller broke the contract: a second item or chunk for one room
-    DEFERRED_FULL = "deferred_full"  # no free slot and the deferred queue is full
+    TOO_LARGE = "too_large"  # the item is larger than the whole arena or than max_item_bytes: it never fits
+    DEFERRED_FULL = "deferred_full"  # the item does not fit now and the deferred queue is full
     PARK_TIMEOUT = "park_timeout"  # staged, but not every receiver registered in time
     ANNOUNCE_TIMEOUT = "announce_timeout"  # receivers registered, but the sender never did
     WRITE_FAILED = "write_failed"  # the transport reported the write failed

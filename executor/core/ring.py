@@ -1,16 +1,20 @@
-"""The ring of bounce buffers: N slots registered once, leased in O(1).
+"""The ring: one registered arena per half (main, deepstack), carved into extents per item.
 
-Each ring is one allocation carved into equal slots; every slot is registered
-with the transport exactly once, at start-up, and never re-registered, so
-registrations never overlap. Free slots sit in a FIFO: the slot freed longest
-ago is reused first, which leaves the most time for any straggling write.
-Only a declared transition into `free` puts a slot back on that list, so the
-ring cannot hand out a slot that is not free.
+Each half is one allocation registered with the transport exactly once, at
+start-up, as one registration, and never re-registered. An item leases an
+extent sized to its bytes (`arena.Arena`: segregated fit, coalescing free
+space): in the main arena, and in the deepstack arena when it has deepstack
+rows; both or neither. An extent carries the extent machine (fsm/machines.py).
+
+The safety rule is about bytes: an extent's bytes go back to its arena only on
+a declared transition into `free`. An extent that is copying, staged, parked,
+sending or quarantined (a write that failed may still read it) keeps its bytes,
+so no byte is handed out again while a write may still read it.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +23,8 @@ import torch
 from epd_ring.fsm import EXTENT
 from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
+from .arena import Arena
+
 _ALIGN = 64
 _EXTENT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items())
                    if machine == "extent" for a in acts}
@@ -26,11 +32,20 @@ _UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _E
 
 
 class Extent:
-    __slots__ = ("index", "state", "ring", "room", "writes_in_flight", "unsure", "timer", "due")
+    """One item's bytes in the ring: `nbytes` at `offset` of the main arena (and `deep_nbytes` at
+    `deep_offset` of the deepstack arena, or -1 and 0). `index` numbers leases, for logs."""
 
-    def __init__(self, index: int, ring: Ring):
+    __slots__ = ("index", "offset", "nbytes", "deep_offset", "deep_nbytes", "state", "ring", "room",
+                 "writes_in_flight", "unsure", "timer", "due")
+
+    def __init__(self, index: int, ring: Ring, offset: int, nbytes: int, deep_offset: int = -1,
+                 deep_nbytes: int = 0):
         self.index = index
         self.ring = ring
+        self.offset = offset
+        self.nbytes = nbytes
+        self.deep_offset = deep_offset
+        self.deep_nbytes = deep_nbytes
         self.state = EXTENT.initial
         self.room: int | None = None
         self.writes_in_flight = 0
@@ -38,7 +53,7 @@ class Extent:
         self.timer = 0
         self.due = 0.0
 
-    # guards named in the slot declaration
+    # guards named in the extent declaration
     def writes_pending(self) -> bool:
         return self.writes_in_flight > 0
 
@@ -46,91 +61,155 @@ class Extent:
         return self.unsure
 
     def __repr__(self) -> str:
-        return f"slot {self.index}"
+        return f"extent {self.index}"
 
 
 class Ring:
-    """Main ring plus, for deepstack models, a second ring sharing slot indices."""
+    """Main arena plus, for deepstack models, a deepstack arena; an extent leases from both."""
 
-    def __init__(self, transport: Any, n_slots: int, slot_bytes: int, device: Any = "cpu",
-                 deep_slot_bytes: int = 0, actions: Mapping[str, Callable[[Any], None]] | None = None):
-        if n_slots < 1:
-            raise ValueError(f"a ring needs at least one slot, got {n_slots}")
-        if slot_bytes < 1 or slot_bytes % _ALIGN:
-            raise ValueError(f"slot bytes must be a positive multiple of {_ALIGN}, got {slot_bytes}")
-        if deep_slot_bytes % _ALIGN:
-            raise ValueError(f"deepstack slot bytes must be a multiple of {_ALIGN}, got {deep_slot_bytes}")
+    def __init__(self, transport: Any, arena_bytes: int, device: Any = "cpu", deep_bytes: int = 0,
+                 actions: Mapping[str, Callable[[Any], None]] | None = None, max_item_bytes: int | None = None):
+        if arena_bytes < _ALIGN or arena_bytes % _ALIGN:
+            raise ValueError(f"arena bytes must be a positive multiple of {_ALIGN}, got {arena_bytes}")
+        if deep_bytes < 0 or deep_bytes % _ALIGN:
+            raise ValueError(f"deepstack arena bytes must be a multiple of {_ALIGN}, got {deep_bytes}")
+        if max_item_bytes is not None and max_item_bytes < 1:
+            raise ValueError(f"max item bytes must be >= 1, got {max_item_bytes}")
         self.device = torch.device(device)
-        self.n_slots = n_slots
-        self.slot_bytes = slot_bytes
-        self.deep_slot_bytes = deep_slot_bytes
-        self.main = torch.empty(n_slots * slot_bytes, dtype=torch.uint8, device=self.device)
+        self.arena_bytes = arena_bytes
+        self.deep_bytes = deep_bytes
+        self.max_item_bytes = max_item_bytes
+        self.main = torch.empty(arena_bytes, dtype=torch.uint8, device=self.device)
         self.main_base = self.main.data_ptr()
+        self.main_arena = Arena(arena_bytes, _ALIGN)
         self.deep = None
         self.deep_base = 0
-        regions = [(self.main_base + i * slot_bytes, slot_bytes) for i in range(n_slots)]
-        if deep_slot_bytes:
-            self.deep = torch.empty(n_slots * deep_slot_bytes, dtype=torch.uint8, device=self.device)
+        self.deep_arena: Arena | None = None
+        regions = [(self.main_base, arena_bytes)]
+        if deep_bytes:
+            self.deep = torch.empty(deep_bytes, dtype=torch.uint8, device=self.device)
             self.deep_base = self.deep.data_ptr()
-            regions += [(self.deep_base + i * deep_slot_bytes, deep_slot_bytes) for i in range(n_slots)]
+            self.deep_arena = Arena(deep_bytes, _ALIGN)
+            regions.append((self.deep_base, deep_bytes))
         transport.register_memory(regions, owner=self)
-        # The coupling actions (fsm/couplings.py) a slot's step runs: the manager's. A ring on its
+        # The coupling actions (fsm/couplings.py) an extent's step runs: the manager's. A ring on its
         # own (a tool, a test of the ring) has no deadlines or regions to couple to.
         self.actions: Mapping[str, Callable[[Any], None]] = actions or _UNCOUPLED
-        self.slots = [Extent(i, self) for i in range(n_slots)]
-        self._free: deque[Extent] = deque(self.slots)
+        # fsm/couplings.py's rows for the extent machine, looked up once (`fire` is the per-item path).
+        self._on_enter = {s: ON_ENTER.get(("extent", s), ()) for s in EXTENT.states}
+        self._on_event = {e: ON_EVENT.get(("extent", e), ()) for e in EXTENT.events}
+        self.extents: dict[int, Extent] = {}  # live extents (not free), by index
+        # Items up to this many bytes never need `too_large`'s checks (the per-item path).
+        self.fits_bytes = min(self.main_arena.capacity, max_item_bytes if max_item_bytes is not None else arena_bytes)
+        self._leases = 0
+        self.retired = False
 
-    @property
-    def free_count(self) -> int:
-        return len(self._free)
+    # -- sizes --------------------------------------------------------------------------
+    def too_large(self, nbytes: int, deep_nbytes: int = 0) -> str | None:
+        """Why an item of these sizes can never be leased (None if it fits the empty ring)."""
+        cap = self.max_item_bytes
+        if cap is not None and nbytes > cap:
+            return f"embedding of {nbytes} B exceeds max_item_bytes ({cap} B)"
+        if not self.main_arena.fits_ever(nbytes):
+            return f"embedding of {nbytes} B exceeds the whole ring arena of {self.main_arena.capacity} B"
+        if deep_nbytes:
+            if self.deep_arena is None:
+                return "item has deepstack rows but the ring has no deepstack arena"
+            if not self.deep_arena.fits_ever(deep_nbytes):
+                return (f"deepstack embedding of {deep_nbytes} B exceeds the whole deepstack arena of "
+                        f"{self.deep_arena.capacity} B")
+        return None
 
-    def has_free(self) -> bool:
-        return bool(self._free)
+    @staticmethod
+    def extent_cost(nbytes: int, deep_nbytes: int = 0) -> int:
+        """Arena bytes an item of these sizes takes (each half rounded up to the alignment; at least one unit)."""
+        cost = max(1, -(-nbytes // _ALIGN)) * _ALIGN
+        if deep_nbytes:
+            cost += -(-deep_nbytes // _ALIGN) * _ALIGN
+        return cost
 
-    def lease(self) -> Extent | None:
-        if not self._free:
+    def lease(self, nbytes: int, deep_nbytes: int = 0) -> Extent | None:
+        """A new extent holding `nbytes` (and `deep_nbytes` deepstack), or None if it does not fit now."""
+        if self.retired:
             return None
-        slot = self._free.popleft()
-        self.fire(slot, "lease")
-        return slot
+        offset = self.main_arena.alloc(nbytes)
+        if offset is None:
+            return None
+        deep_offset = -1
+        if deep_nbytes:
+            assert self.deep_arena is not None, "deepstack bytes for a ring without a deepstack arena"
+            got = self.deep_arena.alloc(deep_nbytes)
+            if got is None:
+                self.main_arena.free(offset)  # both or neither
+                return None
+            deep_offset = got
+        self._leases += 1
+        ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
+        self.extents[ext.index] = ext
+        # `fire(ext, "lease")`, written out: a fresh extent is `free`, so it enters its destination
+        for action in self._on_enter[EXTENT.step(ext, "lease")] + self._on_event["lease"]:
+            self.actions[action](ext)
+        return ext
 
     def fire(self, slot: Extent, event: str) -> str:
-        """The one place a slot is stepped: its machine, then the actions the couplings name.
+        """The one place an extent is stepped: its machine, then the actions the couplings name.
 
-        A slot that lands in `free` goes back on the free list."""
+        An extent that lands in `free` gives its bytes back to the arenas and leaves the ring."""
         was = slot.state
         dest = EXTENT.step(slot, event)
         if dest == "free":
             slot.room = None
             slot.unsure = False
-            self._free.append(slot)
+            if self.extents.pop(slot.index, None) is not None:
+                self.main_arena.free(slot.offset)
+                if slot.deep_offset >= 0:
+                    assert self.deep_arena is not None
+                    self.deep_arena.free(slot.deep_offset)
         if dest != was:
-            for action in ON_ENTER.get(("extent", dest), ()):
+            for action in self._on_enter[dest]:
                 self.actions[action](slot)
-        for action in ON_EVENT.get(("extent", event), ()):
+        for action in self._on_event[event]:
             self.actions[action](slot)
         return dest
 
     def main_ptr(self, slot: Extent) -> int:
-        return self.main_base + slot.index * self.slot_bytes
+        return self.main_base + slot.offset
 
     def deep_ptr(self, slot: Extent) -> int:
-        return self.deep_base + slot.index * self.deep_slot_bytes
+        return self.deep_base + slot.deep_offset
 
     def main_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
-        start = slot.index * self.slot_bytes
-        return self.main[start:start + nbytes]
+        return self.main[slot.offset:slot.offset + nbytes]
 
     def deep_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
-        start = slot.index * self.deep_slot_bytes
         assert self.deep is not None, "this ring has no deepstack half"
-        return self.deep[start:start + nbytes]
+        return self.deep[slot.deep_offset:slot.deep_offset + nbytes]
+
+    # -- gauges -------------------------------------------------------------------------
+    @property
+    def live(self) -> int:
+        """Extents not free: leased and not yet given back."""
+        return len(self.extents)
 
     def counts(self) -> Counter[str]:
-        return Counter(s.state for s in self.slots)
+        """Live extents by state; a closed ring with none counts as one `retired`."""
+        c = Counter(s.state for s in self.extents.values())
+        if self.retired and not c:
+            c["retired"] = 1
+        return c
+
+    def gauges(self) -> dict[str, float]:
+        """Bytes in use, largest free extent and fragmentation of each arena."""
+        out: dict[str, float] = {}
+        for name, arena in (("main", self.main_arena), ("deep", self.deep_arena)):
+            if arena is not None:
+                out[f"{name}_bytes_in_use"] = arena.in_use
+                out[f"{name}_largest_free"] = arena.largest_free
+                out[f"{name}_fragmentation"] = arena.fragmentation
+        return out
 
     def close(self) -> int:
-        """Retire every free slot; return how many are still busy (not yet retirable)."""
-        while self._free:
-            self.fire(self._free.popleft(), "retire")
-        return sum(1 for s in self.slots if s.state != "retired")
+        """Retire the ring once no extent is live (no lease after); return how many are still live."""
+        if not self.extents:
+            self.retired = True
+        return len(self.extents)

@@ -27,3 +27,31 @@ def count(name: str, value: Any, minimum: int = 0) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+GIB = 1 << 30
+DEFAULT_ARENA_BYTES = 2 * GIB
+
+
+def arena(arena_bytes: int | None, max_item_bytes: int | None, ring_slots: int | None,
+          ring_bytes: int | None) -> tuple[int, int | None, int | None]:
+    """(arena bytes, max item bytes, old slot count) from the ring settings.
+
+    The old fixed-slot settings map onto the arena: `ring_slots` x `ring_bytes` bytes, with
+    `ring_bytes` as the cap on one item, so a ring still holds `ring_slots` items of the
+    largest size. They cannot be mixed with the arena settings."""
+    if ring_slots is not None or ring_bytes is not None:
+        if arena_bytes is not None or max_item_bytes is not None:
+            raise ValueError("ring_slots/ring_bytes (fixed slots) cannot be mixed with arena_bytes/max_item_bytes: "
+                             "set arena_bytes (bytes per ring) and optionally max_item_bytes")
+        slots = count("ring_slots", 64 if ring_slots is None else ring_slots, 1)
+        per = count("ring_bytes", 256 << 20 if ring_bytes is None else ring_bytes, 1)
+        if per % 64:
+            raise ValueError(f"ring_bytes must be a multiple of 64, got {per}")
+        return slots * per, per, slots
+    nbytes = count("arena_bytes", DEFAULT_ARENA_BYTES if arena_bytes is None else arena_bytes, 64)
+    if nbytes % 64:
+        raise ValueError(f"arena_bytes must be a multiple of 64, got {nbytes}")
+    if max_item_bytes is not None:
+        count("max_item_bytes", max_item_bytes, 1)
+    return nbytes, max_item_bytes, None

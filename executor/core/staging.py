@@ -1,8 +1,13 @@
-"""Lease, stage, defer: how an encoded item gets into a slot (base of `EncodeExecutor`).
+"""Lease, stage, defer: how an encoded item gets into an extent (base of `EncodeExecutor`).
 
-An item takes a free slot at once, or waits in the deferred queue (bounded;
-served first, oldest first, whenever slots come free). Its embedding is copied
-into the slot's registered memory; on CUDA the copy is asynchronous, so the
+An item leases an extent of the ring's arena sized to its bytes at once, or
+waits in the deferred queue (bounded). The queue is strict FIFO: while its head
+does not fit, nothing behind it is served and new items queue behind it, so a
+large item is never overtaken by small ones; it waits only for bytes already
+leased to come free, which every extent's deadlines bound (park, write,
+quarantine). An item that could never fit (larger than the whole arena, or than
+`max_item_bytes`) fails its room at once (`too_large`). Its embedding is copied
+into the extent's registered memory; on CUDA the copy is asynchronous, so the
 chunk goes to the manager only once its copy fence has passed.
 """
 
@@ -25,7 +30,11 @@ log = logging.getLogger("epd_ring.executor")
 
 
 class StagingError(ValueError):
-    """An item that cannot be staged (too large, wrong shape); fails only its room."""
+    """An item that cannot be staged (wrong shape, no deepstack arena); fails only its room."""
+
+
+class TooLarge(StagingError):
+    """An item that could never fit the ring (`ReasonKind.TOO_LARGE`); fails only its room."""
 
 
 # An item's embedding and deepstack half with their byte sizes, as `_check` found them.
@@ -67,6 +76,7 @@ class Staging:
     _copy_fence: Callable[[], Any] | None
     _host_copy: bool
     _ring_cost: Callable[[int, int], int]  # ring bytes a chunk of (main, deepstack) bytes holds
+    _head_waits: bool  # the deferred queue's head waits for bytes (set by serve_deferred)
 
     def _offer(self, rid: Any, item: Any) -> None:
         sender = self.senders.get(rid)
@@ -88,12 +98,19 @@ class Staging:
         try:
             checked = self._check(item)
         except Exception as exc:  # StagingError, or an item without the attributes
-            manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
+            kind = ReasonKind.TOO_LARGE if isinstance(exc, TooLarge) else ReasonKind.ITEM
+            manager.fail_room(room, Reason(kind, f"staging failed: {exc}"))
             return
         if self._deferred:
             self.serve_deferred()  # deferred sends are served before new ones
-        # What serve_deferred left with slots free waits on its receivers' peers' bound, not on this item.
-        if not self.ring.has_free() or manager.held_back(room, self._ring_cost(checked[1], checked[3])):
+        if self._deferred:
+            self.serve_deferred()  # deferred sends are served before new ones
+        # Deferred sends that serve_deferred passed over wait on their receivers' peers' bound, not the
+        # bytes; only a head that waits for bytes keeps this item behind it.
+        extent = None
+        if not (self._deferred and self._head_waits) and not manager.held_back(room, self._ring_cost(checked[1], checked[3])):
+            extent = self.ring.lease(checked[1], checked[3])
+        if extent is None:
             if len(self._deferred) >= self.max_deferred:
                 manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
                                                f"deferred queue full ({self.max_deferred} sends)"))
@@ -109,23 +126,52 @@ class Staging:
             if manager.observer is not None:
                 manager.observer.deferred(room)
             return
-        self._stage(sender, item, checked)
+        self._stage(sender, checked, extent)
 
     def serve_deferred(self) -> None:
-        """Stage deferred sends, oldest first, while the ring has free slots; a send whose receiver's
-        peer holds its bound of ring bytes is passed over (it keeps its place) and blocks nobody."""
+        """Stage deferred sends, oldest first, while the oldest fits (strict FIFO: see the module).
+
+        A send whose receiver's peer holds its bound of ring bytes is passed over: it keeps its place
+        and blocks nobody (a stuck receiver must not hold up the healthy ones' sends)."""
         dq = self._deferred
+        manager = self.manager
         passed: list[tuple[Any, Any]] = []
-        while dq and self.ring.has_free():
-            rid, item = dq.popleft()
+        self._head_waits = False
+        while dq:
+            rid, item = dq[0]
             sender = self.senders.get(rid)
             if sender is None:
+                dq.popleft()
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
-            if self.manager.held_back(sender.room, self._ring_cost(*_sizes(item))):
-                passed.append((rid, item))
+            room = sender.room
+            if manager.held_back(room, self._ring_cost(*_sizes(item))):
+                passed.append(dq.popleft())
                 continue
-            self._stage(sender, item)
+            if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
+                dq.popleft()
+                if manager.observer is not None:
+                    manager.observer.undeferred(room)
+                self.stats["items_for_concluded_rooms"] += 1
+                continue
+            try:
+                # It passed before it was deferred, but the caller may have changed
+                # the item since (dropped `encoded`, say): fail its room, not the loop.
+                checked = self._check(item)
+            except Exception as exc:
+                dq.popleft()
+                if manager.observer is not None:
+                    manager.observer.undeferred(room)
+                manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed for a deferred send: {exc}"))
+                continue
+            extent = self.ring.lease(checked[1], checked[3])
+            if extent is None:
+                self._head_waits = True  # the head waits for bytes to come free; nothing behind it overtakes it
+                break
+            dq.popleft()
+            if manager.observer is not None:
+                manager.observer.undeferred(room)
+            self._stage(sender, checked, extent)
         if passed:
             dq.extendleft(reversed(passed))
 
@@ -166,20 +212,19 @@ class Staging:
             raise StagingError(f"item.encoded must be a 2-D tensor, got {type(enc).__name__}"
                                f"{tuple(enc.shape) if isinstance(enc, torch.Tensor) else ''}")
         nbytes = enc.numel() * enc.element_size()
-        if nbytes > ring.slot_bytes:
-            raise StagingError(f"embedding of {nbytes} B exceeds the ring slot of {ring.slot_bytes} B; "
-                               f"raise ring_bytes")
         deep = item.encoded_deepstack
         if deep is None or deep.numel() == 0:
+            if nbytes > ring.fits_bytes:
+                raise TooLarge(f"{ring.too_large(nbytes)}; raise arena_bytes or max_item_bytes")
             return enc, nbytes, None, 0
         if ring.deep is None:
             raise StagingError("item has deepstack rows but the model declares no deepstack ring")
         if deep.dim() != 2 or deep.shape[0] != enc.shape[0]:
             raise StagingError(f"deepstack shape {tuple(deep.shape)} does not match {enc.shape[0]} rows")
         dbytes = deep.numel() * deep.element_size()
-        if dbytes > ring.deep_slot_bytes:
-            raise StagingError(f"deepstack embedding of {dbytes} B exceeds the deepstack slot of "
-                               f"{ring.deep_slot_bytes} B")
+        why = ring.too_large(nbytes, dbytes)
+        if why is not None:
+            raise TooLarge(f"{why}; raise arena_bytes (or deep_arena_bytes) or max_item_bytes")
         return enc, nbytes, deep, dbytes
 
     def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], slot: Extent, src: torch.Tensor,
@@ -191,32 +236,17 @@ class Staging:
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
 
-    def _stage(self, sender: Sender, item: Any, checked: Checked | None = None) -> None:
+    def _stage(self, sender: Sender, checked: Checked, slot: Extent) -> None:
         room = sender.room
         manager = self.manager
-        if checked is None:  # from the deferred queue: the room may have concluded meanwhile
-            if manager.observer is not None:
-                manager.observer.undeferred(room)
-            if not manager.accepts_chunk(room):
-                self.stats["items_for_concluded_rooms"] += 1
-                return
-            try:
-                # It passed before it was deferred, but the caller may have changed
-                # the item since (dropped `encoded`, say): fail its room, not the loop.
-                checked = self._check(item)
-            except Exception as exc:
-                manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed for a deferred send: {exc}"))
-                return
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
-        slot = ring.lease()
-        assert slot is not None, "staged only when the ring has a free slot"
         manager.hold(room, self._ring_cost(nbytes, dbytes))
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)
         try:
-            src = ring.main_ptr(slot)
+            src = ring.main_base + slot.offset  # ring.main_ptr(slot)
             self._copy(src, ring.main_view, slot, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:

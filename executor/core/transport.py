@@ -43,17 +43,25 @@ class Transport(ABC):
     def poll(self) -> list[tuple[int, Outcome]]:
         """Outcomes of writes that finished since the last poll."""
 
-    def connect(self, session: str, attempt: int) -> bool | None:
+    # True when `peer_reports` names, for each peer that answers, the identity its own memory
+    # says owns it (see `peer_reports`): the core then binds a session to that identity, not
+    # to whoever named the session first.
+    proves_ownership = False
+
+    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
         """Start first contact with the peer `session` (segment open, handshake) without blocking.
 
         Return True if the peer is usable now, False if it refused now, or None
         if the answer comes later from `peer_reports` under the same `attempt`.
-        A transport with nothing to open (in-process) answers True.
+        A transport with nothing to open (in-process) answers True. `identity` is the
+        key whose frame asked for the contact (for per-identity bounds at the edge).
         """
         return True
 
-    def peer_reports(self) -> list[tuple[str, int, bool, str]]:
-        """(session, attempt, ok, detail) for contacts that finished since the last call."""
+    def peer_reports(self) -> list[tuple[Any, ...]]:
+        """(session, attempt, ok, detail) for contacts that finished since the last call, or
+        (session, attempt, ok, detail, owner) from a transport that `proves_ownership`: `owner`
+        is the identity the peer's registered memory names, None if it could not be read."""
         return []
 
     @abstractmethod

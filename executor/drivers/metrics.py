@@ -59,7 +59,7 @@ class _Histogram:
 
 HISTOGRAMS = {
     "defer_wait": "time an item waited in the deferred queue for a free slot",
-    "copy": "time to copy an embedding into its ring slot (wall clock)",
+    "copy": "time to copy an embedding into its ring extent (wall clock)",
     "park_wait": "time a staged chunk waited parked for its receivers (until sent or failed)",
     "write_latency": "time from submitting a write to its reported outcome",
     "room_lifetime": "time from a room's first event to its conclusion",
@@ -177,13 +177,29 @@ class RingMetrics(Observer):
             writes.add_metric([outcome.value], n)
         yield writes
         ex = self.executor
-        slots = GaugeMetricFamily("epd_ring_slots", "ring slots, by state", labels=["state"])
-        counts = Counter(s.state for s in list(ex.ring.slots))
+        ring = ex.ring
+        extents = GaugeMetricFamily("epd_ring_extents", "live ring extents, by state", labels=["state"])
+        counts = Counter(s.state for s in list(ring.extents.values()))
         from epd_ring.fsm import EXTENT
 
         for state in EXTENT.states:
-            slots.add_metric([state], counts.get(state, 0))
-        yield slots
+            if state != "free":  # a free extent's bytes are back in the arena: it is not counted
+                extents.add_metric([state], counts.get(state, 0))
+        yield extents
+        in_use = GaugeMetricFamily("epd_ring_arena_bytes_in_use", "arena bytes held by live extents",
+                                   labels=["arena"])
+        largest = GaugeMetricFamily("epd_ring_arena_largest_free_bytes", "the largest free extent of the arena",
+                                    labels=["arena"])
+        frag = GaugeMetricFamily("epd_ring_arena_fragmentation", "1 - largest free extent / free bytes",
+                                 labels=["arena"])
+        for name, arena in (("main", ring.main_arena), ("deep", ring.deep_arena)):
+            if arena is not None:
+                in_use.add_metric([name], arena.in_use)
+                largest.add_metric([name], arena.largest_free)
+                frag.add_metric([name], arena.fragmentation)
+        yield in_use
+        yield largest
+        yield frag
         room_states = Counter(r.state for r in list(self.manager.rooms.values()))
         live = GaugeMetricFamily("epd_ring_rooms", "live rooms, by state", labels=["state"])
         from epd_ring.fsm import ROOM
@@ -192,7 +208,7 @@ class RingMetrics(Observer):
             if state not in ("success", "failed"):
                 live.add_metric([state], room_states.get(state, 0))
         yield live
-        yield GaugeMetricFamily("epd_ring_deferred", "items waiting for a free slot", value=len(ex._deferred))
+        yield GaugeMetricFamily("epd_ring_deferred", "items waiting for room in the arena", value=len(ex._deferred))
         yield GaugeMetricFamily("epd_ring_parked", "rooms whose chunk is parked waiting for receivers",
                                 value=room_states.get("parked", 0))
         yield GaugeMetricFamily("epd_ring_writes_in_flight", "writes submitted and not yet reported",

@@ -11,19 +11,22 @@ slot of any write that did not report DONE, since a -1 does not prove that
 nothing lands later.
 
 First contact with a peer never runs on the encode loop: `connect` hands the
-session to a `Connector` (a few threads calling `send_probe`) and the answer
-comes back through `peer_reports`, read by the controller's `poll()`; the
-controller's connect deadline decides when a silent peer is down.
+session to a `Connector` (threads that probe the peer, open its segment and read
+the identity its ownership page names) and the answer comes back through
+`peer_reports`, read by the controller's `poll()`; the controller's connect
+deadline decides when a silent peer is down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
 import queue
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +37,7 @@ log = logging.getLogger("epd_ring.mooncake")
 
 # transfer_check_status: 1 done, 0 pending, -1 failed, -2 timed out
 _DONE, _PENDING, _FAILED, _TIMEOUT = 1, 0, -1, -2
+_HANDED = 2  # ours: handed to the submit thread, not submitted yet
 _RC_MEANING = {-1: "invalid argument or generic failure", -3: "address not registered",
                -7: "overlaps a registered region", -102: "socket error (peer unreachable)"}
 
@@ -75,81 +79,161 @@ def load_engine(hostname: str = "127.0.0.1", metadata_server: str = "P2PHANDSHAK
     return engine, f"{hostname}:{engine.get_rpc_port()}"
 
 
+# The page a receiver registers first with its engine, naming the key it answers to. The
+# encoder reads it back from the session at first contact, so a session is bound to what the
+# engine actually reaches, never to how the frame spelled it (see docs/trust.md).
+OWNER_MAGIC = b"epd-ring/owner/1"  # 16 bytes
+OWNER_PAGE = 64
+
+
+def owner_page(identity: str) -> bytes:
+    """The ownership page naming `identity` (a z85 key, or "" without authentication)."""
+    key = identity.encode("ascii")
+    if len(key) > OWNER_PAGE - len(OWNER_MAGIC) - 1:
+        raise ValueError(f"identity too long for the ownership page: {len(key)} bytes")
+    return (OWNER_MAGIC + key).ljust(OWNER_PAGE, b"\0")
+
+
+def read_owner_page(page: bytes) -> str | None:
+    """The identity an ownership page names; None if it is not one."""
+    if not page.startswith(OWNER_MAGIC):
+        return None
+    key = page[len(OWNER_MAGIC):].rstrip(b"\0")
+    try:
+        text = key.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() and " " not in text else None
+
+
 class Connector:
     """First contact with peers, off the encode loop.
 
-    Threads, not a subprocess: the engine's `send_probe` releases the GIL while
-    it waits, so a probe hung on a peer that accepts TCP and never answers (the
-    engine's handshake waits 60 s) leaves the loop running (measured: writes to
-    a healthy peer kept completing, the slowest in 17 ms on two busy cores).
-    `get_first_buffer_address` and even a 0-byte sync write hold the loop for
-    the whole minute, so they are never called here. A subprocess would need an
-    engine of its own (about 1 s to tear down, 41 MB) and its handshake would
-    open no segment in ours any more than the probe does. After a probe
-    answers, the first write on the loop opens the segment in about 0.3 ms.
+    Threads, not a subprocess: the engine's `send_probe` and its sync reads release the
+    GIL while they wait, so a contact hung on a peer that accepts TCP and never answers
+    (the engine's handshake waits 60 s) leaves the loop running. `get_first_buffer_address`
+    holds the GIL through a handshake, so it is called only once the segment is open.
 
-    Bounded: at most `threads` probes run at once and `max_queued` sessions
-    wait; one more is refused at once. A session already queued or being
-    probed is not probed twice: the running probe answers the newest attempt.
-    A hung probe keeps its thread until the engine gives up; the controller
-    does not wait for it (its connect deadline takes the peer down).
+    A contact (`contact`): the probe; then, with `prove`, a 0-byte read that opens the
+    peer's segment here (the engine caches it, so the loop's first write to the peer finds
+    it open and never handshakes on the loop: a peer that answers the probe and then goes
+    silent holds a connector thread, not the loop); then the ownership page, read from the
+    segment's first registered buffer. The report names the identity it holds.
+
+    Bounded per identity: an identity has at most `per_identity` contacts queued or running
+    (a hung one counts until the engine gives up on it, about a minute); its next
+    `waiting_per_identity` wait their turn behind its own (those that waited longer than
+    `max_wait_s` are reported failed instead of started), and one more is refused at once.
+    `threads` run at once in all, `max_queued` are queued and as many wait. So one key naming
+    silent listeners holds `per_identity` threads, never the pool. A session already queued,
+    waiting or being contacted is not contacted twice: its contact answers the newest attempt.
     """
 
-    def __init__(self, probe: Callable[[str], int], *, threads: int = 4, max_queued: int = 1024):
-        if threads < 1 or max_queued < 1:
-            raise ValueError(f"threads and max_queued must be >= 1, got {threads}, {max_queued}")
-        self._probe = probe
+    def __init__(self, contact: Callable[[str, str], tuple[bool, str, str | None]], *, threads: int = 32,
+                 max_queued: int = 1024, per_identity: int = 2, waiting_per_identity: int = 64,
+                 max_wait_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        if threads < 1 or max_queued < 1 or per_identity < 1 or waiting_per_identity < 0:
+            raise ValueError(f"threads, max_queued and per_identity must be >= 1 and waiting_per_identity >= 0, got "
+                             f"{threads}, {max_queued}, {per_identity}, {waiting_per_identity}")
+        self._contact = contact
         self._threads = threads
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
+        self.max_queued = max_queued
+        self.per_identity = per_identity
+        self.waiting_per_identity = waiting_per_identity
+        self.max_wait_s = max_wait_s
+        self._clock = clock
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._attempt: dict[str, int] = {}  # session queued or being probed -> newest attempt
+        self._attempt: dict[str, int] = {}  # session queued, waiting or being contacted -> newest attempt
+        self._identity: dict[str, str] = {}  # session queued, waiting or being contacted -> whose share it uses
+        self._load: Counter = Counter()  # identity -> its contacts queued or running
+        self._active = 0  # contacts queued or running, in all
+        self._waiting: dict[str, deque] = {}  # identity -> (session, since) waiting behind its own contacts
+        self._n_waiting = 0
         self._workers: list[threading.Thread] = []
-        self._busy = 0
-        self.reports: deque = deque()  # (session, attempt, ok, detail); appended by workers
+        self.reports: deque = deque()  # (session, attempt, ok, detail, owner); appended by workers
         self.stats: Counter = Counter()
 
-    def start(self, session: str, attempt: int) -> bool:
-        """Queue a probe; False if the connector is full (the caller treats it as refused)."""
+    def start(self, session: str, attempt: int, identity: str = "") -> bool:
+        """Queue a contact; False if `identity`'s share or the queue is full (the caller treats it as refused)."""
         with self._lock:
             if session in self._attempt:
                 self._attempt[session] = attempt
                 self.stats["joined"] += 1
                 return True
-            try:
-                self._queue.put_nowait(session)
-            except queue.Full:
-                self.stats["refused_full"] += 1
-                return False
+            if self._load[identity] < self.per_identity:
+                if self._active >= self.max_queued:
+                    self.stats["refused_full"] += 1
+                    return False
+                self._enqueue(session, identity)
+            else:
+                waiting = self._waiting.setdefault(identity, deque())
+                if len(waiting) >= self.waiting_per_identity or self._n_waiting >= self.max_queued:
+                    if not waiting:
+                        del self._waiting[identity]
+                    self.stats["refused_identity"] += 1
+                    return False
+                waiting.append((session, self._clock()))
+                self._n_waiting += 1
+                self.stats["waited_identity"] += 1
             self._attempt[session] = attempt
-            if self._busy + self._queue.qsize() > len(self._workers) and len(self._workers) < self._threads:
-                t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}",
-                                     daemon=True)
-                self._workers.append(t)
-                t.start()
+            self._identity[session] = identity
         return True
+
+    def _enqueue(self, session: str, identity: str) -> None:
+        """Under the lock: `session` goes to a worker, one of its own if none is free."""
+        self._load[identity] += 1
+        self._active += 1
+        self._queue.put(session)
+        # Every contact queued or running needs a worker of its own (counted under the lock:
+        # a worker between taking an item and starting it is still busy with it).
+        if self._active > len(self._workers) and len(self._workers) < self._threads:
+            t = threading.Thread(target=self._work, name=f"epd-ring-connector-{len(self._workers)}", daemon=True)
+            self._workers.append(t)
+            t.start()
 
     def _work(self) -> None:
         while True:
             session = self._queue.get()
             if session is None:
                 return
-            with self._lock:
-                self._busy += 1
             try:
-                rc = self._probe(session)
-                ok, detail = rc == 0, "" if rc == 0 else f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})"
+                with self._lock:
+                    identity = self._identity[session]
+                ok, detail, owner = self._contact(session, identity)
             except Exception as exc:  # report it; a connector thread must not die
-                ok, detail = False, f"probe raised {type(exc).__name__}: {exc}"
+                ok, detail, owner = False, f"contact raised {type(exc).__name__}: {exc}", None
             with self._lock:
-                self._busy -= 1
                 attempt = self._attempt.pop(session)
-            self.stats["ok" if ok else "failed"] += 1
-            self.reports.append((session, attempt, ok, detail))
+                identity = self._identity.pop(session)
+                self._load[identity] -= 1
+                if not self._load[identity]:
+                    del self._load[identity]
+                self._active -= 1
+                self.stats["ok" if ok else "failed"] += 1
+                self.reports.append((session, attempt, ok, detail, owner))
+                self._next_of(identity)
+
+    def _next_of(self, identity: str) -> None:
+        """Under the lock: the identity's next waiting contact starts; those that waited too long fail."""
+        waiting = self._waiting.get(identity)
+        now = self._clock()
+        while waiting:
+            session, since = waiting.popleft()
+            self._n_waiting -= 1
+            if now - since <= self.max_wait_s:
+                self._enqueue(session, identity)
+                break
+            self.stats["waited_too_long"] += 1
+            del self._identity[session]
+            self.reports.append((session, self._attempt.pop(session), False,
+                                 f"waited over {self.max_wait_s} s behind this receiver key's other contacts", None))
+        if waiting is not None and not waiting:
+            del self._waiting[identity]
 
     def close(self) -> None:
         for _ in self._workers:
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(None)
+            self._queue.put(None)
 
     @property
     def in_progress(self) -> int:
@@ -171,7 +255,8 @@ class MooncakeTransport(Transport):
     def __init__(self, hostname: str = "127.0.0.1", *, metadata_server: str = "P2PHANDSHAKE",
                  protocol: str = "tcp", device: str = "",
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
-                 expose_ring: bool | None = None, connector_threads: int = 4):
+                 expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
+                 prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0):
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
@@ -180,7 +265,23 @@ class MooncakeTransport(Transport):
         if not self.expose_ring:
             os.environ.setdefault("MC_FORCE_TCP", "1")  # an RDMA NIC must not pick a transport needing it
         self.engine, self.session = load_engine(hostname, metadata_server, protocol, device, quiet)
-        self.connector = Connector(self.engine.send_probe, threads=connector_threads)
+        # With `prove_ownership` a session's owner is the identity its engine's ownership page
+        # names (receivers register one first: `owner_page`), not whoever named it first.
+        self.proves_ownership = prove_ownership
+        self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity)
+        # The engine opens a segment (its handshake: up to 60 s against a peer that answers the
+        # probe and then goes silent) under a lock of its own that `transfer_submit_write` also
+        # takes, whatever the segment written to (measured: a submit to an open segment waited
+        # 61 s). So opens run on a connector thread under `_opening`, one at a time, and a
+        # submit that finds `_opening` held goes to the submit thread instead of waiting on the
+        # loop. An identity whose open took longer than `open_stall_s` opens nothing more for
+        # `stall_penalty_s`: one key stalls the engine's opens at most once per penalty.
+        self._opening = threading.Lock()
+        self.open_stall_s = open_stall_s
+        self.stall_penalty_s = stall_penalty_s
+        self._stalled_until: dict[str, float] = {}
+        self._handed: queue.SimpleQueue = queue.SimpleQueue()
+        self._submitter: threading.Thread | None = None
         self.notifier = notifier
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -212,12 +313,38 @@ class MooncakeTransport(Transport):
         # object. Refusing new writes is what closing means here (and stopping the connector).
         self.closed = True
         self.connector.close()
+        self._handed.put((None, 0))
 
     def _submit(self, p: _Pending, i: int) -> None:
+        if not self._opening.acquire(blocking=False):
+            # A segment is being opened: the engine would hold this submit until it is.
+            self.stats["submits_handed"] += 1
+            p.status[i] = _HANDED
+            self._handed.put((p, i))
+            if self._submitter is None:
+                self._submitter = threading.Thread(target=self._submit_handed, name="epd-ring-submit", daemon=True)
+                self._submitter.start()
+            return
+        try:
+            self._submit_now(p, i)
+        finally:
+            self._opening.release()
+
+    def _submit_now(self, p: _Pending, i: int) -> None:
         src, dst, n = p.bufs[i]
         bid = self.engine.transfer_submit_write(p.session, src, dst, n)
         p.ids[i] = bid
-        p.status[i] = _PENDING if bid else _FAILED
+        p.status[i] = _PENDING if bid else _FAILED  # the loop reads it once it is no longer _HANDED
+
+    def _submit_handed(self) -> None:
+        while True:
+            p, i = self._handed.get()
+            if p is None:
+                return
+            try:
+                self._submit_now(p, i)
+            except Exception:  # a submit thread must not die; the write fails
+                p.status[i] = _FAILED
 
     def submit_write(self, session: str, bufs: Sequence[Buf]) -> int:
         if self.closed:
@@ -244,7 +371,7 @@ class MooncakeTransport(Transport):
                     p.retried[i] = True
                     self.stats["retries"] += 1
                     self._submit(p, i)
-            if any(st == _PENDING for st in p.status):
+            if any(st in (_PENDING, _HANDED) for st in p.status):
                 continue
             del self._pending[handle]
             if all(st == _DONE for st in p.status):
@@ -256,11 +383,45 @@ class MooncakeTransport(Transport):
             out.append((handle, outcome))
         return out
 
-    def connect(self, session: str, attempt: int) -> bool | None:
+    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
         """Start first contact with `session` on the connector; the answer comes from `peer_reports`."""
-        return None if self.connector.start(session, attempt) else False
+        return None if self.connector.start(session, attempt, identity) else False
 
-    def peer_reports(self) -> list[tuple[str, int, bool, str]]:
+    def _contact(self, session: str, identity: str = "") -> tuple[bool, str, str | None]:
+        """On a connector thread: (ok, detail, owner). Every engine call here either releases the
+        GIL while it waits or, after the segment is open, answers from the engine's cache."""
+        engine = self.engine
+        rc = engine.send_probe(session)
+        if rc != 0:
+            return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        page = ctypes.create_string_buffer(OWNER_PAGE)
+        local = ctypes.addressof(page)
+        with self._opening:
+            if time.monotonic() < self._stalled_until.get(identity, 0.0):
+                self.stats["opens_refused_stalled"] += 1
+                return False, "this receiver key stalled a segment open recently", None
+            started = time.monotonic()
+            # A 0-byte read is not checked against the peer's buffers: it only opens the segment
+            # (here, not on the loop's first write).
+            rc = engine.transfer_sync_read(session, local, local, 0)
+            if time.monotonic() - started > self.open_stall_s:
+                self.stats["opens_stalled"] += 1
+                self._stalled_until[identity] = time.monotonic() + self.stall_penalty_s
+                if len(self._stalled_until) > 4096:  # bounded: the oldest penalties go first
+                    self._stalled_until.pop(next(iter(self._stalled_until)))
+        if not self.proves_ownership:
+            return (True, "", None) if rc == 0 else (False, f"opening the segment failed: rc={rc}", None)
+        if rc != 0:
+            return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        base = engine.get_first_buffer_address(session)  # from the segment just cached
+        rc = engine.transfer_sync_read(session, local, base, OWNER_PAGE) if base else -3
+        owner = read_owner_page(page.raw) if rc == 0 else None
+        if owner is None:
+            return False, "no ownership page at the peer's first registered buffer" + (f" (read rc={rc})" if rc else
+                                                                                          ""), None
+        return True, "", owner
+
+    def peer_reports(self) -> list[tuple[Any, ...]]:
         reports = self.connector.reports
         if not reports:
             return []

@@ -38,7 +38,7 @@ from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from ..core.regions import withdraw_to_parts
 from .control import ENV_ENCODER, ENV_SECRET, generate_keypair, load_keypair, load_public_keys
-from .mooncake import load_engine
+from .mooncake import OWNER_PAGE, load_engine, owner_page
 
 _ALIGN = 64
 
@@ -86,23 +86,33 @@ class ReferenceReceiver:
     def __init__(self, encode_endpoint: str, *, capacity: int = 64 << 20, hostname: str = "127.0.0.1",
                  dtype: torch.dtype = torch.float32, encoder_key: Any = None,
                  keypair: tuple[bytes, bytes] | None = None, insecure: bool = False):
+        import zmq  # the mooncake extra; imported here so `--help` works without it
+
+        if not insecure:
+            if encoder_key is None:
+                raise ValueError("a receiver needs the encoder's public key (or insecure=True)")
+            keypair = keypair or generate_keypair()
         self.engine, self.session = load_engine(hostname)
         self.dtype = dtype
+        # First registered: the page naming our key, which the encoder reads back at first
+        # contact before it writes here (a session is ours because our engine says so).
+        self.owner_page = torch.tensor(list(owner_page("" if insecure else keypair[0].decode())),
+                                       dtype=torch.uint8)
+        rc = self.engine.register_memory(self.owner_page.data_ptr(), OWNER_PAGE)
+        if rc != 0:
+            raise RuntimeError(f"registering the ownership page failed: rc={rc}")
         self.buffer = torch.zeros(capacity, dtype=torch.uint8)
         rc = self.engine.register_memory(self.buffer.data_ptr(), capacity)
         if rc != 0:
             raise RuntimeError(f"registering the receive buffer failed: rc={rc}")
         self._extents = Extents(capacity)
-        import zmq  # the mooncake extra; imported here so `--help` works without it
 
         self.ctx = zmq.Context()
         self.auth = None
         self.insecure = insecure
         if not insecure:
-            if encoder_key is None:
-                raise ValueError("a receiver needs the encoder's public key (or insecure=True)")
             (encoder,) = load_public_keys([encoder_key])
-            self.public_key, secret = keypair or generate_keypair()
+            self.public_key, secret = keypair
             # The status socket accepts the encoder's key only. Its ZAP handler may be a
             # thread: this is the receiver's edge, not the encode loop.
             from zmq.auth.thread import ThreadAuthenticator

@@ -3,9 +3,10 @@
 The cycle, per item: register the request, a receiver frame arrives, `execute`
 one 16 x 64 float32 image through a tower that returns a fixed tensor, the
 pump's `flush` (the write goes out and completes at once on the loopback), the
-pump's `tick` (its outcome comes back; the room concludes), reap. All but 4 slots are held by
-rooms whose writes never complete, so any scan over busy slots or senders
-shows up as a cost that grows with the ring.
+pump's `tick` (its outcome comes back; the room concludes), reap. The arena holds
+"slots" items of this size; all but 4 of them are held by rooms whose writes never
+complete, so any scan over busy extents or senders shows up as a cost that grows
+with the ring.
 
 With `--seed PATH` the seed's executor runs the same cycle in the same process
 (see `seed_bench`), so the two figures come from one run.
@@ -70,8 +71,9 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
-    # One receiver's held writes occupy the ring on purpose here: no per-peer share (peer_ring_share=1.0).
-    executor = EncodeExecutor(manager, FixedTower(), "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes(),
+    # An arena of `ring_slots` items: every item has the same size, so it holds exactly that many. One
+    # receiver's held writes occupy the arena on purpose here: no per-peer share (peer_ring_share=1.0).
+    executor = EncodeExecutor(manager, FixedTower(), "cpu", arena_bytes=ring_slots * _slot_bytes(),
                               peer_ring_share=1.0)
     pump = Pump(executor)
     receiver = transport.add_receiver("prefill:0")
@@ -91,7 +93,7 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
                                                 TOKENS, HIDDEN, "torch.float32", False, 1))
         executor.execute([(("held", room), EncodeItem("image", TOKENS))])
         pump.flush()  # the held writes go out (and never complete)
-    assert executor.ring.free_count == free_slots
+    assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
     pending: set = set()
 
     def cycle(n: int) -> None:
@@ -109,7 +111,7 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
 
     best = _best_of(cycle, items, repeats)
     assert manager.stats["success"] == repeats * items + 500, manager.stats
-    assert executor.ring.free_count == free_slots
+    assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
     assert len(executor.senders) == ring_slots - free_slots  # reaped: only the held rooms remain
     assert torch.equal(dst, executor.model.out)
     return best / items * 1e6

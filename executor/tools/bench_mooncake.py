@@ -39,9 +39,9 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
     rows = size // (HIDDEN * 4)
     transport = MooncakeTransport()
     manager = EncodeManager(transport, MonotonicClock())
-    # One receiver, every slot in flight to it: the figure is the controller's against the raw engine's at
-    # the same depth, so no per-peer share of the ring (peer_ring_share=1.0).
-    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", ring_slots=slots, ring_bytes=size, peer_ring_share=1.0)
+    # One receiver, `slots` items in flight to it: the figure is the controller's against the raw engine's at
+    # the same depth, so no per-peer share of the arena (peer_ring_share=1.0).
+    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", arena_bytes=slots * size, peer_ring_share=1.0)
     pump = Pump(ex)
     dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
     room = 0
@@ -53,7 +53,7 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
         manager.register_receiver(ReceiverFrame(room, rx_session, dsts[k % slots], 0, rows, 0, rows, HIDDEN,
                                                 "torch.float32", False, 1))
         pump.flush()
-        while not ex.ring.has_free():
+        while ex.ring.main_arena.largest_free < size:
             pump.tick()
         ex.execute([(room, EncodeItem("image", rows))])
         pump.flush()  # the write is submitted here

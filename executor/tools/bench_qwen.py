@@ -29,7 +29,7 @@ import torch
 
 from epd_ring.executor import EncodeExecutor, EncodeManager, Pump
 
-from .demo_qwen import DTYPES, Request, plan
+from .demo_qwen import DTYPES, Request, arena_bytes, plan
 from .qwen3vl import PrefillWorker, Qwen3VLTower, hf
 
 
@@ -92,7 +92,8 @@ def _encode_side(model: Any, transport: Any, manager: EncodeManager, reqs: list[
         setattr(transport, name, timer.wrap("transport", getattr(transport, name)))
     es = torch.tensor([], dtype=model.lm_head.weight.dtype).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
-    ex = EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=max_rows * spec.hidden * es)
+    ex = EncodeExecutor(manager, tower, "cpu", arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es),
+                        max_deferred=8 * slots)
     ex.execute = timer.wrap("executor", ex.execute)
     return _Encode(ex, timer)
 

@@ -64,6 +64,32 @@ def probability(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """A ring's bytes such as 2GiB, 512MiB or 1048576, refused below 1 MiB (no embedding fits in less)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {text!r}")
+    value = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if value < _UNITS["mib"]:
+        raise argparse.ArgumentTypeError(f"must be at least 1MiB, got {text!r}")
+    return value
+
+
 def port(text: str) -> int:
     value = _int_at_least(0)(text)
     if value > 65535:
@@ -158,6 +184,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", metavar="PATH", default=None,
                        help="also run the seed's executor from this file on the same cycle (loopback only)")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+    arena = command("bench-arena", "ring bytes each allocation policy needs for one seeded trace of images and videos",
+                    "Simulate one seeded trace of Qwen3-VL-sized embeddings (images and videos, parks, writes, "
+                    "failed writes held in quarantine) through three allocation policies on one ring: the seed's "
+                    "fixed slots, a vLLM-style write head, and our arena. Print the ring bytes each needs to carry "
+                    "the trace with no deferral, the deferral rate at a few budgets, and the trace's distributions.")
+    arena.add_argument("--items", type=positive_int, default=12000, help="items in the trace")
+    arena.add_argument("--seed", type=int, default=0, help="seed of the trace")
+    arena.add_argument("--seeds", type=positive_int, default=1,
+                       help="also find the bytes ours needs on the traces of the next seeds, and judge the goal "
+                            "on all of them")
+    arena.add_argument("--budget", type=byte_size, default="2GiB", help="the ring bytes the headline deferral "
+                                                                        "rate is measured at")
+    arena.add_argument("--budgets", type=byte_size, nargs="+", default=None,
+                       help="ring bytes of the deferral table (default: 512MiB 1GiB 2GiB 4GiB; --budget is added)")
+    arena.add_argument("--ring", choices=["main", "deepstack"], default="main",
+                       help="which ring: deepstack items are 3x the main bytes")
+    arena.add_argument("--rate", type=positive_float, default=100.0, help="Poisson arrivals, items per second")
+    arena.add_argument("--fail-rate", type=probability, default=0.005, help="share of writes that fail")
+    arena.add_argument("--quarantine", type=positive_float, default=30.0,
+                       help="seconds a failed write's extent is held (the core's quarantine_s)")
+    arena.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
@@ -324,6 +372,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             _emit_json({"transport": "loopback", "items": args.items or 10000,
                         "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()}})
+        return EXIT_OK
+    if args.command == "bench-arena":
+        from .bench_arena import DEFAULT_BUDGETS, run as arena_run, spec_with
+
+        spec = spec_with(items=args.items, seed=args.seed, ring=args.ring, rate=args.rate,
+                         fail_share=args.fail_rate, quarantine_s=args.quarantine)
+        report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS, seeds=args.seeds,
+                           quiet=quiet or args.json, echo=_silent if args.json else print)
+        if args.json:
+            _emit_json(report)
         return EXIT_OK
     if args.command == "check" and args.engine == "spin":
         from epd_ring.models.check import CheckInputError, apply_defaults

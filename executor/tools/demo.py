@@ -122,7 +122,9 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     max_tokens = 8 * 8  # plan_rooms draws images of up to 8 x 8 merged tokens; larger ones are "oversized"
     slot_bytes = max_tokens * tower.hidden * 4
-    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=slot_bytes)
+    # The arena holds `slots` of the largest items; smaller ones share it (an item takes its own bytes).
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=slots * slot_bytes, max_item_bytes=slot_bytes,
+                              max_deferred=8 * slots)
     pump = Pump(executor)  # does what the executor decides: writes, notices, contacts
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
     serve_metrics(executor, metrics_port, metrics_hook)
@@ -209,7 +211,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         clock.advance(tick_s)
         tick += 1
         progress.update(len(outcome), tick=tick, queued=len(queue), deferred=executor.deferred_count,
-                        free_slots=f"{executor.ring.free_count}/{slots}")
+                        arena_used=f"{executor.ring.main_arena.in_use * 100 // executor.ring.main_arena.capacity}%")
         if len(outcome) == rooms and not queue and tick > last_frame_tick:
             break
         if tick > 100_000:
@@ -254,7 +256,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
                 checked_bytes += full.numel() * 4
                 if not torch.equal(full, exp):
                     bad_bytes += full.numel() * 4
-    leaked = executor.ring.n_slots - executor.ring.counts().get("free", 0)
+    leaked = executor.ring.live  # extents whose bytes never came back
 
     return summary(
         f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
@@ -292,7 +294,7 @@ def drained(pump: Pump, stop: Any, idle: Any, concluded: int, rooms: int, json_o
         idle = idle_and_sample
     report = pump.close(timeout, idle)
     if recorder is not None:
-        recorder.sample()  # every slot retired
+        recorder.sample()  # the arena retired
         recorder.write(timeline, f"epd-ring demo, drained after {concluded} of {rooms} rooms concluded")
     name = {130: "Ctrl-C", 143: "SIGTERM"}.get(stop.exit_code, "signal")
     if json_out:
@@ -302,7 +304,8 @@ def drained(pump: Pump, stop: Any, idle: Any, concluded: int, rooms: int, json_o
         print(f"\n{name}: drained after {concluded} of {rooms} rooms concluded: "
               f"{report.rooms_failed} rooms failed and told, {report.rooms_finished} finished their writes; "
               + ("ring retired and unregistered, transport closed" if report.clean
-                 else f"NOT clean: slots still busy {report.busy_slots}, {report.writes_in_flight} writes in flight"))
+                 else f"NOT clean: extents still live {report.busy_extents}, "
+                      f"{report.writes_in_flight} writes in flight"))
     return stop.exit_code if report.clean else 1
 
 
@@ -315,7 +318,7 @@ def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong
             "title": title, "ok": ok, "outcomes": dict(Counter(outcome.values())),
             "by_injection": {f: dict(c) for f, c in sorted(table.items())},
             "mismatched": [{"room": r, "injected": f, "got": g, "reason": why} for r, f, g, why in mismatched],
-            "told_wrong": told_wrong, "bytes_checked": checked, "bytes_differing": bad, "slots_leaked": leaked,
+            "told_wrong": told_wrong, "bytes_checked": checked, "bytes_differing": bad, "extents_leaked": leaked,
             "items_per_s": items_per_s, **extra}, sort_keys=True))
         return 0 if ok else 1
     print(f"\n{title}")
@@ -332,7 +335,7 @@ def summary(title: str, table: dict, outcome: dict, mismatched: list, told_wrong
     print(f"receivers told a wrong or no outcome:  {told_wrong}")
     print(f"delivered bytes checked: {checked}, differing from the tower output: {bad}")
     print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in extra.items()))
-    print(f"slots leaked: {leaked}")
+    print(f"extents leaked: {leaked}")
     print(f"throughput: {items_per_s:.0f} items/s ({timing})")
     print("RESULT:", "ok" if ok else "FAILED")
     return 0 if ok else 1

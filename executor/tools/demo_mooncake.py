@@ -57,7 +57,9 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
     control = ZmqControlPlane(keypair=encoder, allowed_keys=[instance[0], doomed[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
-    executor = EncodeExecutor(manager, model, "cpu", ring_slots=slots, ring_bytes=64 * hidden * 4)
+    # The arena holds `slots` of the largest (64-token) items; smaller ones share it.
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=slots * 64 * hidden * 4,
+                              max_item_bytes=64 * hidden * 4, max_deferred=8 * slots)
     pump = Pump(executor)
     control.attach(pump)  # frames are read on every tick
     serve_metrics(executor, metrics_port, metrics_hook)
@@ -128,7 +130,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             if recorder is not None:
                 recorder.sample()
             progress.update(len(outcome), batch=i // batch, deferred=executor.deferred_count,
-                            free_slots=f"{executor.ring.free_count}/{slots}")
+                            extents=executor.ring.live)
         deadline = time.monotonic() + 60
         while len(outcome) < rooms and time.monotonic() < deadline:
             pump.tick()
@@ -140,7 +142,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
         progress.close()
         wall = time.perf_counter() - t0
         quiesce = time.monotonic() + 5
-        while executor.ring.free_count < slots and time.monotonic() < quiesce:
+        while executor.ring.live and time.monotonic() < quiesce:
             pump.tick()
             if recorder is not None:
                 recorder.sample()
@@ -172,7 +174,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                     checked += exp.numel() * 4
                     if reports[name]["digest"][str(room)] != hsh.hexdigest():
                         bad += exp.numel() * 4
-        leaked = slots - executor.ring.counts().get("free", 0)
+        leaked = executor.ring.live  # extents whose bytes never came back
         return summary(
             f"epd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
             f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}",

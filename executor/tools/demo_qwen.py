@@ -59,6 +59,11 @@ class Request:
         return Placement(self.workers.index(worker), len(self.workers), self.shard)
 
 
+def arena_bytes(slots: int, largest: int) -> int:
+    """An arena for `slots` of the largest item, whole 64-byte units each."""
+    return slots * (largest + (-largest) % 64)
+
+
 def plan(n_requests: int, spec: hf.Spec, seed: int, first_room: int = 2_000_000) -> list[Request]:
     """Requests of one or two images of mixed sizes, every third with a video, over the four routes."""
     rng = np.random.default_rng(seed)
@@ -220,7 +225,9 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
-    executor = EncodeExecutor(manager, tower(model), "cpu", ring_slots=slots, ring_bytes=max_rows * spec.hidden * es)
+    # The arena holds `slots` of the largest items (a video); images and videos share it by their bytes.
+    executor = EncodeExecutor(manager, tower(model), "cpu", arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es),
+                              max_deferred=8 * slots)
     pump = Pump(executor)
     receivers = {w: LoopbackPrefillReceiver(transport, pump, f"prefill-{w}:0", DTYPES[dtype]) for w in "ab"}
     # Each worker runs the same checkpoint (here: the same seed) as the encode worker's full model.
@@ -255,11 +262,11 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
             collect(r, {w: workers[w] for w in r.workers if alive[w]}, dead=[w for w in r.workers if not alive[w]])
         if not quiet:
             print(f"  wave {w0 // wave_size}: {sum(v == 'equal' for r in wave for v in r.verdicts.values())} "
-                  f"equal verdicts, free slots {executor.ring.free_count}/{slots}", flush=True)
+                  f"equal verdicts, {executor.ring.live} extents live", flush=True)
     wall = time.perf_counter() - t0
     for _ in range(300):  # let every quarantine pass
         step()
-    leaked = executor.ring.n_slots - executor.ring.counts().get("free", 0)
+    leaked = executor.ring.live  # extents whose bytes never came back
     return reqs, {"leaked": leaked, "reference_s": ref_s, "wall_s": wall, "levels": spec.levels,
                   "kill_wave": kill_wave}
 
@@ -280,7 +287,7 @@ def run_loopback(requests: int = 16, dtype: str = "float32", seed: int = 0, slot
                 f"{len(reqs)} requests, 2 prefill workers (b killed in wave {fig['kill_wave']}), {slots} slots, "
                 f"seed {seed}", reqs,
                 [f"monolithic reference: {fig['reference_s']:.2f} s; split run: {fig['wall_s']:.2f} s; "
-                 f"slots leaked: {fig['leaked']}"])
+                 f"extents leaked: {fig['leaked']}"])
     return rc or int(fig["leaked"] > 0)
 
 
@@ -336,8 +343,8 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
-    executor = EncodeExecutor(manager, Qwen3VLTower(model), "cpu", ring_slots=slots,
-                              ring_bytes=max_rows * spec.hidden * es)
+    executor = EncodeExecutor(manager, Qwen3VLTower(model), "cpu",
+                              arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es), max_deferred=8 * slots)
     pump = Pump(executor)
     control.attach(pump)  # frames are read on every tick
     inject_write_fault(reqs)
@@ -371,13 +378,13 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
                     collect_remote(r, procs)
                 if not quiet:
                     print(f"  wave {w0 // wave_size}: {sum(v == 'equal' for r in wave for v in r.verdicts.values())} "
-                          f"equal verdicts, free slots {executor.ring.free_count}/{slots}", flush=True)
+                          f"equal verdicts, {executor.ring.live} extents live", flush=True)
             wall = time.perf_counter() - t0
             quiesce = time.monotonic() + 5
-            while executor.ring.free_count < slots and time.monotonic() < quiesce:
+            while executor.ring.live and time.monotonic() < quiesce:
                 pump.tick()
                 time.sleep(0.005)
-            leaked = slots - executor.ring.counts().get("free", 0)
+            leaked = executor.ring.live  # extents whose bytes never came back
         finally:
             for p in procs.values():
                 p.close()
@@ -393,7 +400,7 @@ def run_mooncake(requests: int = 16, dtype: str = "float32", seed: int = 0, slot
                 f"levels): {len(reqs)} requests, encode worker + 2 prefill processes (b killed in wave "
                 f"{fig['kill_wave']}), {slots} slots, seed {seed}", reqs,
                 [f"monolithic reference: {fig['reference_s']:.2f} s; split run: {fig['wall_s']:.2f} s wall; "
-                 f"slots leaked: {fig['leaked']}; frames refused: {fig['frames_refused']}"])
+                 f"extents leaked: {fig['leaked']}; frames refused: {fig['frames_refused']}"])
     return rc or int(fig["leaked"] > 0)
 
 

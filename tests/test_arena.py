@@ -1,0 +1,154 @@
+"""The arena allocator (executor/core/arena.py): extents never overlap, free space is coalesced, alignment kept."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, strategies as st
+
+from epd_ring.executor.core.arena import Arena, _cls
+
+
+def check(a: Arena, live: dict[int, int]) -> None:
+    """Live and free extents tile [0, capacity) exactly; no two free extents touch."""
+    assert a.live_extents() == sorted((o, a.extent_bytes(o)) for o in live)
+    for off, want in live.items():
+        assert off % a.align == 0 and a.extent_bytes(off) >= want
+    free = a.free_extents()
+    pieces = sorted([*a.live_extents(), *free])
+    at = 0
+    for off, n in pieces:
+        assert off == at and n > 0, (off, at)  # no gap, no overlap
+        at = off + n
+    assert at == a.capacity
+    free_ends = {o + n for o, n in free}
+    assert not any(o in free_ends for o, _ in free), "two free extents touch: not coalesced"
+    assert a.in_use == sum(n for _, n in a.live_extents())
+    assert a.free_bytes == sum(n for _, n in free)
+    assert a.largest_free == max((n for _, n in free), default=0)
+
+
+ops = st.lists(st.one_of(st.tuples(st.just("alloc"), st.integers(0, 5000)),
+                         st.tuples(st.just("free"), st.integers(0, 10 ** 6))), max_size=120)
+
+
+@given(capacity=st.integers(0, 40_000), align=st.sampled_from([1, 8, 64, 256]), ops=ops)
+def test_random_allocs_and_frees_keep_extents_apart_coalesced_and_aligned(capacity, align, ops):
+    a = Arena(capacity, align)
+    live: dict[int, int] = {}
+    for op, n in ops:
+        if op == "alloc":
+            largest = a.largest_free
+            off = a.alloc(n)
+            need = max(1, -(-n // align)) * align
+            if off is None:
+                assert largest < need, "refused although a free extent was large enough"
+            else:
+                assert off not in live
+                live[off] = n
+        elif live:
+            off = sorted(live)[n % len(live)]
+            del live[off]
+            a.free(off)
+        check(a, live)
+    for off in list(live):
+        a.free(off)
+    assert a.free_extents() == ([(0, a.capacity)] if a.capacity else [])
+    assert a.fragmentation == 0.0
+
+
+def test_an_item_larger_than_the_arena_never_fits_and_one_that_fills_it_does():
+    a = Arena(64 * 1000)
+    assert not a.fits_ever(64 * 1000 + 1) and a.alloc(64 * 1000 + 1) is None
+    assert a.fits_ever(64 * 1000)
+    # 1000 units is not the lower bound of its class: the whole arena must still be found.
+    assert a.alloc(64 * 1000) == 0
+    assert a.alloc(1) is None and a.free_bytes == 0
+
+
+def test_an_extent_in_its_own_class_is_found_when_no_larger_class_has_one():
+    a = Arena(64 * 4000)
+    offs = [a.alloc(64 * 1000) for _ in range(4)]
+    a.free(offs[1])  # 1000 units free, between live extents: the only free extent
+    assert a.alloc(64 * 999) == offs[1]
+    assert a.alloc(64 * 2) is None  # one unit left, not two
+
+
+def test_freeing_merges_both_neighbours_and_fragmentation_follows():
+    a = Arena(64 * 10)
+    offs = [a.alloc(64) for _ in range(10)]
+    for o in offs[::2]:
+        a.free(o)
+    assert a.free_bytes == 64 * 5 and a.largest_free == 64
+    assert a.fragmentation == pytest.approx(1 - 1 / 5)
+    assert a.alloc(128) is None  # five bytes-worth of units free, none two in a row
+    for o in offs[1::2]:
+        a.free(o)
+    assert a.free_extents() == [(0, 640)] and a.fragmentation == 0.0
+
+
+def test_freeing_what_is_not_a_live_extent_is_refused():
+    a = Arena(64 * 8)
+    off = a.alloc(100)
+    assert off == 0 and a.extent_bytes(off) == 128  # rounded to whole units
+    with pytest.raises(ValueError):
+        a.free(64)  # inside the extent, not its start
+    with pytest.raises(ValueError):
+        a.free(3)  # not aligned
+    a.free(off)
+    with pytest.raises(ValueError):
+        a.free(off)  # twice
+
+
+def test_a_zero_byte_item_takes_its_own_unit():
+    a = Arena(64 * 2)
+    x, y = a.alloc(0), a.alloc(0)
+    assert x is not None and y is not None and x != y and a.alloc(0) is None
+
+
+def test_size_classes_are_monotone_and_fine():
+    sizes = sorted({*range(1, 5000), *(2 ** k + d for k in range(12, 40) for d in (-1, 0, 1))})
+    classes = [_cls(u) for u in sizes]
+    assert classes == sorted(classes)
+    # sizes in one class differ by less than 1/16 of the smallest
+    lo: dict[int, int] = {}
+    for u, c in zip(sizes, classes):
+        lo.setdefault(c, u)
+        assert u - lo[c] < max(1, lo[c] / 16)
+
+
+def test_heaps_stay_proportional_to_the_free_extents_over_a_long_churn():
+    rng = random.Random(7)
+    a = Arena(64 * 100_000)
+    live = []
+    for _ in range(20_000):
+        if live and (rng.random() < 0.5 or a.largest_free < 64 * 3000):
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            off = a.alloc(64 * rng.randint(1, 3000))
+            if off is not None:
+                live.append(off)
+    free = len(a.free_extents())
+    assert sum(len(h) for h in a._heaps) <= 2 * free + 8 * len(a._heaps)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_churn_of_near_sizes_refuses_only_when_nothing_fits(seed):
+    # Many holes of a few classes, filed and unfiled over and over, so each class's heap is
+    # rebuilt many times: a rebuild must keep every live hole findable.
+    rng = random.Random(seed)
+    a = Arena(64 * 4_000)
+    live: list[int] = []
+    for _ in range(30_000):
+        if live and rng.random() < 0.5:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            units = rng.choice((1, 2, 3, 33, 34, 40))
+            largest = a.largest_free
+            off = a.alloc(64 * units)
+            if off is None:
+                assert largest < 64 * units, "refused although a free extent was large enough"
+            else:
+                live.append(off)
+    check(a, {o: a.extent_bytes(o) for o in live})

@@ -1,0 +1,197 @@
+"""What one allow-listed key can do to other receivers, on the sans-I/O core (issue 21).
+
+A session string is only a spelling: the engine resolves it, and many spellings reach one
+receiver's memory. Where the transport proves ownership (Mooncake reads the key a receiver's
+ownership page names, at first contact), a session belongs to the identity its own memory names,
+whoever named it first and however it was spelled. Per-identity caps keep one key's flood of
+sessions inside its own share of the peer table. The real engine's side is in test_keys_e2e.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import make_rig, reason_kind
+
+from epd_ring.executor import ReasonKind
+
+VICTIM, ATTACKER, HONEST = "key-victim", "key-attacker", "key-honest"
+
+
+class Proving:
+    """Contacts answer on the next tick with the identity the receiver's memory names, as the
+    Mooncake transport does; `alias` makes a second spelling reach the same memory."""
+
+    def __init__(self, rig, owners: dict[str, str]):
+        self.t = t = rig.transport
+        self.owners = owners  # receiver session -> the key its ownership page names
+        self.canonical: dict[str, str] = {}
+        t.proves_ownership = True
+        rig.manager.admission.proves = True  # read at construction, as the manager reads its transport
+        t.connect = self.connect
+
+    def alias(self, spelling: str, session: str) -> None:
+        self.canonical[spelling] = session
+        self.t.receivers[spelling] = self.t.receivers[session]  # the engine reaches the same memory
+
+    def connect(self, session: str, attempt: int, identity: str = ""):
+        owner = self.owners.get(self.canonical.get(session, session))
+        self.t._reports.append((session, attempt, owner is not None, "" if owner else "no ownership page", owner))
+        return None
+
+
+def run(rig, *pairs):
+    rig.executor.execute(list(pairs))
+    for _ in range(4):
+        rig.executor.poll()
+
+
+def untouched(rig, room, session):
+    main, deep, _, _ = rig.buffers[(room, session)]
+    return torch.isnan(main).all() and (deep is None or torch.isnan(deep).all())
+
+
+def test_a_pre_claim_of_another_receivers_session_fails_the_claimers_room_and_the_owners_frames_are_answered():
+    rig = make_rig()
+    Proving(rig, {"victim:1": VICTIM})
+    # The attacker names the victim's session first, pointing into the victim's memory.
+    rig.executor.register("req-9", "prefill-host", 8998, 9, receiver=ATTACKER)
+    rig.manager.register_receiver(rig.frame(9, "victim:1", 2, identity=ATTACKER))
+    # The victim's own frame comes while the contact is still under way.
+    rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=VICTIM)
+    assert rig.manager.register_receiver(rig.frame(7, "victim:1", 2, identity=VICTIM))
+    a, v = rig.item(2, 9), rig.item(2, 7)
+    run(rig, ("req-9", a), ("req-7", v))
+    assert rig.manager.room_status(7) == "success"
+    assert rig.delivered_ok(7, "victim:1", v)
+    assert rig.manager.room_status(9) == "failed" and reason_kind(rig.manager, 9) is ReasonKind.FOREIGN
+    assert untouched(rig, 9, "victim:1")  # the attacker's rows were never written into the victim's memory
+    assert ("success", "") in rig.told("victim:1", 7)
+    assert rig.manager.stats["rooms_disowned"] == 1
+    # From here on the session is the victim's: a later frame of the attacker is refused at once.
+    rig.executor.register("req-10", "prefill-host", 8998, 10, receiver=ATTACKER)
+    assert not rig.manager.register_receiver(rig.frame(10, "victim:1", 2, identity=ATTACKER))
+    assert rig.manager.tenancy.session_owner("victim:1") == VICTIM
+
+
+def test_no_spelling_of_another_receivers_session_leads_to_a_write_into_its_memory():
+    rig = make_rig(slots=8)
+    proving = Proving(rig, {"victim:1": VICTIM})
+    rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=VICTIM)
+    rig.manager.register_receiver(rig.frame(7, "victim:1", 2, identity=VICTIM))
+    v = rig.item(2, 7)
+    run(rig, ("req-7", v))
+    assert rig.manager.room_status(7) == "success" and rig.delivered_ok(7, "victim:1", v)
+    aliases = ["localhost:1", "LOCALHOST:1", "victim-host:1", "127.0.0.2:1", "127.1:1", "0.0.0.0:1", "victim:01",
+               "0x7f000001:1", "2130706433:1"]
+    for k, spelling in enumerate(aliases):
+        proving.alias(spelling, "victim:1")
+        room = 100 + k
+        rig.executor.register(f"req-{room}", "prefill-host", 8998, room, receiver=ATTACKER)
+        rig.manager.register_receiver(rig.frame(room, spelling, 2, identity=ATTACKER))
+        run(rig, (f"req-{room}", rig.item(2, room)))
+        assert rig.manager.room_status(room) == "failed", spelling
+        assert reason_kind(rig.manager, room) is ReasonKind.FOREIGN, spelling
+        assert untouched(rig, room, spelling), spelling
+    assert rig.delivered_ok(7, "victim:1", v)  # the victim's delivered rows were never overwritten
+
+
+def test_a_session_whose_memory_names_no_key_is_never_written():
+    rig = make_rig()
+    Proving(rig, {})  # a receiver that registered no ownership page
+    rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=ATTACKER)
+    rig.manager.register_receiver(rig.frame(7, "stranger:1", 2, identity=ATTACKER))
+    run(rig, ("req-7", rig.item(2, 7)))
+    assert reason_kind(rig.manager, 7) is ReasonKind.PEER_DOWN
+    assert untouched(rig, 7, "stranger:1")
+
+
+def test_one_keys_flood_of_sessions_fills_its_own_share_of_the_peer_table_and_another_key_registers_at_once():
+    rig = make_rig(slots=8, announce_timeout=120.0)
+    m = rig.manager
+    gc.collect()
+    gc.freeze()  # as a long-running worker does after start-up: a full collection is not the flood's
+    t0 = time.perf_counter()
+    worst = 0.0
+    # The issue's flood: 4 rooms with N = 1,024, 4,096 session strings, all from one key. Its
+    # peers have live rooms, so none could be forgotten to make room.
+    for r in range(4):
+        for k in range(1024):
+            f = rig.frame(1000 + r, f"flood-{r}-{k}:1", 1, n=1024, identity=ATTACKER, deep=False)
+            t = time.perf_counter()
+            m.register_receiver(f)
+            worst = max(worst, time.perf_counter() - t)
+    flood_s = time.perf_counter() - t0
+    assert len(m.peers.by_session) <= m.peers.max_peers_per_identity < m.peers.max_peers
+    assert m.peers.stats["peers_refused_identity"] > 0
+    assert reason_kind(m, 1000) is ReasonKind.CAPACITY  # the flooder's own rooms pay for it
+    # Another key registers at once, and its room goes through with no wait on the clock.
+    at = rig.clock.now()
+    rig.executor.register("req-1", "prefill-host", 8998, 1, receiver=HONEST)
+    assert m.register_receiver(rig.frame(1, "honest:1", 2, identity=HONEST))
+    item = rig.item(2, 1)
+    run(rig, ("req-1", item))
+    assert m.room_status(1) == "success" and rig.delivered_ok(1, "honest:1", item)
+    print(f"\nflood of 4,096 sessions from one key: {len(m.peers.by_session)} peers held, {flood_s:.2f} s of frames, "
+          f"slowest register_receiver {worst * 1e3:.2f} ms; another key's room waited {rig.clock.now() - at:.1f} s "
+          "of the core's clock")
+    gc.unfreeze()
+
+
+def test_an_identitys_idle_peers_make_room_for_its_new_ones_and_only_its_own():
+    rig = make_rig(max_peers_per_identity=2)
+    m = rig.manager
+    assert m.peers.contact("a:1", ATTACKER) and m.peers.contact("a:2", ATTACKER)
+    assert m.peers.contact("h:1", HONEST)
+    # a:1 and a:2 are idle (no live room): the attacker's third peer forgets its own oldest.
+    assert m.peers.contact("a:3", ATTACKER) is not None
+    assert "a:1" not in m.peers.by_session and "h:1" in m.peers.by_session
+    m.peers.get("a:2").rooms.add(1)
+    m.peers.get("a:3").rooms.add(2)
+    assert m.peers.contact("a:4", ATTACKER) is None  # both busy: refused, never someone else's
+    assert m.peers.contact("h:2", HONEST) is not None
+
+
+def test_one_identitys_hung_contacts_hold_its_own_share_of_the_connector_and_wait_behind_each_other():
+    from epd_ring.executor.drivers.mooncake import Connector
+
+    release = threading.Event()
+    now = [0.0]
+
+    def contact(session, identity):
+        if identity == ATTACKER:
+            release.wait(10)  # a listener that never answers, until the test lets go
+        return True, "", identity
+
+    c = Connector(contact, threads=4, per_identity=2, waiting_per_identity=5, max_wait_s=10.0, clock=lambda: now[0])
+    try:
+        accepted = [c.start(f"silent-{k}:1", 1, ATTACKER) for k in range(8)]
+        assert accepted == [True] * 7 + [False]  # 2 running, 5 waiting, the eighth refused
+        assert c.stats["waited_identity"] == 5 and c.stats["refused_identity"] == 1
+        # Another key's contact gets a thread at once, while the attacker's two still hang.
+        assert c.start("honest:1", 1, HONEST)
+        deadline = time.monotonic() + 10
+        while not any(r[0] == "honest:1" for r in c.reports):
+            assert time.monotonic() < deadline, "the honest contact waited behind the attacker's"
+            time.sleep(0.001)
+        assert ("honest:1", 1, True, "", HONEST) in c.reports
+        # The attacker's waiting contacts outlive their wait: each is reported failed, not started.
+        now[0] = 11.0
+        release.set()
+        deadline = time.monotonic() + 10
+        while c.in_progress:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert c.stats["waited_too_long"] == 5 and c.stats["ok"] == 3
+        failed = [r for r in c.reports if not r[2]]
+        assert len(failed) == 5 and all("waited" in r[3] for r in failed)
+    finally:
+        release.set()
+        c.close()
