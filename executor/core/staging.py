@@ -103,12 +103,11 @@ class Staging:
             return
         if self._deferred:
             self.serve_deferred()  # deferred sends are served before new ones
-        if self._deferred:
-            self.serve_deferred()  # deferred sends are served before new ones
         # Deferred sends that serve_deferred passed over wait on their receivers' peers' bound, not the
         # bytes; only a head that waits for bytes keeps this item behind it.
         extent = None
-        if not (self._deferred and self._head_waits) and not manager.held_back(room, self._ring_cost(checked[1], checked[3])):
+        cost = self._ring_cost(checked[1], checked[3])
+        if not (self._deferred and self._head_waits) and not manager.held_back(room, cost):
             extent = self.ring.lease(checked[1], checked[3])
         if extent is None:
             if len(self._deferred) >= self.max_deferred:
