@@ -23,6 +23,7 @@ from epd_ring.executor import (
 )
 from epd_ring.executor.core.peers import Peer
 from epd_ring.executor.core.reasons import ReasonKind
+from epd_ring.executor.core.ring import Ring
 from epd_ring.executor.core.transport import Transport
 from epd_ring.fsm import InvalidTransition
 
@@ -38,6 +39,15 @@ def room_for(rig, room, session, n_tokens=3):
 def run(rig, *rooms):
     rig.executor.execute(list(rooms))
     rig.executor.poll()
+
+
+# The per-peer bound counts arena bytes: a rig whose arena holds exactly `n` of room_for's
+# three-token items, so "half the ring" is half of those items.
+ITEM_COST = Ring.extent_cost(3 * 8 * 4)
+
+
+def items_rig(n: int, **kw):
+    return make_rig(arena_bytes=n * ITEM_COST, **kw)
 
 
 def test_unknown_session_is_contacted_once_and_written_when_up():
@@ -126,12 +136,12 @@ def test_refused_contact_fails_the_room_at_once_and_backoff_gates_the_retry():
 
 
 def test_consecutive_write_failures_make_the_peer_suspect_then_down_and_fail_its_queued_rooms():
-    rig = make_rig(slots=8, peer_fail_threshold=3, write_timeout=30.0)
+    rig = items_rig(8, peer_fail_threshold=3, write_timeout=30.0)
     rcv = rig.receiver("b")
     rooms = [room_for(rig, k, "b") for k in range(20)]
     others = [room_for(rig, 100 + k, "a") for k in range(4)]
     rcv.kill()
-    run(rig, *rooms[:8])  # b may hold half the ring's 8 slots: the rest wait
+    run(rig, *rooms[:8])  # b may hold half the arena's 8 items: the rest wait
     # Three failed writes: suspect, the re-check is refused (dead), down: every room fails now.
     assert rig.manager.peers.get("b").state == "down"
     assert all(rig.manager.room_status(k) == "failed" for k in range(20))
@@ -584,7 +594,7 @@ def slots_of(rig, rooms):
 
 
 def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_keep_succeeding():
-    rig = make_rig(slots=8, write_timeout=2.0, connect_timeout=1.0, peer_backoff=1.0, quarantine_s=1.0)
+    rig = items_rig(8, write_timeout=2.0, connect_timeout=1.0, peer_backoff=1.0, quarantine_s=1.0)
     rig.receiver("b")
     rig.receiver("c")
     run(rig, room_for(rig, 0, "b"))  # b answers at first
@@ -599,7 +609,7 @@ def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_kee
         rig.manager.register_receiver(rig.frame(b, "b", 3))
         run(rig, (f"req-{b}", rig.item(3, b)), room_for(rig, c, "c"))
         rig.executor.poll()
-        assert slots_of(rig, b_rooms) <= rig.executor.ring.n_slots // 2  # b holds at most its half
+        assert slots_of(rig, b_rooms) <= 8 // 2  # b holds at most its half
         rig.clock.advance(0.25)
     for _ in range(16):  # the last of b's rooms meet their deadlines too
         rig.clock.advance(0.25)
@@ -612,7 +622,7 @@ def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_kee
     assert kinds <= {ReasonKind.WRITE_DEADLINE, ReasonKind.PEER_DOWN, ReasonKind.CAPACITY}
     assert ReasonKind.WRITE_DEADLINE in kinds and ReasonKind.PEER_DOWN in kinds
     assert rig.transport.held and all(rig.transport.session_of(h) == "b" for h in rig.transport.held)
-    assert len(rig.transport.held) <= rig.executor.ring.n_slots // 2
+    assert len(rig.transport.held) <= 8 // 2
 
 
 def test_the_first_overdue_write_stops_new_writes_to_the_peer():
@@ -636,7 +646,7 @@ def test_the_first_overdue_write_stops_new_writes_to_the_peer():
 
 
 def test_a_stuck_peers_deferred_send_does_not_block_the_queue_head_for_the_others():
-    rig = make_rig(slots=4, write_timeout=30.0)
+    rig = items_rig(4, write_timeout=30.0)
     for s in ("b", "c"):
         rig.receiver(s)
     rig.transport.inject("hold", session="b", count=1 << 30)
@@ -645,21 +655,23 @@ def test_a_stuck_peers_deferred_send_does_not_block_the_queue_head_for_the_other
     rig.transport.inject("delay", session="c", delay=1.0, count=2)
     head = room_for(rig, 3, "b")
     rig.executor.execute([head, room_for(rig, 4, "c"), room_for(rig, 5, "c"), room_for(rig, 6, "c")])
-    # b's send waits without a slot; c's took the two free slots and the third waits behind them.
+    # b's send waits without an extent; c's took the two free items' bytes and the third waits.
     assert rig.executor.deferred_requests() == ["req-3", "req-6"]
-    assert rig.executor.ring.free_count == 0
+    assert rig.executor.ring.live == 4  # the arena is full
     rig.clock.advance(1.0)
     rig.executor.poll()
     rig.executor.poll()
     assert [rig.manager.room_status(k) for k in (4, 5, 6)] == ["success"] * 3
     assert rig.executor.deferred_requests() == ["req-3"]  # still first in line, still waiting
     assert rig.manager.room_status(3) == "registered" or rig.manager.room_status(3) == "ready"
-    assert rig.manager.stats["held_back"] == 1
+    # Room 3 waited on b's bound and room 6 on c's: the bound counts bytes, and c's two writes in
+    # flight are its half of the arena too.
+    assert rig.manager.stats["held_back"] == 2
 
 
 def test_a_send_held_back_by_its_peers_bound_fails_after_the_write_timeout():
     """A peer that answers probes while its old writes stay stuck keeps its bound: the wait is bounded."""
-    rig = make_rig(slots=4, write_timeout=2.0, connect_timeout=5.0)
+    rig = items_rig(4, write_timeout=2.0, connect_timeout=5.0)
     rig.receiver("b")
     rig.transport.inject("hold", session="b", count=2)
     run(rig, room_for(rig, 1, "b"), room_for(rig, 2, "b"))
@@ -702,10 +714,10 @@ def test_ring_share_is_checked_and_one_means_no_bound():
     clock = FakeClock()
     t = LoopbackTransport(clock)
     with pytest.raises(ValueError, match="peer_ring_share"):
-        EncodeExecutor(EncodeManager(t, clock), TableTower(), "cpu", ring_slots=4, ring_bytes=4096,
-                       peer_ring_share=0)
+        EncodeExecutor(EncodeManager(t, clock), TableTower(), "cpu", arena_bytes=4096, peer_ring_share=0)
     m = EncodeManager(t, clock)
-    ex = drive(EncodeExecutor(m, TableTower(), "cpu", ring_slots=4, ring_bytes=4096, peer_ring_share=1.0))
+    # an arena of exactly four two-token items
+    ex = drive(EncodeExecutor(m, TableTower(), "cpu", arena_bytes=4 * Ring.extent_cost(2 * 8 * 4), peer_ring_share=1.0))
     assert m.peers.max_bytes is None
     t.add_receiver("b")
     t.inject("hold", session="b", count=4)
@@ -719,7 +731,7 @@ def test_ring_share_is_checked_and_one_means_no_bound():
                                                    n_tokens=2, row_start=0, span=2, hidden=8,
                                                    dtype="torch.float32", has_deepstack=False, n_receivers=1))
     ex.execute([(f"r{k}", EncodeItem(modality="image", n_tokens=2, meta={"seed": k})) for k in range(4)])
-    assert ex.ring.free_count == 0 and not ex.deferred_requests()  # one receiver may take the whole ring
+    assert ex.ring.live == 4 and not ex.deferred_requests()  # one receiver may take the whole ring
 
 
 # -- the heartbeat (issue 22) ---------------------------------------------------------------------
