@@ -184,14 +184,14 @@ TestLockstep.settings = settings(settings(), stateful_step_count=60)
 
 @pytest.mark.parametrize("events", [
     # The first overdue write makes the peer suspect; its re-check answers and it is up again.
-    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0), ("copied", 0), ("write_deadline", 0),
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("copied", 0), ("write_deadline", 0),
      ("connected", 0), ("register", 1), ("frame", 1)],
     # The re-check of a suspect peer goes unanswered: down.
-    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0), ("copied", 0), ("write_deadline", 0),
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("copied", 0), ("write_deadline", 0),
      ("connect_expired", 0)],
     # The heartbeat: a probe of an up peer with a live room is refused, or unanswered.
     [("register", 0), ("frame", 0), ("connected", 0), ("probe_refused", 0)],
-    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0), ("probe_expired", 0)],
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("probe_expired", 0)],
 ], ids=["suspect-then-up", "suspect-then-down", "probe-refused", "probe-expired"])
 def test_suspect_and_probes_step_in_lockstep_with_the_implementation(events):
     h = Harness(Config(cells=1, rooms=2, receivers=1, faults=2, peers=True, sizes=(1,)))
