@@ -17,7 +17,7 @@ from ..core.executor import EncodeExecutor, EncodeItem
 from ..core.frames import ReceiverFrame
 from ..core.manager import EncodeManager
 from ..core.pump import Pump
-from ..drivers.mooncake import MooncakeTransport, load_engine
+from ..drivers.mooncake import OWNER_PAGE, MooncakeTransport, load_engine, owner_page
 from .progress import Progress
 
 HIDDEN = 1024  # float32 columns: 4 KiB per row
@@ -113,6 +113,10 @@ def run(sizes=(1 << 20, 16 << 20), slots: int = 4, seconds: float = 2.0, items: 
         raise ValueError(f"items must be >= 1, got {items}")
     torch.set_num_threads(1)
     rx_engine, rx_session = load_engine()
+    # First, as every receiver does: the page naming its key ("" here, no control plane), which
+    # the encoder reads back at first contact before it writes (docs/trust.md).
+    rx_page = torch.tensor(list(owner_page("")), dtype=torch.uint8)
+    assert rx_engine.register_memory(rx_page.data_ptr(), OWNER_PAGE) == 0
     rx_buf = torch.zeros(slots * max(sizes) // 4)
     assert rx_engine.register_memory(rx_buf.data_ptr(), slots * max(sizes)) == 0
     echo(f"Mooncake over TCP on 127.0.0.1, {slots} writes in flight, one receiver engine")
