@@ -94,7 +94,7 @@ def apply_defaults(args) -> None:
                               "the --sizes items have (a slot per item is --sizes 1)")
     engine = getattr(args, "engine", "explorer")
     if engine == "spin":
-        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry", "peers")
+        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry")
                  if getattr(args, k, None)]
         if given:
             raise CheckInputError(f"{', '.join(given)} apply to the explorer, not --engine spin")

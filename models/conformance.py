@@ -117,7 +117,8 @@ class Harness:
         # The arena is the model's cells: an extent of z cells is z * cell_bytes at a multiple of them.
         self.cell_bytes = tokens * HIDDEN * 4
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=config.cells * self.cell_bytes,
-                                       copy_fence=Fence)
+                                       copy_fence=Fence,
+                                       peer_ring_share=1.0)  # the model keeps no per-peer bound of ring bytes
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
         self.pump = Pump(self.manager, self.transport)
@@ -369,6 +370,18 @@ class Harness:
         elif name == "connect_expired":
             assert m.expire_peer_now(f"p.{i}")
             self.faults -= 1
+        elif name in ("probe_refused", "probe_expired"):
+            assert m.probe_peer_now(f"p.{i}")
+            self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
+            if name == "probe_refused":
+                assert t.answer(f"p.{i}", ok=False)
+                self.pump.tick()
+            else:
+                assert m.expire_peer_now(f"p.{i}")
+            self.faults -= 1
+        elif name == "write_deadline":
+            assert m.expire_writes_now(self.room(i))
+            self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
         elif name == "reap":
@@ -439,7 +452,8 @@ def check_full_state(h: Harness) -> None:
                 assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
     for write, w in m.writes.by_handle.items():
         want = h.armed[("write", write, "")] + m.write_timeout
-        assert w.timer and w.due == want, f"write {write} due at {w.due}, not {want}"
+        # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
+        assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.extents.values():
         if s.state == "quarantined":
             want = h.armed[("extent", h.cell(s), "quarantine")] + m.quarantine_s

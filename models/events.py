@@ -47,8 +47,8 @@ class Events(Rules):
     """The event families; `Spec.successors` runs them, each room's in turn, then the encoder's."""
 
     ROOM_FAMILIES = ("_register", "_frame", "_tower", "_copied", "_write_outcomes", "_late_landings", "_deadlines",
-                     "_withdraws", "_abort")
-    GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends")
+                     "_withdraws", "_abort", "_write_deadlines")
+    GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends", "_probe_outcomes")
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -297,11 +297,44 @@ class Events(Rules):
             self._move_room(d, i, "fail")
             self._emit(out, d, ("abort", i))
 
+    def _write_deadlines(self, state: tuple, i: int, out: list) -> None:
+        """With peers: the room's write deadline passes before any of its writes reported.
+
+        Its writes were issued together, so they are due together: each one's peer turns suspect
+        (a re-check starts at the edge) and the room fails; the writes stay in flight and report
+        later. (Once some wrote back, which are left is not kept here: that case is not modelled.)"""
+        r = state[0][i]
+        if not state[5] or not state[3] or r[RS] != "transferring" or r[INFL] != self.N:
+            return
+        d = Draft.of(state)
+        d.faults -= 1
+        # the writes may land any time: the extent serves a quarantine (each of its cells says so)
+        d.cells[r[SLOTI]][UNSURE] = True
+        self._spread(d, r[SLOTI])
+        for k in range(self.N):
+            self._move_peer(d, k, "write_overdue")
+        self._move_room(d, i, "fail")
+        self._emit(out, d, ("write_deadline", i))
+
     # -- events of the whole encoder -------------------------------------------------------
-    def _connect_outcomes(self, state: tuple, out: list) -> None:
-        """The edge reports first contact with a peer, or its connect deadline passes."""
+    def _probe_outcomes(self, state: tuple, out: list) -> None:
+        """The heartbeat: an up peer with a live room is probed, and the probe is refused or unanswered."""
+        if not state[3]:
+            return
         for k, ps in enumerate(state[5]):
-            if ps != "connecting":
+            if ps != "up" or not any(r[REG] > k and r[RS] not in CONCLUDED for r in state[0]):
+                continue
+            for ev, report in (("probe_refused", "refused"), ("probe_expired", "connect_expired")):
+                d = Draft.of(state)
+                d.faults -= 1
+                self._move_peer(d, k, "probe")
+                self._move_peer(d, k, report)
+                self._emit(out, d, (ev, k))
+
+    def _connect_outcomes(self, state: tuple, out: list) -> None:
+        """The edge reports first contact with a peer (or a suspect's re-check), or its connect deadline passes."""
+        for k, ps in enumerate(state[5]):
+            if ps not in ("connecting", "suspect"):
                 continue
             d = Draft.of(state)
             self._move_peer(d, k, "connected")

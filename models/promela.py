@@ -40,21 +40,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from epd_ring.fsm import EXTENT, REGION, ROOM, couplings
+from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
-from . import promela_events as events
+from . import promela_events as events, promela_peers as peers
 from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
-from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
+from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, PEER_VARIANTS, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
 from .state import STAGEABLE
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
          "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
          "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle",
-         "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent")
+         "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent",
+         "room-of-down-peer-live")
 CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 
 # States are numbered in sorted name order, so a numeric comparison in the
@@ -67,7 +68,7 @@ REGION_STATES = tuple(sorted(REGION.states))
 NONE = 255
 HALTS = {0: None, 1: "crash", 2: "spin"}
 EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
-          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw")
+          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS)
 
 # Promela for each guard named in the declarations, given the stepped object.
 ROOM_GUARDS = {"all_receivers": "({allr})"}
@@ -140,8 +141,8 @@ def _bits(n: int) -> int:
 
 
 # -- the couplings -----------------------------------------------------------------------------------
-# The machines whose moves run fsm/couplings.py's table here (the generator models no peers).
-COUPLED = ("room", "extent")
+# The machines whose moves run fsm/couplings.py's table here (peers: models/promela_peers.py).
+COUPLED = ("room", "extent", "peer")
 
 _CONCLUDE = """if
   :: SEED && cause == C_expire -> skip  /* the seed tells nobody on expiry */
@@ -202,6 +203,7 @@ ACTIONS = {
     "abandon_extent": "if :: room[ax].ch == CH_HELD && !(SEED && cause == C_fail) -> drop_chunk(ax) :: else -> skip fi",
     "conclude": _CONCLUDE,
     "release_regions": _RELEASE_REGIONS,
+    **peers.ACTIONS,
 }
 
 
@@ -221,7 +223,8 @@ def _on_event(machine: str, event: str, index: str) -> str:
 
 def _enter_inline(machine: str) -> str:
     """What entering each state runs, from ON_ENTER (a self-loop enters nothing: the moves check)."""
-    field, code = {"room": ("room[ex].rs", _rs), "extent": ("cell[ex].ss", _ss)}[machine]
+    field, code = {"room": ("room[ex].rs", _rs), "extent": ("cell[ex].ss", _ss),
+                   "peer": ("peer[ex]", peers.ps)}[machine]
     arms = "".join(f"  :: {field} == {code(st)} -> " + "; ".join(f"{a}(ex, cause)" for a in acts) + "\n"
                    for (m, st), acts in couplings.ON_ENTER.items() if m == machine and acts)
     return f"inline enter_{machine}(ex, cause) {{\n  if\n{arms}  :: else -> skip\n  fi\n}}"
@@ -252,6 +255,7 @@ def _coupling_inlines() -> str:
     out += [_enter_inline(m) for m in COUPLED]
     out += [_room_move(ev) for ev in _table_events(ROOM)]
     out += [_slot_move(ev) for ev in _table_events(EXTENT)]
+    out += [peers.move(ev, _on_event("peer", ev, "px")) for ev in peers.events()]
     return "\n\n".join(out)
 
 
@@ -263,13 +267,13 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
     `drop_guard=(machine, event, guard)` removes one guard from the emitted
     table: a deliberately broken generator, for showing the engines disagree.
     """
-    if getattr(cfg, "peers", False):
-        raise ValueError("promela: the peers are not generated; use Config(peers=False)")
+    if cfg.peers and cfg.variant in PEER_VARIANTS:
+        raise ValueError(f"promela: the peer variant {cfg.variant!r} is not generated; check it with the explorer")
     if cfg.rooms > 15 or cfg.cells > 15 or cfg.receivers > 7 or cfg.faults > 200:
         raise ValueError("promela: at most 15 rooms, 15 cells, 7 receivers")
     keys, nkeys = _key_defines(cfg)
     defs = _constants(cfg, frozenset(KINDS) if asserted is None else asserted) + _macros(cfg) + keys
-    inlines = (_machine_inlines(drop_guard), _coupling_inlines(), _rules(cfg), SEARCH)
+    inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg), SEARCH)
     return "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
 
 
@@ -288,9 +292,9 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
     # what moved a room or slot, for the actions that depend on it
-    causes = sorted({*_table_events(ROOM), *_table_events(EXTENT)})
+    causes = sorted({*_table_events(ROOM), *_table_events(EXTENT), *_table_events(PEER)})
     defs += [f"#define C_{ev} {n + 1}" for n, ev in enumerate(causes)]
-    return defs
+    return defs + peers.constants(cfg)
 
 
 def _macros(cfg: Config) -> list[str]:
@@ -336,7 +340,7 @@ def _macros(cfg: Config) -> list[str]:
         defs.append("#define HOLDS(x) (" + " || ".join(f"room[x].rw[{j}] != W_IDLE" for j in range(N)) + ")")
     else:
         defs.append("#define HOLDS(x) (room[x].infl > 0 || room[x].ghost > 0)")
-    return defs + _final_and_rank(cfg)
+    return defs + peers.macros(cfg) + _final_and_rank(cfg)
 
 
 def _final_and_rank(cfg: Config) -> list[str]:
@@ -357,7 +361,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
         [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
          f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
         + [f"REGRANK(room[{i}].rg[{j}])" for i in range(R) for j in range(N) if cfg.regions]
-        + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + ["(hlt != 0)"])
+        + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
+        + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")
     return defs
 
@@ -403,6 +408,7 @@ typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_T
 typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
 Cell cell[C];
+""" + peers.DECLARATIONS + """
 byte dq[R];
 byte dlen;
 byte faults = F;
@@ -432,7 +438,8 @@ def _proctype(cfg: Config) -> str:
     """One option per event; none enabled is a dead end: fine after a violation or when quiescent."""
     arms, enabled = _room_event_arms(cfg)
     for guards, arm in (events.deferred_served(EVENTS.index("drain")), events.reap(EVENTS.index("reap"), cfg.rooms),
-                        events.quarantine_ends(EVENTS.index("release"), cfg.cells)):
+                        events.quarantine_ends(EVENTS.index("release"), cfg.cells),
+                        *peers.global_arms(cfg, EVENTS.index)):
         enabled += guards
         arms.append(arm)
     return ("active proctype model() {\n"
@@ -500,17 +507,19 @@ def _parse_state(lines: list[str]) -> tuple:
     st = lines[0].split()[1:]
     halt, faults, dlen = int(st[0]), int(st[1]), int(st[2])
     deferred = tuple(int(d) for d in st[3:3 + dlen])
-    rooms, slots = [], []
+    rooms, slots, peer = [], [], ()
     for line in lines[1:]:
         tag, *f = line.split()
         f = [int(v) for v in f]
-        if tag == "RM":
+        if tag == "PE":
+            peer = peers.parse(f)
+        elif tag == "RM":
             # receivers: (region, write) pairs after the room's fields; region 0 is no receiver (or no regions)
             rcv = tuple((REGION_STATES[g - 1], w) for g, w in zip(f[10::2], f[11::2]) if g)
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))
-    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], ())
+    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
 
 
 def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:
@@ -527,7 +536,7 @@ def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:
             flush()
             _, ev, arg = line.split()[:3]
             head, block = (EVENTS[int(ev)], int(arg)), []
-        elif line.startswith(("ST ", "RM ", "SL ")):
+        elif line.startswith(("ST ", "RM ", "SL ", "PE")):
             block.append(line)
         elif line.startswith("VIOLATION "):
             kind = KINDS[int(line.split()[1]) - 1]

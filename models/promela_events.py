@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import promela_peers
+
 Arm = tuple[str, str, str, bool]  # (event, guard, statement, about one receiver)
 
 # -- the regions and the ring: the rules the event families share -------------------------------
@@ -73,9 +75,13 @@ inline spread(px) {
 /* rules._issue_writes: one write per receiver from the room's extent */
 inline issue_writes(wx) {
   if :: CONCLUDED(room[wx].rs) -> kind = K_WRITE_FOR_CONCLUDED_ROOM :: else -> skip fi;
-  move_slot_send(room[wx].sl, 0);
-  room[wx].ch = CH_SENT; room[wx].infl = N;
-  gj = 0; do :: gj < room[wx].reg -> room[wx].rw[gj] = W_FLIGHT; gj++ :: else -> break od; gj = 0
+  if
+  :: PEERS && !ALL_UP -> room[wx].ch = CH_HELD  /* the chunk waits in its slot until every peer is up */
+  :: else ->
+     move_slot_send(room[wx].sl, 0);
+     room[wx].ch = CH_SENT; room[wx].infl = N;
+     gj = 0; do :: gj < room[wx].reg -> room[wx].rw[gj] = W_FLIGHT; gj++ :: else -> break od; gj = 0
+  fi
 }
 
 /* rules._drop_chunk: the room's chunk will never be sent, its extent goes back free */
@@ -153,11 +159,12 @@ inline ev_register(x) {
 
 
 def frame(r: str, i: str, j: str, cfg) -> list[Arm]:
-    return [("frame", f"{r}.reg < N", f"ev_frame({i})", False)]
+    return promela_peers.frame_arms(r, i)
 
 
 FRAME = r"""
 inline ev_frame(x) {
+  contact_peer(x);
   offer(x);
   if
   :: CONCLUDED(room[x].rs) -> move_room_add_receiver(x); late_receiver(x)
@@ -319,7 +326,8 @@ def abort(r: str, i: str, j: str, cfg) -> list[Arm]:
 Family = Callable[[str, str, str, Any], list[Arm]]
 ROOM_FAMILIES: tuple[tuple[Family, str], ...] = (
     (register, REGISTER), (frame, FRAME), (tower, TOWER), (copied, COPIED), (write_outcomes, WRITE_OUTCOMES),
-    (late_landings, LATE_LANDINGS), (deadlines, ""), (withdraws, WITHDRAWS), (abort, ""))
+    (late_landings, LATE_LANDINGS), (deadlines, ""), (withdraws, WITHDRAWS), (abort, ""),
+    (promela_peers.write_deadline, promela_peers.TEXT))
 
 
 def room_arms(i: str, j: str, cfg) -> list[Arm]:

@@ -61,6 +61,7 @@ inline post() {
     :: kind == 0 && hlt == 1 -> kind = K_CRASH
     :: else -> skip
     fi;
+    peer_invariant();
     k = 0;
     do
     :: k < R && kind == 0 ->
@@ -122,7 +123,8 @@ inline show_state() {
   k = 0;
   do :: k < C -> printf("SL %d %d %d %d\n", cell[k].ss, cell[k].content, cell[k].unsure, cell[k].span); k++
      :: else -> break od;
-  k = 0
+  k = 0;
+  show_peers()
 }
 
 /* sort each room's registered receivers by (region, write): stable insertion sort */

@@ -68,4 +68,5 @@ def test_state_sets_come_from_the_declarations():
 
     assert rooms.ACCEPTS_CHUNK == {"registered", "ready"} == ROOM.sources("stage")
     assert rooms.EXPIRABLE == {"announced", "parked"} == ROOM.sources("expire")
-    assert peers._CONTACTING == {"connecting", "suspect"} == PEER.sources("connected")
+    # Where a contact's report may be awaited: first contact, a suspect's re-check, an up peer's probe.
+    assert peers._CONTACTING == {"connecting", "suspect", "up"} == PEER.sources("connected")

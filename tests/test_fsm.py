@@ -153,12 +153,16 @@ def test_peer_takes_writes_only_when_up_and_comes_back_only_through_contact():
     # A down peer leaves `down` only for `connecting`, and only once its backoff passed.
     out_of_down = {(e.event, e.dest, e.guards) for e in PEER.edges if e.source == "down" and e.dest != "down"}
     assert out_of_down == {("contact", "connecting", (("backing_off", False),))}
-    # A missed connect deadline takes the peer down from wherever contact was running.
-    assert {e.source for e in PEER.edges if e.event == "connect_expired"} == {"connecting", "suspect"}
+    # A missed connect deadline takes the peer down from wherever contact (or a probe) was running.
+    assert {e.source for e in PEER.edges if e.event == "connect_expired"} == {"connecting", "suspect", "up"}
     assert PEER.destinations("up", "write_failed", {"at_threshold": True, "backing_off": False}) == "suspect"
     assert PEER.destinations("up", "write_failed", {"at_threshold": False, "backing_off": False}) == "up"
-    with pytest.raises(InvalidTransition, match="peer machine.*'connected' is not allowed in state 'up'"):
-        PEER.step(Subject("up", {}), "connected")
+    # The first overdue write makes an up peer suspect, whatever the threshold.
+    assert PEER.destinations("up", "write_overdue", {"at_threshold": False, "backing_off": False}) == "suspect"
+    # Only an up peer is probed (a contact is running everywhere else it could be).
+    assert {e.source for e in PEER.edges if e.event == "probe"} == {"up"}
+    with pytest.raises(InvalidTransition, match="peer machine.*'probe' is not allowed in state 'down'"):
+        PEER.step(Subject("down", {}), "probe")
 
 
 # ---------------------------------------------------------------- declarations, as read by the tests below

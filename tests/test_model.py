@@ -89,7 +89,7 @@ def test_project_with_peers_is_clean_and_reaches_every_peer_state(cfg, explored)
             seen.add(step.event[0])
             stack.append(step.state)
     assert {"unknown", "connecting", "up", "down", "connected", "refused", "connect_expired",
-            "frame_after_backoff"} <= seen
+            "frame_after_backoff", "suspect", "write_deadline", "probe_refused", "probe_expired"} <= seen
     assert r.represented == explored(cfg, symmetry=False).states
 
 
@@ -180,6 +180,27 @@ class Lockstep(RuleBasedStateMachine):
 
 TestLockstep = Lockstep.TestCase
 TestLockstep.settings = settings(settings(), stateful_step_count=60)
+
+
+@pytest.mark.parametrize("events", [
+    # The first overdue write makes the peer suspect; its re-check answers and it is up again.
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("copied", 0), ("write_deadline", 0),
+     ("connected", 0), ("register", 1), ("frame", 1)],
+    # The re-check of a suspect peer goes unanswered: down.
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("copied", 0), ("write_deadline", 0),
+     ("connect_expired", 0)],
+    # The heartbeat: a probe of an up peer with a live room is refused, or unanswered.
+    [("register", 0), ("frame", 0), ("connected", 0), ("probe_refused", 0)],
+    [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("probe_expired", 0)],
+], ids=["suspect-then-up", "suspect-then-down", "probe-refused", "probe-expired"])
+def test_suspect_and_probes_step_in_lockstep_with_the_implementation(events):
+    h = Harness(Config(cells=1, rooms=2, receivers=1, faults=2, peers=True, sizes=(1,)))
+    for event in events:
+        assert event in h.enabled(), (event, h.enabled())
+        h.step(event)
+    peer = h.state[5][0]
+    assert peer == ("up" if events[-1] == ("frame", 1) else "down")
+    assert h.manager.peers.get("p.0").state == peer
 
 
 # In two cells the arena's placement is the spec's shortest traces' (in three, a trace may place a

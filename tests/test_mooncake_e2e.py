@@ -69,7 +69,8 @@ IMAGE_BYTES = 64 * 64 * 4  # the largest image: 64 merged tokens of 64 float32
 
 class EncodeSide:
     def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
-                 write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None):
+                 write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None,
+                 peer_ring_share: float = 0.5, peer_probe_interval: float | None = None):
         # CURVE on, as in production: the encoder's keypair, and one prefill instance's
         # keypair shared by its receiver processes (its ranks).
         self.keypair = generate_keypair()
@@ -81,7 +82,8 @@ class EncodeSide:
         # only the park deadline is short (the partial rooms fail at it). The deadlines are set
         # here, not on the manager afterwards: a write's deadline is armed from its construction.
         manager = EncodeManager(self.transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
-                                write_timeout=write_timeout, announce_timeout=announce_timeout)
+                                write_timeout=write_timeout, announce_timeout=announce_timeout,
+                                peer_probe_interval=peer_probe_interval)
         self.model = TinyVisionModel(TinyVisionTower(deepstack_layers=(0, 1) if deep else (), seed=7))
         self.hidden = self.model.hidden
         self.deep_width = self.model.hidden * self.model.num_deepstack_embeddings
@@ -89,7 +91,8 @@ class EncodeSide:
         # One arena for items of every size (images and videos), by default as large as `slots`
         # twice-the-largest images.
         arena_bytes = slots * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
-        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes))
+        self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes,
+                                             peer_ring_share=peer_ring_share))
         self.manager = self.executor.manager
         self.control.attach(self.executor.pump)  # frames are read on every tick
         self.expected: dict[int, torch.Tensor] = {}
@@ -367,10 +370,14 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     items = [image(rng, 50_000 + k, tower) for k in range(13)]
     extent = [64 * -(-it.n_tokens * 64 * 4 // 64) for it in items]
     # The arena holds the three stopped rooms' extents (they will be quarantined) and room for the
-    # largest of the others: no more, so the others queue for the quarantines' bytes.
+    # largest of the others: no more, so the others queue for the quarantines' bytes. The write
+    # deadline's path, alone: no heartbeat (it would find the stopped peer first, see
+    # test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat) and no per-peer share (the
+    # stopped receiver's three rooms take most of the arena on purpose).
     arena = sum(extent[1:4]) + max(extent[4:])
     enc = EncodeSide(False, quarantine_s=quarantine_s, write_timeout=write_timeout, arena_bytes=arena,
-                     announce_timeout=100 * quarantine_s, park_timeout=100 * quarantine_s)
+                     announce_timeout=100 * quarantine_s, park_timeout=100 * quarantine_s, peer_ring_share=1.0,
+                     peer_probe_interval=100 * write_timeout)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
@@ -434,6 +441,58 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
             assert report_b["digest"][str(r)] in (untouched, enc.digest(r, 0, item.n_tokens)), r
         assert report_b["protocol_errors"] == [] and report_b["open_regions"] == {"50000": "written"}
     finally:
+        a.close()
+        b.close()
+        enc.close()
+
+
+def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat():
+    """SIGSTOP: the peer accepts TCP and answers nothing; its writes would wait out the engine's timeouts.
+    The probe of a busy peer goes unanswered, so the peer goes down at its connect deadline (within twice
+    the connect deadline of the stop) and fails its rooms; the other receiver's rooms succeed."""
+    rng = random.Random(11)
+    enc = EncodeSide(False, slots=8, quarantine_s=300.0, write_timeout=3000.0, announce_timeout=3000.0,
+                     park_timeout=3000.0)
+    connect = enc.manager.peers.connect_timeout
+    a, b = enc.receiver(), enc.receiver()
+    try:
+        rooms = {}
+        for k in range(12):
+            room = 70_000 + k
+            item = image(rng, room, enc.model.tower)
+            rcv = b if k < 4 else a
+            rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+            rooms[room] = (item, rcv)
+        for rcv in (a, b):
+            rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
+        time.sleep(0.3)  # frames in flight to the encode side
+        warm = [(r, item) for r, (item, x) in rooms.items() if x is b][:1]
+        enc.run(warm)  # opens b's segment while it answers
+        enc.settle([r for r, _ in warm])
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(b.proc.pid)
+        stopped = [(r, item) for r, (item, x) in rooms.items() if x is b][1:]
+        enc.run(stopped[:1])  # one write in flight to b: work pending, and it never reports
+        stopped_at = time.monotonic()
+        peer = enc.manager.peers.get(b.session)
+        deadline = stopped_at + 60  # only keeps a broken build from hanging
+        while peer.state == "up" and time.monotonic() < deadline:
+            enc.executor.poll()
+            time.sleep(0.01)
+        found = time.monotonic() - stopped_at
+        assert peer.state == "down", peer.state
+        assert reason_kind(enc.manager, stopped[0][0]) is ReasonKind.PEER_DOWN
+        print(f"stopped receiver found by the heartbeat {found:.1f} s after the stop "
+              f"(connect deadline {connect} s; the bound is {2 * connect} s, here on a real clock)")
+        others = [(r, item) for r, (item, x) in rooms.items() if x is a]
+        enc.run(others)
+        enc.settle([r for r, _ in others])
+        report_a = a.ask(cmd="report", wait_rooms=[r for r, _ in others], timeout=10)
+        for r, item in others:
+            assert enc.manager.room_status(r) == "success", (r, repr(enc.manager.failure_reason(r)))
+            assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
         a.close()
         b.close()
         enc.close()

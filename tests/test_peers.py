@@ -23,6 +23,7 @@ from epd_ring.executor import (
 )
 from epd_ring.executor.core.peers import Peer
 from epd_ring.executor.core.reasons import ReasonKind
+from epd_ring.executor.core.ring import Ring
 from epd_ring.executor.core.transport import Transport
 from epd_ring.fsm import InvalidTransition
 
@@ -38,6 +39,15 @@ def room_for(rig, room, session, n_tokens=3):
 def run(rig, *rooms):
     rig.executor.execute(list(rooms))
     rig.executor.poll()
+
+
+# The per-peer bound counts arena bytes: a rig whose arena holds exactly `n` of room_for's
+# three-token items, so "half the ring" is half of those items.
+ITEM_COST = Ring.extent_cost(3 * 8 * 4)
+
+
+def items_rig(n: int, **kw):
+    return make_rig(arena_bytes=n * ITEM_COST, **kw)
 
 
 def test_unknown_session_is_contacted_once_and_written_when_up():
@@ -59,6 +69,7 @@ def test_hung_contact_holds_only_its_rooms_and_fails_them_at_the_connect_deadlin
     assert rig.manager.peers.get("hung").state == "connecting"
     fine = [room_for(rig, 10 + k, "ok") for k in range(5)]
     run(rig, stuck, *fine)
+    rig.executor.poll()  # "ok" may hold half the ring: its fifth room waited a tick for the first writes
     assert all(rig.manager.room_status(10 + k) == "success" for k in range(5))
     # The stuck room's chunk waits in its staged slot; nothing was written to the peer.
     assert rig.manager.room_status(1) == "transferring"
@@ -125,12 +136,12 @@ def test_refused_contact_fails_the_room_at_once_and_backoff_gates_the_retry():
 
 
 def test_consecutive_write_failures_make_the_peer_suspect_then_down_and_fail_its_queued_rooms():
-    rig = make_rig(slots=8, peer_fail_threshold=3, write_timeout=30.0)
+    rig = items_rig(8, peer_fail_threshold=3, write_timeout=30.0)
     rcv = rig.receiver("b")
     rooms = [room_for(rig, k, "b") for k in range(20)]
     others = [room_for(rig, 100 + k, "a") for k in range(4)]
     rcv.kill()
-    run(rig, *rooms[:8])  # the ring holds 8: the rest wait for a slot
+    run(rig, *rooms[:8])  # b may hold half the arena's 8 items: the rest wait
     # Three failed writes: suspect, the re-check is refused (dead), down: every room fails now.
     assert rig.manager.peers.get("b").state == "down"
     assert all(rig.manager.room_status(k) == "failed" for k in range(20))
@@ -144,7 +155,7 @@ def test_consecutive_write_failures_make_the_peer_suspect_then_down_and_fail_its
     rig.executor.poll()
     rig.executor.poll()
     assert all(rig.manager.room_status(100 + k) == "success" for k in range(4))
-    assert rig.transport.submitted == 8 + 4  # no write to b after it went down
+    assert rig.transport.submitted == 4 + 4  # no write to b after it went down
 
 
 def test_a_write_success_resets_the_count_and_a_suspect_peer_recovers_through_contact():
@@ -195,18 +206,36 @@ def test_peer_settings_are_checked():
         EncodeManager(LoopbackTransport(), connect_timeout=float("inf"))
 
 
-def test_overdue_writes_count_once_toward_the_threshold():
-    rig = make_rig(peer_fail_threshold=2, write_timeout=1.0)
+def test_the_first_overdue_write_makes_the_peer_suspect_and_its_late_report_counts_no_more():
+    rig = make_rig(peer_fail_threshold=3, write_timeout=1.0)
     rig.receiver("b")
     rig.transport.inject("hold", session="b")
-    run(rig, room_for(rig, 1, "b"))
-    rig.clock.advance(1.0)
+    rig.transport.inject_contact("hang", session="b", count=1)
+    rig.receiver("b")
+    r1 = room_for(rig, 1, "b")  # first contact hangs: answered by hand below
+    rig.transport.answer("b", ok=True)
     rig.executor.poll()
     peer = rig.manager.peers.get("b")
-    assert rig.manager.room_status(1) == "failed" and peer.fails == 1
+    assert peer.state == "up"
+    run(rig, r1)
+    contacts = rig.transport.contacts
+    rig.transport.inject_contact("hang", session="b")
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    # One overdue write, far below the threshold of reported failures: suspect at once, re-checked.
+    assert rig.manager.room_status(1) == "failed" and reason_kind(rig.manager, 1) is ReasonKind.WRITE_DEADLINE
+    assert peer.state == "suspect" and peer.fails == 1 and rig.transport.contacts == contacts + 1
+    # A room for the suspect peer gets no write until the re-check answers.
+    submitted = rig.transport.submitted
+    run(rig, room_for(rig, 2, "b"))
+    assert rig.manager.room_status(2) == "transferring" and rig.transport.submitted == submitted
     rig.transport.complete(rig.transport.held[0], Outcome.TIMED_OUT)
     rig.executor.poll()
-    assert peer.fails == 1 and peer.state == "up"
+    assert peer.fails == 1 and peer.state == "suspect"  # counted at its deadline, not again
+    rig.transport.answer("b", ok=True)
+    rig.executor.poll()
+    rig.executor.poll()
+    assert peer.state == "up" and rig.manager.room_status(2) == "success"
 
 
 def test_health_reports_lag_oldest_write_peers_extents_and_dump_shows_peers():
@@ -337,7 +366,8 @@ def test_a_driver_fires_a_peers_connect_deadline_early():
     assert reason_kind(m, 1) is ReasonKind.PEER_DOWN
     assert m.room_status(2) == "announced"
     assert not m.expire_peer_now("p")  # its deadline is spent
-    assert len(m.deadlines) == 1  # room 2's announce deadline only
+    assert len(m.deadlines) == 1  # room 2's announce deadline only (probes are a schedule of their own)
+    assert len(m.peers.beats) == 1  # a has a room: its next probe is armed
 
 
 class _InProcess(Transport):
@@ -420,7 +450,8 @@ def test_each_refused_contact_puts_the_peer_down_once():
     t.inject_contact("refuse", session="x", count=2)
     peer = peers.contact("x")
     assert peer.state == "down" and peer.reason == "contact failed (refused)"
-    assert peers.snapshot() == {"x": {"state": "down", "fails": 0, "rooms": 0, "reason": "contact failed (refused)"}}
+    assert peers.snapshot() == {"x": {"state": "down", "fails": 0, "rooms": 0, "reason": "contact failed (refused)",
+                                      "held": 0}}
     clock.advance(1.0)
     assert peers.contact("x").state == "down"
     clock.advance(1.0)
@@ -456,7 +487,7 @@ def test_one_contact_at_a_time_each_attempt_numbered_and_one_deadline_armed():
     t.inject_contact("hang", session="x")
     peer = peers.contact("x")
     assert peer.state == "connecting" and t.hung == {"x": 1} and len(peers.deadlines) == 1
-    assert peers.snapshot() == {"x": {"state": "connecting", "fails": 0, "rooms": 0, "reason": ""}}
+    assert peers.snapshot() == {"x": {"state": "connecting", "fails": 0, "rooms": 0, "reason": "", "held": 0}}
     assert peers.contact("x") is peer  # a second frame while contacting starts nothing new
     assert t.contacts == 1 and t.hung == {"x": 1} and len(peers.deadlines) == 1
     clock.advance(2.0)
@@ -547,3 +578,218 @@ def test_a_write_reported_while_its_peer_is_contacted_again_leaves_the_contact_t
     rig.executor.execute([third])
     rig.executor.poll()
     assert rig.manager.room_status(3) == "success" and rig.delivered_ok(3, "b", third[1])
+
+
+# -- one stuck receiver cannot take the ring (issue 22) ------------------------------------------
+
+def stuck(rig, session):
+    """From now on `session`'s writes never report and contacts with it never answer (a partition)."""
+    rig.transport.inject("hold", session=session, count=1 << 30)
+    rig.transport.inject_contact("hang", session=session, count=1 << 30)
+
+
+def slots_of(rig, rooms):
+    """Slots not free whose bytes belong to one of `rooms`."""
+    return sum(1 for s in rig.executor.ring.extents.values() if s.state != "free" and s.room in rooms)
+
+
+def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_keep_succeeding():
+    rig = items_rig(8, write_timeout=2.0, connect_timeout=1.0, peer_backoff=1.0, quarantine_s=1.0)
+    rig.receiver("b")
+    rig.receiver("c")
+    run(rig, room_for(rig, 0, "b"))  # b answers at first
+    assert rig.manager.room_status(0) == "success"
+    stuck(rig, "b")
+    b_rooms, c_rooms = set(), set()
+    for step in range(1, 60):  # 15 s of the cut, a room to each receiver every 0.25 s
+        b, c = 2 * step, 2 * step + 1
+        b_rooms.add(b)
+        c_rooms.add(c)
+        rig.executor.register(f"req-{b}", "prefill", 1, b)
+        rig.manager.register_receiver(rig.frame(b, "b", 3))
+        run(rig, (f"req-{b}", rig.item(3, b)), room_for(rig, c, "c"))
+        rig.executor.poll()
+        assert slots_of(rig, b_rooms) <= 8 // 2  # b holds at most its half
+        rig.clock.advance(0.25)
+    for _ in range(16):  # the last of b's rooms meet their deadlines too
+        rig.clock.advance(0.25)
+        rig.executor.poll()
+    assert all(rig.manager.room_status(c) == "success" for c in c_rooms)
+    assert all(rig.delivered_ok(c, "c", rig.item(3, c)) for c in sorted(c_rooms)[-3:])
+    # b's rooms fail on the encoder's own deadlines and peer checks; none of its writes ever reported.
+    assert all(rig.manager.room_status(b) == "failed" for b in b_rooms)
+    kinds = {reason_kind(rig.manager, b) for b in b_rooms}
+    assert kinds <= {ReasonKind.WRITE_DEADLINE, ReasonKind.PEER_DOWN, ReasonKind.CAPACITY}
+    assert ReasonKind.WRITE_DEADLINE in kinds and ReasonKind.PEER_DOWN in kinds
+    assert rig.transport.held and all(rig.transport.session_of(h) == "b" for h in rig.transport.held)
+    assert len(rig.transport.held) <= 8 // 2
+
+
+def test_the_first_overdue_write_stops_new_writes_to_the_peer():
+    rig = make_rig(slots=8, write_timeout=1.0, connect_timeout=5.0)
+    rig.receiver("b")
+    run(rig, room_for(rig, 0, "b"))
+    stuck(rig, "b")
+    run(rig, room_for(rig, 1, "b"))
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    assert rig.manager.peers.get("b").state == "suspect"
+    submitted = rig.transport.submitted
+    for k in range(2, 6):
+        run(rig, room_for(rig, k, "b"))
+    assert rig.transport.submitted == submitted  # waits for the re-check, which hangs
+    rig.clock.advance(5.0)
+    rig.executor.poll()
+    assert rig.manager.peers.get("b").state == "down"
+    assert all(reason_kind(rig.manager, k) is ReasonKind.PEER_DOWN for k in range(2, 6))
+    assert rig.transport.submitted == submitted
+
+
+def test_a_stuck_peers_deferred_send_does_not_block_the_queue_head_for_the_others():
+    rig = items_rig(4, write_timeout=30.0)
+    for s in ("b", "c"):
+        rig.receiver(s)
+    rig.transport.inject("hold", session="b", count=1 << 30)
+    run(rig, room_for(rig, 1, "b"), room_for(rig, 2, "b"))  # b holds its half: 2 of 4 slots
+    assert slots_of(rig, {1, 2}) == 2
+    rig.transport.inject("delay", session="c", delay=1.0, count=2)
+    head = room_for(rig, 3, "b")
+    rig.executor.execute([head, room_for(rig, 4, "c"), room_for(rig, 5, "c"), room_for(rig, 6, "c")])
+    # b's send waits without an extent; c's took the two free items' bytes and the third waits.
+    assert rig.executor.deferred_requests() == ["req-3", "req-6"]
+    assert rig.executor.ring.live == 4  # the arena is full
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    rig.executor.poll()
+    assert [rig.manager.room_status(k) for k in (4, 5, 6)] == ["success"] * 3
+    assert rig.executor.deferred_requests() == ["req-3"]  # still first in line, still waiting
+    assert rig.manager.room_status(3) == "registered" or rig.manager.room_status(3) == "ready"
+    # Room 3 waited on b's bound and room 6 on c's: the bound counts bytes, and c's two writes in
+    # flight are its half of the arena too.
+    assert rig.manager.stats["held_back"] == 2
+
+
+def test_a_send_held_back_by_its_peers_bound_fails_after_the_write_timeout():
+    """A peer that answers probes while its old writes stay stuck keeps its bound: the wait is bounded."""
+    rig = items_rig(4, write_timeout=2.0, connect_timeout=5.0)
+    rig.receiver("b")
+    rig.transport.inject("hold", session="b", count=2)
+    run(rig, room_for(rig, 1, "b"), room_for(rig, 2, "b"))
+    rig.clock.advance(1.0)
+    run(rig, room_for(rig, 3, "b"))
+    assert rig.executor.deferred_requests() == ["req-3"]
+    rig.clock.advance(1.0)
+    rig.executor.poll()  # rooms 1 and 2 overdue: b suspect, re-checked, and it answers
+    rig.executor.poll()
+    assert rig.manager.peers.get("b").state == "up" and rig.manager.peers.get("b").held
+    assert rig.manager.room_status(3) in ("registered", "ready")
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    assert reason_kind(rig.manager, 3) is ReasonKind.CAPACITY
+    assert rig.receiver("b").statuses(3) == ["failed"]
+    assert not rig.executor.deferred_requests()
+    # Once b's writes report its bytes are let go and its rooms take ring space again.
+    for h in rig.transport.held:
+        rig.transport.complete(h, Outcome.DONE)
+    rig.executor.poll()
+    assert rig.manager.peers.get("b").held == 0
+    run(rig, room_for(rig, 4, "b"))
+    assert rig.manager.room_status(4) == "success"
+
+
+def test_a_chunk_parked_for_a_receiver_not_yet_registered_is_charged_to_no_peer():
+    """Parked chunks wait on receivers that never registered, not on the registered one's peer."""
+    rig = make_rig(slots=4, park_timeout=10.0)
+    rig.receiver("a")
+    for k in range(3):  # two receivers declared, only a registers: parked
+        rig.executor.register(f"req-{k}", "prefill", 1, k)
+        rig.manager.register_receiver(rig.frame(k, "a", 3, n=2, rank=0, shard=True))
+        rig.executor.execute([(f"req-{k}", rig.item(3, k))])
+    assert all(rig.manager.is_parked(k) for k in range(3)) and rig.manager.peers.get("a").held == 0
+    run(rig, room_for(rig, 9, "a"))
+    assert rig.manager.room_status(9) == "success"
+
+
+def test_ring_share_is_checked_and_one_means_no_bound():
+    clock = FakeClock()
+    t = LoopbackTransport(clock)
+    with pytest.raises(ValueError, match="peer_ring_share"):
+        EncodeExecutor(EncodeManager(t, clock), TableTower(), "cpu", arena_bytes=4096, peer_ring_share=0)
+    m = EncodeManager(t, clock)
+    # an arena of exactly four two-token items
+    ex = drive(EncodeExecutor(m, TableTower(), "cpu", arena_bytes=4 * Ring.extent_cost(2 * 8 * 4), peer_ring_share=1.0))
+    assert m.peers.max_bytes is None
+    t.add_receiver("b")
+    t.inject("hold", session="b", count=4)
+    bufs = []
+    for k in range(4):
+        ex.register(f"r{k}", "prefill", 1, k)
+        buf = torch.zeros(2, 8)
+        bufs.append(buf)
+        t.receivers["b"].register(buf)
+        ex.manager.register_receiver(ReceiverFrame(room=k, session="b", dst_ptr=buf.data_ptr(), dst_deep_ptr=0,
+                                                   n_tokens=2, row_start=0, span=2, hidden=8,
+                                                   dtype="torch.float32", has_deepstack=False, n_receivers=1))
+    ex.execute([(f"r{k}", EncodeItem(modality="image", n_tokens=2, meta={"seed": k})) for k in range(4)])
+    assert ex.ring.live == 4 and not ex.deferred_requests()  # one receiver may take the whole ring
+
+
+# -- the heartbeat (issue 22) ---------------------------------------------------------------------
+
+def test_a_wedged_peer_with_work_pending_goes_down_within_twice_the_connect_deadline():
+    rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
+    rig.receiver("w")
+    run(rig, room_for(rig, 0, "w"))
+    wedged_at = rig.clock.now()
+    stuck(rig, "w")  # alive to TCP, answers nothing: its writes would hang for a minute
+    run(rig, room_for(rig, 1, "w"))
+    peer = rig.manager.peers.get("w")
+    while peer.state == "up":
+        rig.clock.advance(0.125)
+        rig.executor.poll()
+        assert rig.clock.now() - wedged_at <= 2 * 1.0
+    assert peer.state == "down" and reason_kind(rig.manager, 1) is ReasonKind.PEER_DOWN
+    assert "probe" in rig.manager.failure_reason(1)
+    assert rig.manager.peers.stats["probes"] >= 1
+
+
+def test_busy_peers_are_probed_and_stay_up_idle_peers_are_not_probed():
+    rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
+    rig.receiver("busy")
+    rig.receiver("idle")
+    run(rig, room_for(rig, 0, "idle"))
+    assert rig.manager.room_status(0) == "success"
+    rig.transport.inject("hold", session="busy")
+    run(rig, room_for(rig, 1, "busy"))
+    contacts = rig.transport.contacts
+    for _ in range(40):  # 5 s
+        rig.clock.advance(0.125)
+        rig.executor.poll()
+    assert rig.manager.peers.get("busy").state == "up"
+    assert rig.transport.contacts - contacts == rig.manager.peers.stats["probes"] >= 4
+    assert not rig.manager.peers.get("idle").beat.timer
+    rig.transport.complete(rig.transport.held[0], Outcome.DONE)
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "success"
+    assert not rig.manager.peers.get("busy").beat.timer  # its work is done: the heartbeat rests
+    probes = rig.manager.peers.stats["probes"]
+    rig.clock.advance(10.0)
+    rig.executor.poll()
+    assert rig.manager.peers.stats["probes"] == probes
+
+
+def test_a_refused_probe_takes_the_peer_down_and_fails_its_rooms():
+    rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
+    rig.receiver("r")
+    rig.transport.inject("hold", session="r")
+    run(rig, room_for(rig, 1, "r"))
+    rig.receiver("r").kill()
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    assert rig.manager.peers.get("r").state == "down"
+    assert reason_kind(rig.manager, 1) is ReasonKind.PEER_DOWN and "probe failed" in rig.manager.failure_reason(1)
+
+
+def test_probe_interval_is_checked():
+    with pytest.raises(ValueError, match="peer_probe_interval"):
+        EncodeManager(LoopbackTransport(), peer_probe_interval=0)

@@ -26,7 +26,7 @@ def test_spin_stores_exactly_the_explorers_canonical_states(regions, explored):
 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["encode-side", "both-ends"])
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - PEER_VARIANTS))  # the generator has no peers
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - PEER_VARIANTS))  # the peer variants: explorer only
 def test_spin_and_explorer_find_the_same_violations(variant, regions, explored):
     cfg = Config(cells=1, rooms=2, receivers=2, faults=1, variant=variant, regions=regions)
     spin, ours = spin_tool.check(cfg), explored(cfg)
@@ -36,6 +36,43 @@ def test_spin_and_explorer_find_the_same_violations(variant, regions, explored):
         # SPIN's trail was followed step by step on the spec (promela.rebuild) and ends in the same kind
         assert v.trace[0][0] == ("init",) and len(v.trace) == len(spin.raw[kind]) + 1
         assert v.hazard == ours.violations[kind].hazard
+
+
+@pytest.mark.parametrize("cfg", [Config(cells=1, rooms=2, receivers=1, faults=2, peers=True, sizes=(1,)),
+                                 Config(cells=2, rooms=2, receivers=2, faults=1, peers=True, sizes=(1,)),
+                                 Config(cells=1, rooms=3, receivers=1, faults=1, peers=True, sizes=(1,),
+                                        regions=False)], ids=str)
+def test_peers_spin_stores_exactly_the_explorers_canonical_states(cfg, explored):
+    """First contact, suspect peers' re-checks, write deadlines and heartbeat probes: the same state space."""
+    spin, ours = spin_tool.check(cfg), explored(cfg)
+    assert spin.violations == ours.violations == {}
+    assert spin.states == ours.states
+    assert {"suspect", "down", "up"} <= {p for state in _peer_states(cfg) for p in state}
+
+
+def _peer_states(cfg):
+    """The peer parts of the states the explorer reaches (to show the space takes every peer state)."""
+    from epd_ring.models.spec import Spec
+
+    spec, seen, stack = Spec(cfg), set(), []
+    stack.append(spec.initial())
+    while stack:
+        state = stack.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        stack.extend(step.state for step in spec.successors(state))
+    return {state[5] for state in seen}
+
+
+def test_peers_a_generator_whose_down_peer_fails_no_rooms_disagrees_with_the_spec(monkeypatch):
+    """Without `fail_rooms` SPIN finds a down peer with a live room, which the spec cannot reach."""
+    monkeypatch.setitem(promela.ACTIONS, "fail_rooms", "skip")
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, peers=True, sizes=(1,))
+    with pytest.raises(promela.Disagreement):
+        spin_tool.check(cfg)
+    verdict = spin_tool.check(cfg, replay_on_spec=False)
+    assert "room-of-down-peer-live" in verdict.violations
 
 
 def test_spin_finds_the_seeds_receiver_side_region_reuse():

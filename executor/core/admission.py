@@ -129,6 +129,8 @@ class Admission:
             m.fail(room, why_down, extra=frame)
             return False
         peer.rooms.add(room.id)
+        if not peer.beat.timer:
+            m.peers.schedule(peer)  # work pending: the heartbeat runs
         room.frames[frame.session] = frame
         room.n = frame.n_receivers
         m.step_room(room, "add_receiver")

@@ -30,8 +30,10 @@ class Submit:
 class Contact:
     """Start first contact with the peer `session` (off the loop); report the answer with `attempt`.
 
-    `identity` is the key whose frame made the peer: the edge bounds how many contacts
-    one identity has under way, so no key can hold every connector thread."""
+    The same effect re-checks a `suspect` peer and is the heartbeat's probe of a busy `up` one: the
+    edge does the same cheap probe for each, under the connect deadline. `identity` is the key whose
+    frame made the peer: the edge bounds how many contacts one identity has under way, so no key can
+    hold every connector thread."""
 
     session: str
     attempt: int

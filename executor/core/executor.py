@@ -152,6 +152,7 @@ class EncodeExecutor(Staging):
         ring_bytes: int | None = None,
         max_deferred: int | None = None,
         copy_fence: Callable[[], Any] | None = None,
+        peer_ring_share: float = 0.5,
     ):
         arena_bytes, max_item_bytes, old_slots = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
@@ -172,6 +173,14 @@ class EncodeExecutor(Staging):
         self.ring = Ring(manager.transport, arena_bytes, self.device, deep_bytes=deep_arena_bytes,
                          actions=manager.actions, max_item_bytes=max_item_bytes)
         self.max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
+        # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
+        # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
+        if isinstance(peer_ring_share, bool) or not isinstance(peer_ring_share, (int, float)) \
+                or not 0 < peer_ring_share <= 1:
+            raise ValueError(f"peer_ring_share must be in (0, 1], got {peer_ring_share!r}")
+        if manager.peers.max_bytes is None and peer_ring_share < 1:
+            ring_total = arena_bytes + deep_arena_bytes
+            manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
         self._copy_fence = copy_fence
@@ -180,11 +189,16 @@ class EncodeExecutor(Staging):
         self.senders: dict[Any, Sender] = {}
         self._room_sender: dict[int, Sender] = {}
         self._deferred: deque[tuple[Any, Any]] = deque()
+        self._head_waits = False
         self._concluded: list[Any] = []
         self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
         self.stats = manager.stats
         self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
+
+    def _ring_cost(self, nbytes: int, deep_bytes: int) -> int:
+        """Ring bytes a chunk holds, what a peer's bound counts: its extents in both arenas."""
+        return self.ring.extent_cost(nbytes, deep_bytes)
 
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,

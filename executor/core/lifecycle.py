@@ -55,6 +55,7 @@ class Lifecycle:
     stats: Counter[str]
     observer: Any
     on_conclude: list[Callable[[int, str], None]]
+    held_since: dict[int, float]
     park_timeout: float
     announce_timeout: float
     quarantine_s: float
@@ -142,6 +143,9 @@ class Lifecycle:
                 return
         if room.timer:
             self.deadlines.cancel(room)
+        nbytes = self.peers.leased.get(room.id)
+        if nbytes is not None:  # its ring bytes are held for its receivers' peers from now on
+            self.peers.hold(room.id, nbytes, room.frames)
         peers = self.peers.by_session
         for session in room.frames:
             # Every receiver's peer is in the table while its room lives (admission adds it; a peer
@@ -181,11 +185,16 @@ class Lifecycle:
         state = room.state
         self.stats[state] += 1
         peers = self.peers.by_session
+        # Ring bytes held for its receivers' peers go, but for writes that may still read the slot.
+        self.peers.let_go_room(room.id, self.writes.of_room(room.id) if room.writes_left else ())
         for f in room.frames.values():
             peer = peers.get(f.session)
             if peer is not None:
                 peer.rooms.discard(room.id)
+                if peer.beat.timer and not peer.rooms:
+                    self.peers.rest(peer)
             self.tell(f, room.id, state, room.reason)
+        self.held_since.pop(room.id, None)
         if state == "failed" and room.frames:
             cause = room.cause
             self.regions.room_failed(room.id, room.frames.values(),
@@ -245,11 +254,27 @@ class Lifecycle:
     def expire_peer_now(self, session: str) -> bool:
         """Fire a peer's connect deadline now (see `expire_room_now`); False if it has none."""
         peer = self.peers.get(session)
-        if peer is None or not peer.timer:
+        if peer is None or not peer.waiting:
             return False
         self.deadlines.cancel(peer)
         self.peers.expired(peer)
         return True
+
+    def probe_peer_now(self, session: str) -> bool:
+        """Start the peer's heartbeat probe now (see `expire_room_now`); False if it is not up with work."""
+        peer = self.peers.get(session)
+        if peer is None or not self.peers.probe_due(peer):
+            return False
+        self.peers.beats.cancel(peer.beat)
+        return True
+
+    def expire_writes_now(self, room_id: int) -> bool:
+        """Fire the write deadline of every write of the room still in flight now (see `expire_room_now`)."""
+        due = [w for w in self.writes.values() if w.room == room_id and w.timer and not w.overdue]
+        for w in due:
+            self.deadlines.cancel(w)
+            self._write_overdue(w)
+        return bool(due)
 
     def release_slot_now(self, slot: Extent) -> bool:
         """End a slot's quarantine now (see `expire_room_now`)."""
@@ -272,7 +297,7 @@ class Lifecycle:
         w.slot.unsure = True
         peer = self.peers.get(w.frame.session)
         if peer is not None:
-            self.peers.write_failed(peer)
+            self.peers.write_overdue(peer)
         room = self.rooms.get(w.room)
         if room is not None and room.state == "transferring":
             self.fail(room, Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got no "
@@ -290,6 +315,7 @@ class Lifecycle:
         if outcome is not Outcome.DONE:
             slot.unsure = True
         slot.ring.fire(slot, "settle")
+        self.peers.let_go(w.room, w.frame.session)
         peer = self.peers.by_session.get(w.frame.session)
         if peer is not None:
             if outcome is Outcome.DONE:

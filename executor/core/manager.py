@@ -66,6 +66,8 @@ class EncodeManager(Lifecycle):
         peer_backoff: float = 5.0,
         peer_fail_threshold: int = 3,
         max_peers: int = 4096,
+        peer_probe_interval: float | None = None,
+        max_peer_bytes: int | None = None,
         max_peers_per_identity: int = 256,
     ):
         # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
@@ -101,7 +103,10 @@ class EncodeManager(Lifecycle):
         self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
         self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
                                backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
+                               probe_interval=peer_probe_interval, max_bytes=max_peer_bytes,
                                max_peers_per_identity=max_peers_per_identity, actions=self.actions)
+        # Rooms whose item waits because a receiver's peer holds its bound of ring bytes: since when.
+        self.held_since: dict[int, float] = {}
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
     # settings held by the parts -------------------------------------------
@@ -229,6 +234,35 @@ class EncodeManager(Lifecycle):
         that a write may still land in was released): the record may age out once nothing holds it."""
         self.tombs.unpin(room_id)
 
+    def hold(self, room_id: int, nbytes: int) -> None:
+        """A slot was leased for the room's chunk, which holds `nbytes` of the ring: once its writes
+        start, for its receivers' peers, until each one's write reports (`start_writes`)."""
+        if room_id in self.rooms:
+            self.peers.leased[room_id] = nbytes
+
+    def held_back(self, room_id: int, nbytes: int) -> bool:
+        """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer
+        holds its bound (`max_peer_bytes`); such a wait lasts at most the write timeout, then the room
+        fails (kind `capacity`) and this answers False (its item is dropped when staged)."""
+        room = self.rooms.get(room_id)
+        if room is None or not room.frames:
+            return False
+        peer = self.peers.over_bound(room.frames, nbytes)
+        if peer is None:
+            self.held_since.pop(room_id, None)
+            return False
+        now = self.clock.now()
+        since = self.held_since.get(room_id)
+        if since is None:
+            since = self.held_since[room_id] = now
+            self.stats["held_back"] += 1
+        if now - since < self.writes.timeout:
+            return True
+        self.fail(room, Reason(ReasonKind.CAPACITY,
+                               f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound is "
+                               f"{self.peers.max_bytes} B) for {self.writes.timeout} s"))
+        return False
+
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
         """Hand a staged chunk over; the manager owns its slot from here on."""
         slot = chunk.slot
@@ -318,6 +352,7 @@ class EncodeManager(Lifecycle):
             for kind, obj in self.deadlines.due(now):
                 n += 1
                 self._deadline(kind, obj)
+        self.peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
         self.tombs.age(now)
         return n
 

@@ -9,12 +9,26 @@ the attempt number it answers, so a report that arrives after its deadline
 
 The manager asks one O(1) question on the write path: is this session's peer
 `up`? Everything else here runs on frames, reports and deadlines.
+
+Two rules keep one stuck receiver from costing the others:
+
+- Ring bytes per peer: once a room's receivers are all registered and its writes
+  start (or wait for a peer's contact), its chunk's ring bytes are held (`hold`)
+  against the peer of each of its receivers until that receiver's write reports
+  (or, with no write in flight, until the room concludes). A chunk parked for a
+  receiver that has not registered is charged to nobody: the park deadline bounds
+  it. A room with a receiver whose peer holds `max_bytes` does not take ring space
+  (`over_bound`); the executor keeps it deferred without blocking the others.
+- Health: the first overdue write makes an `up` peer `suspect` (no new writes,
+  re-checked at the edge), and an `up` peer with work pending is probed every
+  `probe_interval` under the connect deadline (the heartbeat), so a wedged peer
+  goes `down` within `probe_interval + connect_timeout`.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from epd_ring.fsm import PEER
@@ -29,9 +43,18 @@ from .timers import Deadlines
 _CONTACTING = PEER.sources("connected")
 
 
+class Beat:
+    """When a peer is next probed: its own entry in the table's schedule (not a deadline of the peer's)."""
+
+    __slots__ = ("peer", "timer", "due")
+
+    def __init__(self, peer: Peer):
+        self.peer, self.timer, self.due = peer, 0, 0.0
+
+
 class Peer:
     __slots__ = ("session", "state", "fails", "attempt", "timer", "due", "retry_at", "rooms", "reason", "table",
-                 "identity", "owner")
+                 "waiting", "held", "beat", "identity", "owner")
 
     def __init__(self, session: str, table: PeerTable, identity: str = ""):
         self.session = session
@@ -46,6 +69,10 @@ class Peer:
         self.rooms: set[int] = set()  # live rooms with a frame from this session
         self.reason = ""
         self.table = table
+        # A contact (first contact, re-check or probe) is under way and its report awaited.
+        self.waiting = False
+        self.beat = Beat(self)
+        self.held = 0  # ring bytes held for this peer's receivers (see `PeerTable.hold`)
 
     # guards named in the peer declaration
     def backing_off(self) -> bool:
@@ -65,7 +92,8 @@ class PeerTable:
 
     def __init__(self, outbox: list[Effect], clock: Clock, deadlines: Deadlines, *,
                  connect_timeout: float = 5.0, backoff: float = 5.0, fail_threshold: int = 3,
-                 max_peers: int = 4096, max_peers_per_identity: int = 256,
+                 max_peers: int = 4096, probe_interval: float | None = None, max_bytes: int | None = None,
+                 max_peers_per_identity: int = 256,
                  actions: Mapping[str, Callable[[Any], None]] | None = None):
         if settings.seconds("connect_timeout", connect_timeout) == 0:
             raise ValueError("connect_timeout must be > 0 seconds, got 0")
@@ -76,6 +104,19 @@ class PeerTable:
         self.backoff = settings.seconds("peer_backoff", backoff)
         self.fail_threshold = settings.count("peer_fail_threshold", fail_threshold, 1)
         self.max_peers = settings.count("max_peers", max_peers, 1)
+        interval = self.connect_timeout if probe_interval is None else probe_interval
+        if settings.seconds("peer_probe_interval", interval) == 0:
+            raise ValueError("peer_probe_interval must be > 0 seconds, got 0")
+        self.probe_interval = float(interval)
+        # Ring bytes one peer's receivers may hold before its rooms stop taking ring space
+        # (None: no bound; the executor sets a share of its ring).
+        self.max_bytes = None if max_bytes is None else settings.count("max_peer_bytes", max_bytes, 1)
+        # The heartbeat's schedule: when each up peer with work pending is next probed.
+        self.beats = Deadlines()
+        # room id -> (bytes its chunk holds, the peers holding them for it)
+        self.holds: dict[int, tuple[int, list[Peer]]] = {}
+        # room id -> bytes its leased chunk holds, not yet charged (its writes have not started)
+        self.leased: dict[int, int] = {}
         self.max_peers_per_identity = settings.count("max_peers_per_identity", max_peers_per_identity, 1)
         self.per_identity: Counter[str] = Counter()  # peers made by each identity
         # Called when a contact names the peer's owner, before the peer comes up (so no write
@@ -100,7 +141,7 @@ class PeerTable:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Each peer's state, consecutive failures, live rooms and last reason, for dumps."""
-        return {s: {"state": p.state, "fails": p.fails, "rooms": len(p.rooms), "reason": p.reason}
+        return {s: {"state": p.state, "fails": p.fails, "rooms": len(p.rooms), "reason": p.reason, "held": p.held}
                 for s, p in self.by_session.items()}
 
     def counts(self) -> dict[str, int]:
@@ -135,8 +176,10 @@ class PeerTable:
     def _forget_one(self, identity: str | None = None) -> bool:
         """Forget the oldest idle peer (of `identity`'s, if given)."""
         for session, peer in self.by_session.items():
-            if not peer.rooms and peer.state not in _CONTACTING and identity in (None, peer.identity):
+            if (not peer.rooms and not peer.waiting and not peer.held
+                    and identity in (None, peer.identity)):
                 self.deadlines.cancel(peer)
+                self.beats.cancel(peer.beat)
                 del self.by_session[session]
                 self.per_identity[peer.identity] -= 1
                 if not self.per_identity[peer.identity]:
@@ -148,17 +191,52 @@ class PeerTable:
     def _start(self, peer: Peer) -> None:
         """Ask the edge to contact the peer; its answer comes back through `report`."""
         peer.attempt += 1
+        peer.waiting = True
+        self.beats.cancel(peer.beat)  # this contact is the probe; the next is armed when it answers
         self.stats["contacts"] += 1
         self.deadlines.arm(self.clock.now() + self.connect_timeout, "connect", peer)
         self.outbox.append(Contact(peer.session, peer.attempt, peer.identity))
 
+    # the heartbeat ---------------------------------------------------------
+    def busy(self, peer: Peer) -> bool:
+        """Work is pending on the peer: live rooms, or ring bytes held for its receivers."""
+        return bool(peer.rooms or peer.held)
+
+    def schedule(self, peer: Peer) -> None:
+        """Arm the next probe of an up peer with work pending (none while one is armed or awaited)."""
+        if not peer.beat.timer and not peer.waiting and peer.state == "up" and self.busy(peer):
+            self.beats.arm(self.clock.now() + self.probe_interval, "probe", peer.beat)
+
+    def rest(self, peer: Peer) -> None:
+        """The peer's work is done: no more probes until new work comes."""
+        if peer.beat.timer and not self.busy(peer):
+            self.beats.cancel(peer.beat)
+
+    def beat(self, now: float) -> int:
+        """Probe every peer whose probe is due (part of the manager's `poll`); return how many."""
+        n = 0
+        if self.beats.any_due(now):
+            for _, beat in self.beats.due(now):
+                n += self.probe_due(beat.peer)
+        return n
+
+    def probe_due(self, peer: Peer) -> int:
+        """The probe interval passed: probe the peer at the edge if it still has work (else rest)."""
+        if peer.state != "up" or peer.waiting or not self.busy(peer):
+            return 0
+        self.stats["probes"] += 1
+        self.step(peer, "probe")
+        self._start(peer)
+        return 1
+
     # the edge reports ------------------------------------------------------
     def report(self, session: str, attempt: int, ok: bool, detail: str = "", owner: str | None = None) -> None:
         peer = self.by_session.get(session)
-        if peer is None or attempt != peer.attempt or peer.state not in _CONTACTING:
+        if peer is None or attempt != peer.attempt or not peer.waiting or peer.state not in _CONTACTING:
             self.stats["reports_stale"] += 1  # answers a contact whose deadline already passed
             return
         self.deadlines.cancel(peer)
+        peer.waiting = False
         if ok:
             if owner is not None:
                 # Before the peer comes up: the rooms of other identities leave it first.
@@ -170,15 +248,19 @@ class PeerTable:
             peer.reason = ""
             self.stats["connected"] += 1
             self.step(peer, "connected")
+            self.schedule(peer)
         else:
-            self._down(peer, "refused", f"contact failed ({detail or 'refused'})")
+            what = "probe" if peer.state == "up" else "contact"
+            self._down(peer, "refused", f"{what} failed ({detail or 'refused'})")
 
     def expired(self, peer: Peer) -> None:
         """The connect deadline passed with no report."""
+        what = "a probe" if peer.state == "up" else "contact"
         self._down(peer, "connect_expired",
-                   f"no answer to contact within the connect deadline of {self.connect_timeout} s")
+                   f"no answer to {what} within the connect deadline of {self.connect_timeout} s")
 
     def _down(self, peer: Peer, event: str, reason: str) -> None:
+        peer.waiting = False
         peer.reason = reason
         peer.retry_at = self.clock.now() + self.backoff
         self.stats["down"] += 1
@@ -193,11 +275,75 @@ class PeerTable:
 
     def write_failed(self, peer: Peer) -> None:
         peer.fails += 1
+        self._suspect_after(peer, "write_failed")
+
+    def write_overdue(self, peer: Peer) -> None:
+        """Our write deadline passed with no report: the peer is suspect at once."""
+        peer.fails += 1
+        self._suspect_after(peer, "write_overdue")
+
+    def _suspect_after(self, peer: Peer, event: str) -> None:
         was = peer.state
-        if self.step(peer, "write_failed") == "suspect" and was == "up":
-            # Re-check at the edge; until it answers no new write goes to the peer.
+        if self.step(peer, event) == "suspect" and was == "up":
+            # Re-check at the edge (a probe under way is answered as this attempt); until it
+            # answers no new write goes to the peer.
             self.stats["suspect"] += 1
             self._start(peer)
+
+    # ring bytes held per peer ----------------------------------------------
+    def over_bound(self, sessions: Iterable[str], nbytes: int) -> Peer | None:
+        """The first of these sessions' peers that may not hold `nbytes` more (None: all may).
+
+        A peer holding nothing may always take one chunk, whatever its size."""
+        cap = self.max_bytes
+        if cap is None:
+            return None
+        for session in sessions:
+            peer = self.by_session.get(session)
+            if peer is not None and peer.held and peer.held + nbytes > cap:
+                return peer
+        return None
+
+    def hold(self, room: int, nbytes: int, sessions: Iterable[str]) -> None:
+        """Room `room`'s chunk holds `nbytes` of the ring for each of these sessions' peers."""
+        self.leased.pop(room, None)
+        peers = []
+        for session in sessions:
+            peer = self.by_session.get(session)
+            if peer is not None:
+                peer.held += nbytes
+                peers.append(peer)
+        self.holds[room] = (nbytes, peers)
+
+    def let_go(self, room: int, session: str) -> None:
+        """The write of `room` to `session` reported: its peer no longer holds the room's bytes."""
+        entry = self.holds.get(room)
+        if entry is None:
+            return
+        nbytes, peers = entry
+        for k, peer in enumerate(peers):
+            if peer.session == session:
+                peer.held -= nbytes
+                del peers[k]
+                self.rest(peer)
+                break
+        if not peers:
+            del self.holds[room]
+
+    def let_go_room(self, room: int, keep: Iterable[str] = ()) -> None:
+        """`room` concluded: every peer lets its bytes go but those of `keep` (writes still in flight)."""
+        self.leased.pop(room, None)
+        entry = self.holds.pop(room, None)
+        if entry is None:
+            return
+        nbytes, peers = entry
+        kept = [p for p in peers if p.session in keep]
+        for peer in peers:
+            if peer.session not in keep:
+                peer.held -= nbytes
+                self.rest(peer)
+        if kept:
+            self.holds[room] = (nbytes, kept)
 
 
 def down_reason(peer: Peer) -> str:

@@ -120,6 +120,14 @@ class Ring:
                         f"{self.deep_arena.capacity} B")
         return None
 
+    @staticmethod
+    def extent_cost(nbytes: int, deep_nbytes: int = 0) -> int:
+        """Arena bytes an item of these sizes takes (each half rounded up to the alignment; at least one unit)."""
+        cost = max(1, -(-nbytes // _ALIGN)) * _ALIGN
+        if deep_nbytes:
+            cost += -(-deep_nbytes // _ALIGN) * _ALIGN
+        return cost
+
     def lease(self, nbytes: int, deep_nbytes: int = 0) -> Extent | None:
         """A new extent holding `nbytes` (and `deep_nbytes` deepstack), or None if it does not fit now."""
         if self.retired:

@@ -50,6 +50,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _sizes(item: Any) -> tuple[int, int]:
+    """Bytes of an item's embedding and deepstack half (0 for what `_check` will refuse when staged)."""
+    return tuple(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # type: ignore[return-value]
+                 for t in (getattr(item, "encoded", None), getattr(item, "encoded_deepstack", None)))
+
+
 @dataclass(slots=True)
 class Sender:
     request_id: Any
@@ -69,6 +75,8 @@ class Staging:
     _copies: deque[tuple[Any, Sender, Chunk]]
     _copy_fence: Callable[[], Any] | None
     _host_copy: bool
+    _ring_cost: Callable[[int, int], int]  # ring bytes a chunk of (main, deepstack) bytes holds
+    _head_waits: bool  # the deferred queue's head waits for bytes (set by serve_deferred)
 
     def _offer(self, rid: Any, item: Any) -> None:
         sender = self.senders.get(rid)
@@ -95,7 +103,12 @@ class Staging:
             return
         if self._deferred:
             self.serve_deferred()  # deferred sends are served before new ones
-        extent = None if self._deferred else self.ring.lease(checked[1], checked[3])
+        # Deferred sends that serve_deferred passed over wait on their receivers' peers' bound, not the
+        # bytes; only a head that waits for bytes keeps this item behind it.
+        extent = None
+        cost = self._ring_cost(checked[1], checked[3])
+        if not (self._deferred and self._head_waits) and not manager.held_back(room, cost):
+            extent = self.ring.lease(checked[1], checked[3])
         if extent is None:
             if len(self._deferred) >= self.max_deferred:
                 manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
@@ -115,9 +128,14 @@ class Staging:
         self._stage(sender, checked, extent)
 
     def serve_deferred(self) -> None:
-        """Stage deferred sends, oldest first, while the oldest fits (strict FIFO: see the module)."""
+        """Stage deferred sends, oldest first, while the oldest fits (strict FIFO: see the module).
+
+        A send whose receiver's peer holds its bound of ring bytes is passed over: it keeps its place
+        and blocks nobody (a stuck receiver must not hold up the healthy ones' sends)."""
         dq = self._deferred
         manager = self.manager
+        passed: list[tuple[Any, Any]] = []
+        self._head_waits = False
         while dq:
             rid, item = dq[0]
             sender = self.senders.get(rid)
@@ -126,7 +144,10 @@ class Staging:
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
             room = sender.room
-            if not manager.accepts_chunk(room):  # its room concluded meanwhile
+            if manager.held_back(room, self._ring_cost(*_sizes(item))):
+                passed.append(dq.popleft())
+                continue
+            if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
                 dq.popleft()
                 if manager.observer is not None:
                     manager.observer.undeferred(room)
@@ -144,11 +165,14 @@ class Staging:
                 continue
             extent = self.ring.lease(checked[1], checked[3])
             if extent is None:
-                return  # the head waits for bytes to come free; nothing behind it overtakes it
+                self._head_waits = True  # the head waits for bytes to come free; nothing behind it overtakes it
+                break
             dq.popleft()
             if manager.observer is not None:
                 manager.observer.undeferred(room)
             self._stage(sender, checked, extent)
+        if passed:
+            dq.extendleft(reversed(passed))
 
     def has_deferred(self) -> bool:
         return bool(self._deferred)
@@ -216,6 +240,7 @@ class Staging:
         manager = self.manager
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
+        manager.hold(room, self._ring_cost(nbytes, dbytes))
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)

@@ -71,8 +71,10 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
-    # An arena of `ring_slots` items: every item has the same size, so it holds exactly that many.
-    executor = EncodeExecutor(manager, FixedTower(), "cpu", arena_bytes=ring_slots * _slot_bytes())
+    # An arena of `ring_slots` items: every item has the same size, so it holds exactly that many. One
+    # receiver's held writes occupy the arena on purpose here: no per-peer share (peer_ring_share=1.0).
+    executor = EncodeExecutor(manager, FixedTower(), "cpu", arena_bytes=ring_slots * _slot_bytes(),
+                              peer_ring_share=1.0)
     pump = Pump(executor)
     receiver = transport.add_receiver("prefill:0")
     dst = torch.empty(TOKENS, HIDDEN)

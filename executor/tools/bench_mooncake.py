@@ -39,7 +39,9 @@ def controller(size: int, items: int, slots: int, rx_engine, rx_session: str, rx
     rows = size // (HIDDEN * 4)
     transport = MooncakeTransport()
     manager = EncodeManager(transport, MonotonicClock())
-    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", arena_bytes=slots * size)  # `slots` items in flight
+    # One receiver, `slots` items in flight to it: the figure is the controller's against the raw engine's at
+    # the same depth, so no per-peer share of the arena (peer_ring_share=1.0).
+    ex = EncodeExecutor(manager, FixedTower(rows), "cpu", arena_bytes=slots * size, peer_ring_share=1.0)
     pump = Pump(ex)
     dsts = [rx_buf.data_ptr() + i * size for i in range(slots)]
     room = 0

@@ -194,7 +194,8 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         if queue and not executor.has_deferred():  # backpressure: no tower run while sends wait
             run_now = [queue.popleft() for _ in range(min(batch, len(queue)))]
             if any(p.item.meta["poison"] for p in run_now):
-                batch_mates.update(p.room for p in run_now if not p.item.meta["poison"])
+                # a room that already concluded (its receiver's peer went down first) is not failed by the batch
+                batch_mates.update(p.room for p in run_now if not p.item.meta["poison"] and p.room not in outcome)
             executor.execute([(p.rid, p.item) for p in run_now])
             pump.flush()
             if recorder is not None:

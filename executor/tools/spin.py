@@ -16,7 +16,7 @@ from pathlib import Path
 
 from epd_ring.models.explore import Violation, event_name, format_trace, trace_to_json
 from epd_ring.models.promela import KINDS, SpinResult, generate, pan_figure, parse_trail, rebuild
-from epd_ring.models.spec import HAZARDS, Config, Spec
+from epd_ring.models.spec import HAZARDS, PEER_VARIANTS, Config, Spec
 
 
 def available() -> bool:
@@ -101,12 +101,14 @@ def _children_cpu() -> float:
 
 def run(args, out=print) -> int:
     """`epd-ring check --engine spin`: the same report as the explorer's, from SPIN."""
-    if getattr(args, "peers", False):
-        out("--engine spin does not model peers; check them with the explorer: epd-ring check --peers")
+    peers = bool(getattr(args, "peers", False))
+    if peers and args.variant in PEER_VARIANTS:
+        out(f"--engine spin does not generate the peer variant {args.variant}; check it with the explorer")
         return 2
     # Both ends by default, as the explorer; --spin-no-regions checks the encode side alone (bigger bounds).
     regions = not getattr(args, "spin_no_regions", False)
-    cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes)
+    cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes,
+                 peers=peers)
     big = cfg.cells * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
