@@ -41,7 +41,7 @@ class Proving:
         self.canonical[spelling] = session
         self.t.receivers[spelling] = self.t.receivers[session]  # the engine reaches the same memory
 
-    def connect(self, session: str, attempt: int, identity: str = ""):
+    def connect(self, session: str, attempt: int, identity: str = "", probe: bool = False):
         owner = self.owners.get(self.canonical.get(session, session))
         self.t._reports.append((session, attempt, owner is not None, "" if owner else "no ownership page", owner))
         return None
@@ -279,3 +279,26 @@ def test_an_open_that_stalls_after_a_late_probe_answer_is_held_against_the_key_a
     assert t._contact("10.0.0.2:15001", ATTACKER)[0] is False
     assert t.stats["opens_refused_stalled"] == 1
     assert "10.0.0.2:15001" not in engine.cached  # refused without an open
+
+
+def test_a_heartbeat_answers_while_another_keys_open_holds_the_engine(monkeypatch):
+    # Before: the heartbeat ran the whole first contact, so an honest, busy peer's probe queued
+    # behind an attacker's stalled segment open and the peer went down at its connect deadline.
+    import threading
+
+    from epd_ring.executor.drivers.mooncake import owner_page
+
+    engine = CachingEngine({"10.0.0.2:15000": (0x1000, owner_page(VICTIM)),
+                            "10.0.0.3:15000": (0x2000, owner_page(ATTACKER))})
+    t = caching_transport(monkeypatch, engine)
+    assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
+    with t._opening:  # the attacker's open, stalled inside the engine
+        done: list = []
+        probe = threading.Thread(target=lambda: done.append(t._contact("10.0.0.2:15000", VICTIM, probe=True)))
+        probe.start()
+        probe.join(timeout=30)
+        assert done == [(True, "", None)]
+        assert t.stats["heartbeats"] == 1
+    # A full contact (a suspect peer's re-check, or one after down) still reads the page.
+    assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
+

@@ -767,6 +767,8 @@ def test_busy_peers_are_probed_and_stay_up_idle_peers_are_not_probed():
         rig.executor.poll()
     assert rig.manager.peers.get("busy").state == "up"
     assert rig.transport.contacts - contacts == rig.manager.peers.stats["probes"] >= 4
+    # the heartbeat asks the edge only whether the peer answers; first contacts were full ones
+    assert rig.transport.probes == rig.manager.peers.stats["probes"]
     assert not rig.manager.peers.get("idle").beat.timer
     rig.transport.complete(rig.transport.held[0], Outcome.DONE)
     rig.executor.poll()

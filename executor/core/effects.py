@@ -38,6 +38,7 @@ class Contact:
     session: str
     attempt: int
     identity: str = ""
+    probe: bool = False  # the heartbeat of an up peer: only "does it answer?" (no segment open)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,7 @@ class LoopbackTransport(Transport):
         self._contacts: list[tuple[float, int, str, int, bool]] = []
         self.hung: dict[str, int] = {}  # session -> attempt of a contact that never answers
         self.contacts = 0
+        self.probes = 0  # of those, heartbeats (`probe=True`)
         # Sessions whose contact answered ok. A write to any other session is where a real
         # engine would open the segment itself, inside the submit call: counted, never waited on.
         self.reached: set[str] = set()
@@ -193,12 +194,13 @@ class LoopbackTransport(Transport):
         self._contact_rules.append(_ContactRule(kind, delay, session, count))
 
     # peers ----------------------------------------------------------------
-    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
+    def connect(self, session: str, attempt: int, identity: str = "", probe: bool = False) -> bool | None:
         """Contact answers at once unless a contact fault applies: refused if the receiver is dead.
 
         A session with no receiver here is not refused: its writes fail, as before peers existed.
         """
         self.contacts += 1
+        self.probes += probe
         r = self.receivers.get(session)
         alive = r is None or r.alive
         rule = None

@@ -188,14 +188,14 @@ class PeerTable:
                 return True
         return False
 
-    def _start(self, peer: Peer) -> None:
+    def _start(self, peer: Peer, probe: bool = False) -> None:
         """Ask the edge to contact the peer; its answer comes back through `report`."""
         peer.attempt += 1
         peer.waiting = True
         self.beats.cancel(peer.beat)  # this contact is the probe; the next is armed when it answers
         self.stats["contacts"] += 1
         self.deadlines.arm(self.clock.now() + self.connect_timeout, "connect", peer)
-        self.outbox.append(Contact(peer.session, peer.attempt, peer.identity))
+        self.outbox.append(Contact(peer.session, peer.attempt, peer.identity, probe))
 
     # the heartbeat ---------------------------------------------------------
     def busy(self, peer: Peer) -> bool:
@@ -226,7 +226,7 @@ class PeerTable:
             return 0
         self.stats["probes"] += 1
         self.step(peer, "probe")
-        self._start(peer)
+        self._start(peer, probe=True)
         return 1
 
     # the edge reports ------------------------------------------------------

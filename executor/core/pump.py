@@ -95,9 +95,14 @@ class Pump:
                             e.status, exc)
         elif type(e) is Contact:
             try:
-                # An identity goes to the edge only when there is one (transports written before it
-                # take two arguments).
-                answer = t.connect(e.session, e.attempt, e.identity) if e.identity else t.connect(e.session, e.attempt)
+                # An identity and the probe flag go to the edge only when there are some (transports
+                # written before them take two arguments).
+                if e.probe:
+                    answer = t.connect(e.session, e.attempt, e.identity, probe=True)
+                elif e.identity:
+                    answer = t.connect(e.session, e.attempt, e.identity)
+                else:
+                    answer = t.connect(e.session, e.attempt)
                 detail = "refused"
             except Exception as exc:  # a transport must not raise here; treat it as a refusal
                 answer, detail = False, f"{type(exc).__name__}: {exc}"

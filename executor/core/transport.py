@@ -48,13 +48,14 @@ class Transport(ABC):
     # to whoever named the session first.
     proves_ownership = False
 
-    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
+    def connect(self, session: str, attempt: int, identity: str = "", probe: bool = False) -> bool | None:
         """Start first contact with the peer `session` (segment open, handshake) without blocking.
 
         Return True if the peer is usable now, False if it refused now, or None
         if the answer comes later from `peer_reports` under the same `attempt`.
         A transport with nothing to open (in-process) answers True. `identity` is the
-        key whose frame asked for the contact (for per-identity bounds at the edge).
+        key whose frame asked for the contact (for per-identity bounds at the edge). `probe`:
+        the heartbeat of a peer already up, which need only find out whether it answers.
         """
         return True
 

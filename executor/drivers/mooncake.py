@@ -145,6 +145,7 @@ class Connector:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._attempt: dict[str, int] = {}  # session queued, waiting or being contacted -> newest attempt
+        self._probe_only: set[str] = set()  # of those, the heartbeat probes of peers already proven
         self._identity: dict[str, str] = {}  # session queued, waiting or being contacted -> whose share it uses
         self._load: Counter = Counter()  # identity -> its contacts queued or running
         self._active = 0  # contacts queued or running, in all
@@ -154,11 +155,16 @@ class Connector:
         self.reports: deque = deque()  # (session, attempt, ok, detail, owner); appended by workers
         self.stats: Counter = Counter()
 
-    def start(self, session: str, attempt: int, identity: str = "") -> bool:
-        """Queue a contact; False if `identity`'s share or the queue is full (the caller treats it as refused)."""
+    def start(self, session: str, attempt: int, identity: str = "", probe: bool = False) -> bool:
+        """Queue a contact; False if `identity`'s share or the queue is full (the caller treats it as refused).
+
+        `probe`: the heartbeat of a peer already up, which only asks whether it answers (a full
+        contact queued for the same session, or joining it, does the whole contact)."""
         with self._lock:
             if session in self._attempt:
                 self._attempt[session] = attempt
+                if not probe:
+                    self._probe_only.discard(session)
                 self.stats["joined"] += 1
                 return True
             if self._load[identity] < self.per_identity:
@@ -178,6 +184,8 @@ class Connector:
                 self.stats["waited_identity"] += 1
             self._attempt[session] = attempt
             self._identity[session] = identity
+            if probe:
+                self._probe_only.add(session)
         return True
 
     def _enqueue(self, session: str, identity: str) -> None:
@@ -200,7 +208,10 @@ class Connector:
             try:
                 with self._lock:
                     identity = self._identity[session]
-                ok, detail, owner = self._contact(session, identity)
+                    probe = session in self._probe_only
+                    self._probe_only.discard(session)
+                ok, detail, owner = (self._contact(session, identity, probe=True) if probe
+                                     else self._contact(session, identity))
             except Exception as exc:  # report it; a connector thread must not die
                 ok, detail, owner = False, f"contact raised {type(exc).__name__}: {exc}", None
             with self._lock:
@@ -392,17 +403,23 @@ class MooncakeTransport(Transport):
             out.append((handle, outcome))
         return out
 
-    def connect(self, session: str, attempt: int, identity: str = "") -> bool | None:
-        """Start first contact with `session` on the connector; the answer comes from `peer_reports`."""
-        return None if self.connector.start(session, attempt, identity) else False
+    def connect(self, session: str, attempt: int, identity: str = "", probe: bool = False) -> bool | None:
+        """Start first contact with `session` on the connector (or, `probe`, the heartbeat of an up
+        peer); the answer comes from `peer_reports`."""
+        return None if self.connector.start(session, attempt, identity, probe) else False
 
-    def _contact(self, session: str, identity: str = "") -> tuple[bool, str, str | None]:
+    def _contact(self, session: str, identity: str = "", probe: bool = False) -> tuple[bool, str, str | None]:
         """On a connector thread: (ok, detail, owner). Every engine call here either releases the
         GIL while it waits or, after the segment is open, answers from the engine's cache."""
         engine = self.engine
         rc = engine.send_probe(session)
         if rc != 0:
             return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        if probe:
+            # A heartbeat asks only whether the peer answers: its segment is open and its page was
+            # read at first contact. It must not queue behind another key's stalled open.
+            self.stats["heartbeats"] += 1
+            return True, "", None
         page = ctypes.create_string_buffer(OWNER_PAGE)
         local = ctypes.addressof(page)
         name = self._names.get(session, session)
