@@ -298,7 +298,13 @@ def test_a_heartbeat_answers_while_another_keys_open_holds_the_engine(monkeypatc
         probe.start()
         probe.join(timeout=30)
         assert done == [(True, "", None)]
-        assert t.stats["heartbeats"] == 1
-    # A full contact (a suspect peer's re-check, or one after down) still reads the page.
+        assert t.stats["heartbeats_probe_only"] == 1
+    # With no open under way, the heartbeat reads the page again: a receiver whose engine no
+    # longer serves it (stopped, or gone) fails the heartbeat, though its host answers the probe.
+    assert t._contact("10.0.0.2:15000", VICTIM, probe=True) == (True, "", None)
+    engine.hosts["10.0.0.2:15000"] = (0x9000, owner_page(VICTIM))  # another process there now
+    assert t._contact("10.0.0.2:15000", VICTIM, probe=True)[0] is False
+    assert t.stats["heartbeats"] == 3
+    # A full contact (a suspect peer's re-check, or one after down) reads the page afresh.
     assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
 

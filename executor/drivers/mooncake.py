@@ -416,9 +416,23 @@ class MooncakeTransport(Transport):
         if rc != 0:
             return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
         if probe:
-            # A heartbeat asks only whether the peer answers: its segment is open and its page was
-            # read at first contact. It must not queue behind another key's stalled open.
+            # A heartbeat: the segment is open and its page was read at first contact. Reading the
+            # page again shows the receiver's engine serves (a stopped process answers the probe
+            # from its kernel's listen queue, never a read). But while another key's open holds the
+            # engine, a read would queue behind it and a busy, honest peer would go down: then the
+            # probe's answer is all the heartbeat asks.
             self.stats["heartbeats"] += 1
+            if not self._opening.acquire(blocking=False):
+                self.stats["heartbeats_probe_only"] += 1
+                return True, "", None
+            self._opening.release()
+            name = self._names.get(session, session)
+            if name not in self._proven:
+                return True, "", None  # no page to read (ownership not proven by this transport)
+            page = ctypes.create_string_buffer(OWNER_PAGE)
+            owner, rc = self._read_owner(name, ctypes.addressof(page), page)
+            if owner is None:
+                return False, f"heartbeat read of the ownership page failed (rc={rc})", None
             return True, "", None
         page = ctypes.create_string_buffer(OWNER_PAGE)
         local = ctypes.addressof(page)
