@@ -124,7 +124,8 @@ inline show_state() {
   do
   :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
                      room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sz, room[k].sl);
-     gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]); gj++ :: else -> break od; gj = 0;
+     gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]); gj++
+                :: else -> break od; gj = 0;
      printf("\n"); k++
   :: else -> break
   od;
