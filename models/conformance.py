@@ -53,6 +53,7 @@ from .spec import (
     Config,
     Spec,
 )
+from .state import TOLD_NONE, told_after
 
 HIDDEN = 4
 # Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
@@ -212,6 +213,13 @@ class Harness:
                 out[c] = e
         return out
 
+    def told(self, i: int, session: str) -> str:
+        """The outcome the session's receiver was told for room i, as the spec keeps it (state.told_after)."""
+        told = TOLD_NONE
+        for status in self.transport.receivers[session].statuses(self.room(i)):
+            told = told_after(told, status)
+        return told
+
     def region(self, i: int, session: str) -> str:
         """The session's region, stepped through the region machine on every notice it got."""
 
@@ -272,9 +280,9 @@ class Harness:
                        if self.transport.receivers[self.session(i, k)].statuses(rid))
             # A quarantined slot still names its last room; the spec lets go once nothing may read it.
             sessions = [self.session(i, k) for k in range(self.frames_sent[i])]
-            rcv = tuple(sorted((self.region(i, s), self.write_state(i, s)) for s in sessions))
-            uses = slot is not None and (ch != CH_SENT or any(w != W_IDLE for _, w in rcv))
-            ghosts = sum(1 for _, w in rcv if w == W_GHOST)
+            rcv = tuple(sorted((self.region(i, s), self.write_state(i, s), self.told(i, s)) for s in sessions))
+            uses = slot is not None and (ch != CH_SENT or any(x[1] != W_IDLE for x in rcv))
+            ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
@@ -403,7 +411,7 @@ class Harness:
         want = self.state[0][i][RCV][k]
         for n in range(self.frames_sent[i]):
             s = self.session(i, n)
-            if (self.region(i, s), self.write_state(i, s)) == want:
+            if (self.region(i, s), self.write_state(i, s), self.told(i, s)) == want:
                 return s
         raise AssertionError(f"no receiver of room {i} is {want}")
 

@@ -225,7 +225,7 @@ class Events(Rules):
             if not unsure and rc[k][0] == "released":
                 d.flag("write-into-released-region",
                        f"room {i}'s write landed in a region its receiver had released (and may reuse)")
-            rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE)
+            rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE, rc[k][2])
         if unsure:
             ro[GHOST] += 1
             d.cells[ro[SLOTI]][UNSURE] = True
@@ -259,7 +259,7 @@ class Events(Rules):
             ro[GHOST] -= 1
             if k is not None:
                 rc = receivers(ro)
-                rc[k] = (rc[k][0], self.LANDED)
+                rc[k] = (rc[k][0], self.LANDED, rc[k][2])
             if not self._holds_slot(ro):
                 ro[SLOTI] = -1
             self._emit(out, d, ("late_landing", i) if k is None else ("late_landing", i, k))
@@ -277,7 +277,7 @@ class Events(Rules):
         r = state[0][i]
         if not state[3] or r[RS] in CONCLUDED:
             return
-        for k in sorted({k_ for k_, (g, _) in first_of_each(r[RCV]) if g == "offered"}):
+        for k in sorted({k_ for k_, x in first_of_each(r[RCV]) if x[0] == "offered"}):
             d = Draft.of(state)
             d.faults -= 1
             self._withdraw(d, i, k)
@@ -285,7 +285,7 @@ class Events(Rules):
 
     def _withdraw(self, d: Draft, i: int, k: int) -> None:
         rc = receivers(d.rooms[i])
-        rc[k] = (self._region_step(rc[k][0], "withdraw"), rc[k][1])
+        rc[k] = (self._region_step(rc[k][0], "withdraw"), *rc[k][1:])
         self._move_room(d, i, "fail")
 
     def _abort(self, state: tuple, i: int, out: list) -> None:

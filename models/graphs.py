@@ -105,7 +105,7 @@ def _view_label(spec: Spec, v: tuple) -> str:
     counts += f" ghosts {ghost}" if ghost else ""
     lines.append(counts)
     if rcv:
-        lines.append("receivers " + ",".join(REGION_MARK[g] + W_MARK[w] for g, w in rcv))
+        lines.append("receivers " + ",".join(REGION_MARK[g] + W_MARK[w] for g, w, _ in rcv))
     if ss:
         lines.append(f"extent {ss}" + ("" if mine else " OVERLAPPED"))
     if halt:

@@ -48,14 +48,14 @@ from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
 from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, PEER_VARIANTS, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
-from .state import STAGEABLE
+from .state import STAGEABLE, TOLD_NONE, TOLD_TWICE
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
          "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
          "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle",
          "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent",
-         "room-of-down-peer-live")
+         "room-of-down-peer-live", "told-twice")
 CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 
 # States are numbered in sorted name order, so a numeric comparison in the
@@ -65,6 +65,9 @@ SLOT_STATES = tuple(sorted(EXTENT.states))  # coded 1.. (0 sorts first: "no slot
 # A receiver's region is coded 1.. in name order (0: no receiver registered in that place), and
 # sorted with its write's place (W_*) as region * 4 + write, which is the order of spec's (name, write) pairs.
 REGION_STATES = tuple(sorted(REGION.states))
+# The outcome a receiver was told (state.TOLD_*), coded 0.. in the order the spec's values sort.
+TOLD_VALUES = (TOLD_NONE, "failed", "success", TOLD_TWICE)
+assert list(TOLD_VALUES) == sorted(TOLD_VALUES)
 NONE = 255
 HALTS = {0: None, 1: "crash", 2: "spin"}
 EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
@@ -289,6 +292,9 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs += [f"#define {_gs(s)} {n + 1}" for n, s in enumerate(REGION_STATES)]
     defs += [f"#define W_IDLE {W_IDLE}", f"#define W_FLIGHT {W_FLIGHT}", f"#define W_GHOST {W_GHOST}",
              f"#define W_LANDED {W_LANDED}"]
+    defs += [f"#define T_{(t or 'none').upper()} {n}" for n, t in enumerate(TOLD_VALUES)]
+    # a receiver's sort code: region, write, then the outcome it was told (the spec's tuple order)
+    defs.append("#define RCVCODE(x, j) ((room[x].rg[j] * 4 + room[x].rw[j]) * 4 + room[x].rt[j])")
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
     # what moved a room or slot, for the actions that depend on it
@@ -350,9 +356,11 @@ def _final_and_rank(cfg: Config) -> list[str]:
                         + [f"CONCLUDED(room[{i}].rs) && room[{i}].told == N && room[{i}].reg == N && "
                            f"room[{i}].snd == 2 && room[{i}].infl == 0 && room[{i}].ghost == 0" for i in range(R)]
                         + ([f"(room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released) && "
-                            f"room[{i}].rw[{j}] == W_IDLE" for i in range(R) for j in range(N)]
+                            f"room[{i}].rw[{j}] == W_IDLE && room[{i}].rt[{j}] == TOLD_OF(room[{i}].rs)"
+                            for i in range(R) for j in range(N)]
                            if cfg.regions else []))
-    defs = [f"#define FINAL (hlt == 0 && dlen == 0 && {final})", "#define LIVE (!stop && hlt == 0)"]
+    defs = ["#define TOLD_OF(rs) ((rs) == R_success -> T_SUCCESS : ((rs) == R_failed -> T_FAILED : T_NONE))",
+            f"#define FINAL (hlt == 0 && dlen == 0 && {final})", "#define LIVE (!stop && hlt == 0)"]
     regrank = (" : ".join(f"((g) == {_gs(s)} -> {_REGION_RANK[s]}" for s in REGION_STATES) + " : 0"
                + ")" * len(REGION_STATES))
     defs.append(f"#define REGRANK(g) ({regrank})")
@@ -370,12 +378,12 @@ def _final_and_rank(cfg: Config) -> list[str]:
 def _key_defines(cfg: Config) -> tuple[list[str], int]:
     """The canonical sort key of a room (explore._keys), most significant field first, split into ints."""
     R, N = cfg.rooms, cfg.receivers
-    # its fields, its receivers (sorted (region, write) codes; rooms with equal `reg` have as many), then its slot
+    # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many), then its slot
     fields = [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
               ("room[KI].infl", _bits(N)), ("room[KI].ghost", _bits(N))]
     if cfg.regions:
-        fields += [(f"(room[KI].rg[{j}] * 4 + room[KI].rw[{j}])", _bits(len(REGION_STATES) * 4 + 3))
+        fields += [(f"(RCVCODE(KI, {j}))", _bits((len(REGION_STATES) * 4 + 3) * 4 + 3))
                    for j in range(N)]
     # then the item's size, and where its extent starts (0 none, else its first cell + 1)
     fields += [("room[KI].sz", _bits(max(cfg.sizes))), ("KPOS", _bits(cfg.cells)), ("KSAME", 1),
@@ -404,7 +412,7 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
 def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
-               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N] }}
+               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N] }}
 typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
 Cell cell[C];
@@ -419,7 +427,7 @@ bit stop;      /* a violation already reported: a dead end, as in the explorer *
 hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
 """ + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
 hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
-hidden byte t_rg[R * N], t_rw[R * N];
+hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N];
 """
 
 
@@ -514,8 +522,9 @@ def _parse_state(lines: list[str]) -> tuple:
         if tag == "PE":
             peer = peers.parse(f)
         elif tag == "RM":
-            # receivers: (region, write) pairs after the room's fields; region 0 is no receiver (or no regions)
-            rcv = tuple((REGION_STATES[g - 1], w) for g, w in zip(f[10::2], f[11::2]) if g)
+            # receivers: (region, write, told) after the room's fields; region 0 is no receiver (or no regions)
+            rcv = tuple((REGION_STATES[g - 1], w, TOLD_VALUES[t]) for g, w, t in zip(f[10::3], f[11::3], f[12::3])
+                        if g)
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))

@@ -21,11 +21,13 @@ REGIONS = r"""
 /* the encoder sends receiver gk of room gx a notice (rules._notice); the seed's receiver frees on Failed */
 inline notice_success(gx, gk) {
   if :: SEED -> room[gx].rg[gk] = SEED_SUCCESS
-     :: else -> region_NOTICE_success(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi
+     :: else -> region_NOTICE_success(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi;
+  room[gx].rt[gk] = (room[gx].rt[gk] == T_NONE -> T_SUCCESS : T_TWICE)  /* state.told_after */
 }
 inline notice_failed(gx, gk) {
   if :: SEED -> room[gx].rg[gk] = SEED_FAILED
-     :: else -> region_NOTICE_failed(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi
+     :: else -> region_NOTICE_failed(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi;
+  room[gx].rt[gk] = (room[gx].rt[gk] == T_NONE -> T_FAILED : T_TWICE)
 }
 inline notice_released(gx, gk) { region_NOTICE_released(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
 inline notice_withdrawn(gx, gk) { region_NOTICE_withdrawn(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
@@ -52,7 +54,8 @@ inline release_settled(gx) {
 
 /* rules._offer: one more receiver registered; with regions it offers its receive region */
 inline offer(ox) {
-  if :: REGIONS -> room[ox].rg[room[ox].reg] = G_offered; room[ox].rw[room[ox].reg] = W_IDLE :: else -> skip fi;
+  if :: REGIONS -> room[ox].rg[room[ox].reg] = G_offered; room[ox].rw[room[ox].reg] = W_IDLE;
+              room[ox].rt[room[ox].reg] = T_NONE :: else -> skip fi;
   room[ox].reg++
 }
 """

@@ -92,6 +92,14 @@ inline post() {
              kind = K_WRONG_OUTCOME
           :: else -> skip
           fi;
+          /* the outcome it was told, kept after release: exactly one, the room's (spec.invariant) */
+          if
+          :: kind == 0 && room[k].rt[gj] == T_TWICE -> kind = K_TOLD_TWICE
+          :: kind == 0 && room[k].rt[gj] != T_TWICE && room[k].rt[gj] != T_NONE &&
+             room[k].rt[gj] != TOLD_OF(room[k].rs) -> kind = K_WRONG_OUTCOME
+          :: kind == 0 && room[k].rt[gj] == T_NONE && CONCLUDED(room[k].rs) -> kind = K_RECEIVER_NOT_TOLD
+          :: else -> skip
+          fi;
           gj++
        :: else -> break
        od;
@@ -116,7 +124,8 @@ inline show_state() {
   do
   :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
                      room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sz, room[k].sl);
-     gj = 0; do :: gj < N -> printf(" %d %d", room[k].rg[gj], room[k].rw[gj]); gj++ :: else -> break od; gj = 0;
+     gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]); gj++
+                :: else -> break od; gj = 0;
      printf("\n"); k++
   :: else -> break
   od;
@@ -127,7 +136,7 @@ inline show_state() {
   show_peers()
 }
 
-/* sort each room's registered receivers by (region, write): stable insertion sort */
+/* sort each room's registered receivers by (region, write, told): stable insertion sort */
 inline sort_receivers() {
   k = 0;
   do
@@ -137,9 +146,10 @@ inline sort_receivers() {
      :: gj < room[k].reg ->
         gq = gj;
         do
-        :: gq > 0 && room[k].rg[gq - 1] * 4 + room[k].rw[gq - 1] > room[k].rg[gq] * 4 + room[k].rw[gq] ->
+        :: gq > 0 && RCVCODE(k, gq - 1) > RCVCODE(k, gq) ->
            gt = room[k].rg[gq]; room[k].rg[gq] = room[k].rg[gq - 1]; room[k].rg[gq - 1] = gt;
            gt = room[k].rw[gq]; room[k].rw[gq] = room[k].rw[gq - 1]; room[k].rw[gq - 1] = gt;
+           gt = room[k].rt[gq]; room[k].rt[gq] = room[k].rt[gq - 1]; room[k].rt[gq - 1] = gt;
            gq--
         :: else -> break
         od;
@@ -183,7 +193,8 @@ inline canon() {
      t_rs[k] = room[k].rs; t_snd[k] = room[k].snd; t_ch[k] = room[k].ch; t_reg[k] = room[k].reg;
      t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
      t_sz[k] = room[k].sz; t_sl[k] = room[k].sl;
-     gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj]; gj++
+     gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj];
+                   t_rt[k * N + gj] = room[k].rt[gj]; gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break
@@ -195,7 +206,8 @@ inline canon() {
      room[tmp].rs = t_rs[k]; room[tmp].snd = t_snd[k]; room[tmp].ch = t_ch[k]; room[tmp].reg = t_reg[k];
      room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
      room[tmp].sz = t_sz[k]; room[tmp].sl = t_sl[k];
-     gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj]; gj++
+     gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj];
+                   room[tmp].rt[gj] = t_rt[k * N + gj]; gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break

@@ -36,6 +36,7 @@ from .state import (
     SS,
     STAGEABLE,
     TOLD,
+    TOLD_NONE,
     UNSURE,
     W_FLIGHT,
     W_GHOST,
@@ -45,6 +46,7 @@ from .state import (
     extent,
     first_of_each,
     receivers,
+    told_after,
 )
 
 Action = Callable[[Draft, int, str], None]
@@ -181,7 +183,7 @@ class Rules:
         ro = d.rooms[i]
         ro[TOLD] = ro[REG]
         outcome = "success" if ro[RS] == "success" else "failed"
-        for k, (g, _) in enumerate(receivers(ro)):
+        for k, (g, _, _) in enumerate(receivers(ro)):
             if g in ("offered", "withdrawing"):
                 self._notice(ro, k, outcome)
         if outcome == "failed":
@@ -209,9 +211,9 @@ class Rules:
             if ro[SLOTI] == s and self._holds_slot(ro):
                 ro[GHOST] = 0
                 rc = receivers(ro)
-                for k, (g, w) in enumerate(rc):
+                for k, (g, w, t) in enumerate(rc):
                     if w in (W_GHOST, W_LANDED):
-                        rc[k] = (g, W_IDLE)
+                        rc[k] = (g, W_IDLE, t)
                 self._release_settled(ro)
                 if not self._holds_slot(ro):
                     ro[SLOTI] = -1
@@ -229,7 +231,7 @@ class Rules:
             d.flag("write-to-peer-not-up")
         self._move_slot(d, r[SLOTI], "send")
         r[CH], r[INFL] = CH_SENT, self.N
-        r[RCV] = [(g, W_FLIGHT) for g, _ in r[RCV]]
+        r[RCV] = [(g, W_FLIGHT, t) for g, _, t in r[RCV]]
 
     def _drop_chunk(self, d: Draft, i: int) -> None:
         """The room's chunk will never be sent: its extent goes back free."""
@@ -245,7 +247,7 @@ class Rules:
     def _holds_slot(self, ro) -> bool:
         if not self.regions:
             return bool(ro[INFL] or ro[GHOST])
-        return any(w != W_IDLE for _, w in ro[RCV])
+        return any(x[1] != W_IDLE for x in ro[RCV])
 
     @staticmethod
     def _writes_pending(rooms, s: int) -> bool:
@@ -257,14 +259,15 @@ class Rules:
             return []
         if not self.regions:
             return [None]
-        return sorted({k for k, (_, x) in first_of_each(r[RCV]) if x == w})
+        return sorted({k for k, x in first_of_each(r[RCV]) if x[1] == w})
 
     # -- the receivers' regions ------------------------------------------------------------
     def _notice(self, ro: list, k: int, notice: str) -> None:
-        """The encoder tells receiver k `notice`; its region moves by the region machine."""
+        """The encoder tells receiver k `notice`; its region moves by the region machine, and an outcome
+        is kept as a value (a second one marks the receiver told twice)."""
         rc = receivers(ro)
-        g, w = rc[k]
-        rc[k] = (self._region_step(g, NOTICE_EVENTS[notice]), w)
+        g, w, t = rc[k]
+        rc[k] = (self._region_step(g, NOTICE_EVENTS[notice]), w, told_after(t, notice))
 
     _region_moves: ClassVar[dict] = {}
 
@@ -280,7 +283,7 @@ class Rules:
     def _release_settled(self, ro: list) -> None:
         """A failed room's region is released (or its withdraw acked) once no write into it can land."""
         rc = receivers(ro)
-        for k, (g, w) in enumerate(rc):
+        for k, (g, w, _) in enumerate(rc):
             if w == W_IDLE and g in ("failed", "withdrawing"):
                 self._notice(ro, k, "released" if g == "failed" else "withdrawn")
 
@@ -288,7 +291,7 @@ class Rules:
         """One more receiver registered (and, with regions, offered its receive region)."""
         ro[REG] += 1
         if self.regions:
-            receivers(ro).append(("offered", W_IDLE))
+            receivers(ro).append(("offered", W_IDLE, TOLD_NONE))
 
     # -- the ring: an arena of cells ------------------------------------------------------------
     def _leasable(self, rooms, cells) -> list[bool]:

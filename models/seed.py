@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .spec import Config, Spec
-from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers
+from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers, told_after
 
 
 class SeedSpec(Spec):
@@ -39,7 +39,7 @@ class SeedSpec(Spec):
 
     def _notice(self, ro: list, k: int, notice: str) -> None:
         rc = receivers(ro)
-        rc[k] = (self.NOTICES[notice], rc[k][1])
+        rc[k] = (self.NOTICES[notice], rc[k][1], told_after(rc[k][2], notice))
 
     def _release_settled(self, ro: list) -> None:
         """No release protocol: nothing waits for the writes to settle."""
@@ -90,4 +90,4 @@ class SeedSpec(Spec):
     def _withdraw(self, d: Draft, i: int, k: int) -> None:
         # No withdraw message: its receiver frees the region, the encoder never hears.
         rc = receivers(d.rooms[i])
-        rc[k] = ("released", rc[k][1])
+        rc[k] = ("released", *rc[k][1:])

@@ -6,9 +6,10 @@ A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`:
   room-machine state; its sender (0 none, 1 registered, 2 reaped); where its chunk is
   (see CH_*); receivers registered, told their outcome, written; writes in flight;
   writes that reported failure or timeout but may still land ("ghosts"); its
-  receivers, the other end (a sorted tuple of `(region, write)`, one per registered
-  receiver: the state of its receive region in the region machine, and where the
-  write into it is, see W_*); its item's size in cells (0 before the tower ran); the
+  receivers, the other end (a sorted tuple of `(region, write, told)`, one per
+  registered receiver: the state of its receive region in the region machine, where
+  the write into it is, see W_*, and the outcome it was told, a value kept after the
+  region is released, see TOLD_*); its item's size in cells (0 before the tower ran); the
   first cell of the extent its chunk or writes use (-1 none);
 - the ring's arena is a few cells, each `(ss, content, unsure, len)`: the extent
   machine's state of the extent it belongs to, the room whose bytes it holds (-1
@@ -78,6 +79,9 @@ from .state import (  # noqa: F401
     SND,
     SS,
     TOLD,
+    TOLD_MARK,
+    TOLD_NONE,
+    TOLD_TWICE,
     UNSURE,
     W_FLIGHT,
     W_GHOST,
@@ -179,7 +183,7 @@ class Spec(Events):
                 and all(s[SS] == "free" for s in slots)
                 and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
                         and r[INFL] == 0 and r[GHOST] == 0
-                        and all(g in ("written", "released") and w == W_IDLE for g, w in r[RCV])
+                        and all(g in ("written", "released") and w == W_IDLE and t == r[RS] for g, w, t in r[RCV])
                         for r in rooms))
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
@@ -216,12 +220,20 @@ class Spec(Events):
                 return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
             if r[RS] == "success" and r[OK] < self.N:
                 return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
-            for g, w in r[RCV]:
+            for g, w, t in r[RCV]:
                 if g == "written" and w in (W_FLIGHT, W_GHOST):
                     return ("success-under-write",
                             f"room {i}: a receiver was told success while a write into it may land")
                 if (g == "written" and r[RS] != "success") or (g == "failed" and r[RS] == "success"):
                     return "wrong-outcome", f"room {i} is {r[RS]} but a receiver's region is {g}"
+                # The outcome each receiver was told, kept after its region is released: exactly one,
+                # the room's, and only once the room concluded.
+                if t == TOLD_TWICE:
+                    return "told-twice", f"room {i}: a receiver ({g}) was told an outcome twice"
+                if t != TOLD_NONE and t != r[RS]:
+                    return "wrong-outcome", f"room {i} is {r[RS]} but a receiver ({g}) was told {t}"
+                if t == TOLD_NONE and r[RS] in CONCLUDED:
+                    return "receiver-not-told", f"room {i} is {r[RS]} but a receiver ({g}) was told nothing"
         return None
 
     # -- events -----------------------------------------------------------------------
@@ -247,7 +259,7 @@ class Spec(Events):
             if v is None:
                 m = 3 * self.N + 4
                 v = cache[r] = (m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
-                                + sum(_REGION_RANK[g] for g, _ in r[RCV]))
+                                + sum(_REGION_RANK[x[0]] for x in r[RCV]))
             total += v
         for sl in state[1]:  # once per extent: its first cell (a continuation cell counts 1 in every state)
             total += sl[SS] != "quarantined" or not sl[LEN]
@@ -265,7 +277,7 @@ class Spec(Events):
             extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
-            rx = ",".join(REGION_MARK[a] + W_MARK[b] for a, b in r[RCV])
+            rx = ",".join(REGION_MARK[a] + W_MARK[b] + TOLD_MARK[t] for a, b, t in r[RCV])
             rx = f" rx={rx}" if rx else ""
             parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):

@@ -17,6 +17,10 @@ RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
 # cannot tell: it waits out the quarantine either way).
 W_IDLE, W_FLIGHT, W_GHOST, W_LANDED = range(4)
 W_MARK = ("", "~", "?", ".")
+# The outcome a receiver was told (a value kept after its region is released): none yet, one of the
+# room outcomes, or TOLD_TWICE once a second outcome reached it. Sorted as SPIN codes them (0..3).
+TOLD_NONE, TOLD_TWICE = "", "twice"
+TOLD_MARK = {"": "", "failed": "-", "success": "+", "twice": "*"}
 REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X", "released": "R"}
 _REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
 # A cell: the state of the extent it belongs to (every cell of an extent carries it), whose
@@ -73,6 +77,13 @@ def receivers(ro: list) -> list:
     if type(ro[RCV]) is tuple:
         ro[RCV] = list(ro[RCV])
     return ro[RCV]
+
+
+def told_after(told: str, notice: str) -> str:
+    """What a receiver has been told after `notice`: outcomes are kept, a second one is TOLD_TWICE."""
+    if notice not in CONCLUDED:
+        return told
+    return notice if told == TOLD_NONE else TOLD_TWICE
 
 
 def extent(cells, s: int) -> range:
