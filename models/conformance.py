@@ -56,7 +56,8 @@ from .spec import (
 
 HIDDEN = 4
 # Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
-# (one tick per event), so deadlines fire only when the harness fires them.
+# (at most a second per event, and never past a pending deadline), so deadlines fire only when
+# the harness fires them: through the clock and `poll()` where the spec's deadline is the next due.
 TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
                 tombstone_ttl=1e6, connect_timeout=113.0, peer_backoff=127.0,
                 # The model does not move peers on write failures: neither may the implementation here.
@@ -150,6 +151,9 @@ class Harness:
         self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
         self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
         self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
+        # Deadline events fired through the clock and `poll()`, and out of the clock's order (by a `*_now` hook):
+        # the spec fires deadlines in any order, the clock in the order of their due times.
+        self.fired = {"clock": 0, "hook": 0}
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -291,6 +295,37 @@ class Harness:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
         return (tuple(rooms), slots, deferred, self.faults, None, peers)
 
+    # -- time ------------------------------------------------------------------------
+    def pending(self) -> list[tuple[float, str, Any]]:
+        """Every deadline the core has armed (rooms, writes, quarantines, connects, heartbeats), earliest first."""
+        out = self.manager.deadlines.pending()
+        if self.cfg.peers:
+            out = sorted(out + self.manager.peers.beats.pending(), key=lambda e: e[0])
+        return out
+
+    def pass_time(self) -> None:
+        """Move the clock on before an event: a second, or less so that no pending deadline comes due
+        (after a deadline fired the next may be a second away; each event then takes a slice of the gap)."""
+        now = self.clock.now()
+        pending = self.pending()
+        self.clock.advance(min(1.0, (pending[0][0] - now) / 64) if pending else 1.0)
+
+    def fire(self, objs: list, hook) -> None:
+        """Fire the deadlines of `objs` (one spec event): through the clock and the pump's tick (which
+        polls) when they are the next due, with nothing else due by then; otherwise by `hook`, the core's
+        `*_now` call, since the spec lets deadlines fire in any order and this one is not the clock's next."""
+        pending = self.pending()
+        mine = [when for when, _, obj in pending if any(obj is o for o in objs)]
+        if objs and len(mine) == len(objs):
+            when = max(mine)
+            if all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
+                self.clock.advance(when - self.clock.now())
+                self.pump.tick()
+                self.fired["clock"] += 1
+                return
+        assert hook(), "the core had no such deadline to fire"
+        self.fired["hook"] += 1
+
     # -- events ----------------------------------------------------------------------
     def enabled(self) -> list[tuple]:
         seen = []
@@ -351,7 +386,7 @@ class Harness:
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
-            assert m.expire_room_now(self.room(i))
+            self.fire([m.rooms[self.room(i)]], lambda: m.expire_room_now(self.room(i)))
         elif name == "withdraw":
             session = self._session_for(i, args[1])
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
@@ -368,19 +403,24 @@ class Harness:
                 self.faults -= 1
             self.pump.tick()
         elif name == "connect_expired":
-            assert m.expire_peer_now(f"p.{i}")
+            peer = m.peers.get(f"p.{i}")
+            self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
             self.faults -= 1
         elif name in ("probe_refused", "probe_expired"):
-            assert m.probe_peer_now(f"p.{i}")
+            peer = m.peers.get(f"p.{i}")
+            self.fire([peer.beat], lambda: m.probe_peer_now(f"p.{i}"))
             self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
             if name == "probe_refused":
                 assert t.answer(f"p.{i}", ok=False)
                 self.pump.tick()
             else:
-                assert m.expire_peer_now(f"p.{i}")
+                self.pass_time()
+                self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
             self.faults -= 1
         elif name == "write_deadline":
-            assert m.expire_writes_now(self.room(i))
+            rid = self.room(i)
+            due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
+            self.fire(due, lambda: m.expire_writes_now(rid))
             self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
@@ -389,7 +429,7 @@ class Harness:
             ex.reap_concluded_senders(pending)
         elif name == "release":
             slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
-            assert m.release_slot_now(slot)
+            self.fire([slot], lambda: m.release_slot_now(slot))
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
@@ -412,7 +452,7 @@ class Harness:
         options = [s for s in self.spec.successors(self.state) if s.event == event]
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
-        self.clock.advance(1.0)  # every event at its own time, far below every timeout
+        self.pass_time()  # every event at its own time, before every pending deadline
         self.apply(event)
         check_full_state(self)
         got = self.abstract()

@@ -38,6 +38,8 @@ class Walk:
     edges: int = 0  # spec edges walked on the implementation
     steps: int = 0  # events applied, replays included
     seconds: float = 0.0
+    # deadline edges fired through the clock and poll(), and out of the clock's order (by a core hook)
+    deadlines: dict = field(default_factory=lambda: {"clock": 0, "hook": 0})
     failures: list = field(default_factory=list)  # (event path, message): the implementation left the spec
 
     @property
@@ -53,7 +55,8 @@ class Walk:
         return (f"({c.cells},{c.rooms},{c.receivers},{c.faults}) sizes {c.sizes}"
                 f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
                 f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
-                f"({100 * self.state_coverage:.1f}%), {self.steps} events in {self.seconds:.0f} s, "
+                f"({100 * self.state_coverage:.1f}%); deadlines fired by the clock on {self.deadlines['clock']} "
+                f"edges, out of its order by a hook on {self.deadlines['hook']}; {self.steps} events in {self.seconds:.0f} s, "
                 f"{len(self.failures)} nonconforming")
 
 
@@ -70,7 +73,7 @@ def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...]) -> Harness:
     """A fresh harness brought along `path` (already walked and checked) without checking again."""
     h = Harness(cfg, room_sizes=sizes)
     for ev in path:
-        h.clock.advance(1.0)
+        h.pass_time()
         h.apply(ev)
         h.state = h.abstract()
     return h
@@ -150,6 +153,7 @@ def walk(cfg: Config, *, max_states: int | None = None,
                 h = replay(cfg, path, sizes)
                 out.steps += len(path)
             out.steps += 1
+            before = dict(h.fired)
             try:
                 got = h.step(ev)
             except AssertionError as exc:
@@ -157,6 +161,8 @@ def walk(cfg: Config, *, max_states: int | None = None,
                 h = None
                 continue
             out.edges += 1
+            for how, n in h.fired.items():
+                out.deadlines[how] += n - before[how]
             target = canon(got)
             if target not in seen and (max_states is None or len(parent) < max_states):
                 seen[target] = len(parent)
