@@ -534,8 +534,11 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
 
 # -- coverage: drive the implementation into every place the spec can be -----------------------
 def coverage_targets(cfg: Config) -> dict:
-    """Name -> predicate on spec states: every chunk location, two deferred sends, every region
-    and write state, and states just after each kind of deadline fired."""
+    """Name -> predicate on spec states: every chunk location, two deferred sends, every region and
+    write state, and (with items of two cells) a two-cell extent and a deferred item with a cell free.
+
+    Predicates on states only: that each kind of deadline fires on the implementation (through the clock
+    and `poll()`) is an edge, and `models.walk` walks every edge of the spec at a bound."""
     from .spec import CH, CH_NAMES, LEN, RCV as _RCV, SS
 
     t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}

@@ -56,7 +56,8 @@ class Walk:
                 f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
                 f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
                 f"({100 * self.state_coverage:.1f}%); deadlines fired by the clock on {self.deadlines['clock']} "
-                f"edges, out of its order by a hook on {self.deadlines['hook']}; {self.steps} events in {self.seconds:.0f} s, "
+                f"edges, out of its order by a hook on {self.deadlines['hook']}; "
+                f"{self.steps} events in {self.seconds:.0f} s, "
                 f"{len(self.failures)} nonconforming")
 
 
