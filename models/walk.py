@@ -26,7 +26,7 @@ from itertools import permutations
 
 from .conformance import Harness
 from .explore import canonical, event_name
-from .spec import SLOTI, Config, Spec
+from .spec import LEN, SIZE, SLOTI, Config, Spec
 
 
 @dataclass
@@ -96,6 +96,29 @@ def canonical_cells(state: tuple) -> tuple:
     return best
 
 
+def reflect(state: tuple) -> tuple:
+    """The same state with the arena read from its other end: the spec leases any run of free cells, so
+    a state and its mirror image have mirrored futures."""
+    rooms, cells = state[0], state[1]
+    n = len(cells)
+    first = [0] * n  # each cell's extent: its first cell
+    for c, cell in enumerate(cells):
+        first[c] = c if cell[LEN] or c == 0 else first[c - 1]
+    moved = [None] * n
+    for c, cell in enumerate(cells):
+        f = first[c]
+        length = cells[f][LEN] or 1
+        at = n - 1 - c
+        moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
+    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1)) for r in rooms)
+    return (rs, tuple(moved), *state[2:])
+
+
+def canonical_mirror(state: tuple) -> tuple:
+    """Relabel rooms, and read the arena from whichever end gives the smaller form."""
+    return min(canonical(state), canonical(reflect(state)))
+
+
 def spec_graph(spec: Spec, canon: Callable[[tuple], tuple] = canonical) -> tuple[int, int]:
     """The spec's states and edges up to relabelling rooms: an edge is a distinct (event, target) out of a state."""
     init = canon(spec.initial())
@@ -123,7 +146,7 @@ def walk(cfg: Config, *, max_states: int | None = None,
          progress: Callable[[Walk], None] | None = None) -> Walk:
     """Walk every spec edge reachable on the implementation at bound `cfg` (see the module's docstring)."""
     spec = Spec(cfg)
-    canon = canonical_cells if cfg.sizes == (1,) else canonical
+    canon = canonical_cells if cfg.sizes == (1,) else canonical_mirror
     states, edges = spec_graph(spec, canon)
     out = Walk(cfg, spec_states=states, spec_edges=edges)
     t0 = last = time.perf_counter()
