@@ -234,6 +234,16 @@ class Harness:
                 raise AssertionError(f"receiver {session} of room {i}: {exc}") from None
         return r.state
 
+    def registered_sessions(self, i: int) -> list[str]:
+        """The sessions whose frame room i took, read from the core: the live room's frames, else its
+        tombstone's; a frame for a concluded room is answered at once, so its receiver's notices show it."""
+        rid, m = self.room(i), self.manager
+        room = m.rooms.get(rid)
+        tomb = m.tombstone(rid) if room is None else None
+        got = set(room.frames) if room is not None else set(tomb.sessions) if tomb is not None else set()
+        got |= {s for s, r in self.transport.receivers.items() if any(n.room == rid for n in r.notices)}
+        return sorted(got)
+
     def write_state(self, i: int, session: str) -> int:
         """Where the write into the session's region is, read from the manager and the transport."""
         rid = self.room(i)
@@ -275,7 +285,7 @@ class Harness:
             told = sum(1 for k in range(self.cfg.receivers)
                        if self.transport.receivers[self.session(i, k)].statuses(rid))
             # A quarantined slot still names its last room; the spec lets go once nothing may read it.
-            sessions = [self.session(i, k) for k in range(self.frames_sent[i])]
+            sessions = self.registered_sessions(i)
             rcv = tuple(sorted((self.region(i, s), self.write_state(i, s)) for s in sessions))
             uses = slot is not None and (ch != CH_SENT or any(w != W_IDLE for _, w in rcv))
             ghosts = sum(1 for _, w in rcv if w == W_GHOST)
@@ -283,7 +293,7 @@ class Harness:
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
-            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv, size,
+            rooms.append((rs, snd, ch, len(sessions), told, self.ok[i], infl[i], ghosts, rcv, size,
                           self.cell(slot) if uses else -1))
         # the spec forgets the bytes of cells no room's extent covers
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
