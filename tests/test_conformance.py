@@ -66,3 +66,11 @@ def test_the_walks_quotients_are_symmetries_of_the_spec(cfg):
                 seen.add(canonical(t.state))
                 frontier.append(t.state)
     assert moved > 0  # the maps do move states: the check is not about identities
+
+
+def test_the_walk_command_prints_coverage_and_fails_below_its_floor(capsys):
+    from epd_ring.models.walk import main
+
+    assert main(["1", "2", "1", "1", "--sizes", "1"]) == 0
+    assert "edges (100.0%)" in capsys.readouterr().out
+    assert main(["1", "2", "1", "1", "--sizes", "1", "--min-coverage", "1.01"]) == 1
