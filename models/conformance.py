@@ -57,7 +57,8 @@ from .state import TOLD_NONE, told_after
 
 HIDDEN = 4
 # Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
-# (one tick per event), so deadlines fire only when the harness fires them.
+# (at most a second per event, and never past a pending deadline), so deadlines fire only when
+# the harness fires them: through the clock and `poll()` where the spec's deadline is the next due.
 TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
                 tombstone_ttl=1e6, connect_timeout=113.0, peer_backoff=127.0,
                 # The model does not move peers on write failures: neither may the implementation here.
@@ -151,6 +152,9 @@ class Harness:
         self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
         self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
         self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
+        # Deadline events fired through the clock and `poll()`, and out of the clock's order (by a `*_now` hook):
+        # the spec fires deadlines in any order, the clock in the order of their due times.
+        self.fired = {"clock": 0, "hook": 0}
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -238,6 +242,16 @@ class Harness:
                 raise AssertionError(f"receiver {session} of room {i}: {exc}") from None
         return r.state
 
+    def registered_sessions(self, i: int) -> list[str]:
+        """The sessions whose frame room i took, read from the core: the live room's frames, else its
+        tombstone's; a frame for a concluded room is answered at once, so its receiver's notices show it."""
+        rid, m = self.room(i), self.manager
+        room = m.rooms.get(rid)
+        tomb = m.tombstone(rid) if room is None else None
+        got = set(room.frames) if room is not None else set(tomb.sessions) if tomb is not None else set()
+        got |= {s for s, r in self.transport.receivers.items() if any(n.room == rid for n in r.notices)}
+        return sorted(got)
+
     def write_state(self, i: int, session: str) -> int:
         """Where the write into the session's region is, read from the manager and the transport."""
         rid = self.room(i)
@@ -279,7 +293,7 @@ class Harness:
             told = sum(1 for k in range(self.cfg.receivers)
                        if self.transport.receivers[self.session(i, k)].statuses(rid))
             # A quarantined slot still names its last room; the spec lets go once nothing may read it.
-            sessions = [self.session(i, k) for k in range(self.frames_sent[i])]
+            sessions = self.registered_sessions(i)
             rcv = tuple(sorted((self.region(i, s), self.write_state(i, s), self.told(i, s)) for s in sessions))
             uses = slot is not None and (ch != CH_SENT or any(x[1] != W_IDLE for x in rcv))
             ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
@@ -287,7 +301,7 @@ class Harness:
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
                 assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
-            rooms.append((rs, snd, ch, self.frames_sent[i], told, self.ok[i], infl[i], ghosts, rcv, size,
+            rooms.append((rs, snd, ch, len(sessions), told, self.ok[i], infl[i], ghosts, rcv, size,
                           self.cell(slot) if uses else -1))
         # the spec forgets the bytes of cells no room's extent covers
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
@@ -298,6 +312,37 @@ class Harness:
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
         return (tuple(rooms), slots, deferred, self.faults, None, peers)
+
+    # -- time ------------------------------------------------------------------------
+    def pending(self) -> list[tuple[float, str, Any]]:
+        """Every deadline the core has armed (rooms, writes, quarantines, connects, heartbeats), earliest first."""
+        out = self.manager.deadlines.pending()
+        if self.cfg.peers:
+            out = sorted(out + self.manager.peers.beats.pending(), key=lambda e: e[0])
+        return out
+
+    def pass_time(self) -> None:
+        """Move the clock on before an event: a second, or less so that no pending deadline comes due
+        (after a deadline fired the next may be a second away; each event then takes a slice of the gap)."""
+        now = self.clock.now()
+        pending = self.pending()
+        self.clock.advance(min(1.0, (pending[0][0] - now) / 64) if pending else 1.0)
+
+    def fire(self, objs: list, hook) -> None:
+        """Fire the deadlines of `objs` (one spec event): through the clock and the pump's tick (which
+        polls) when they are the next due, with nothing else due by then; otherwise by `hook`, the core's
+        `*_now` call, since the spec lets deadlines fire in any order and this one is not the clock's next."""
+        pending = self.pending()
+        mine = [when for when, _, obj in pending if any(obj is o for o in objs)]
+        if objs and len(mine) == len(objs):
+            when = max(mine)
+            if all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
+                self.clock.advance(when - self.clock.now())
+                self.pump.tick()
+                self.fired["clock"] += 1
+                return
+        assert hook(), "the core had no such deadline to fire"
+        self.fired["hook"] += 1
 
     # -- events ----------------------------------------------------------------------
     def enabled(self) -> list[tuple]:
@@ -359,7 +404,7 @@ class Harness:
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
-            assert m.expire_room_now(self.room(i))
+            self.fire([m.rooms[self.room(i)]], lambda: m.expire_room_now(self.room(i)))
         elif name == "withdraw":
             session = self._session_for(i, args[1])
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
@@ -376,19 +421,24 @@ class Harness:
                 self.faults -= 1
             self.pump.tick()
         elif name == "connect_expired":
-            assert m.expire_peer_now(f"p.{i}")
+            peer = m.peers.get(f"p.{i}")
+            self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
             self.faults -= 1
         elif name in ("probe_refused", "probe_expired"):
-            assert m.probe_peer_now(f"p.{i}")
+            peer = m.peers.get(f"p.{i}")
+            self.fire([peer.beat], lambda: m.probe_peer_now(f"p.{i}"))
             self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
             if name == "probe_refused":
                 assert t.answer(f"p.{i}", ok=False)
                 self.pump.tick()
             else:
-                assert m.expire_peer_now(f"p.{i}")
+                self.pass_time()
+                self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
             self.faults -= 1
         elif name == "write_deadline":
-            assert m.expire_writes_now(self.room(i))
+            rid = self.room(i)
+            due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
+            self.fire(due, lambda: m.expire_writes_now(rid))
             self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
@@ -397,7 +447,7 @@ class Harness:
             ex.reap_concluded_senders(pending)
         elif name == "release":
             slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
-            assert m.release_slot_now(slot)
+            self.fire([slot], lambda: m.release_slot_now(slot))
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
@@ -420,7 +470,7 @@ class Harness:
         options = [s for s in self.spec.successors(self.state) if s.event == event]
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
-        self.clock.advance(1.0)  # every event at its own time, far below every timeout
+        self.pass_time()  # every event at its own time, before every pending deadline
         self.apply(event)
         check_full_state(self)
         got = self.abstract()
@@ -502,8 +552,11 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
 
 # -- coverage: drive the implementation into every place the spec can be -----------------------
 def coverage_targets(cfg: Config) -> dict:
-    """Name -> predicate on spec states: every chunk location, two deferred sends, every region
-    and write state, and states just after each kind of deadline fired."""
+    """Name -> predicate on spec states: every chunk location, two deferred sends, every region and
+    write state, and (with items of two cells) a two-cell extent and a deferred item with a cell free.
+
+    Predicates on states only: that each kind of deadline fires on the implementation (through the clock
+    and `poll()`) is an edge, and `models.walk` walks every edge of the spec at a bound."""
     from .spec import CH, CH_NAMES, LEN, RCV as _RCV, SS
 
     t = {f"chunk {name}": (lambda st, c=c: any(r[CH] == c for r in st[0])) for c, name in enumerate(CH_NAMES)}

@@ -47,6 +47,11 @@ class Deadlines:
             obj.timer = 0
             self._live -= 1
 
+    def pending(self) -> list[tuple[float, str, Any]]:
+        """Every live deadline as (due, kind, obj), earliest first: what the next polls will fire, in order."""
+        return sorted(((when, kind, obj) for when, seq, kind, obj in self._heap if obj.timer == seq),
+                      key=lambda e: e[0])
+
     def any_due(self, now: float) -> bool:
         return bool(self._heap) and self._heap[0][0] <= now
 

@@ -1,0 +1,223 @@
+"""Walk the implementation along every edge of the spec's graph, and say how many it took.
+
+Breadth-first over the spec's states up to relabelling rooms (`explore.canonical`), each reached on
+the implementation by a shortest event path: from each state reached, every event the spec enables
+there is taken on a `conformance.Harness` brought to that state by replaying its path (unchecked: the
+path was checked when it was first walked) and then stepped in lockstep (checked: the spec's
+successors, its invariants and `check_full_state`). A step's target not seen before joins the
+frontier with its path; prefixes are shared through parent links.
+
+Coverage counts edges `(state, event, target)` up to relabelling: the implementation is
+deterministic (the arena places an extent at the lowest free cells), so where the spec lets an
+event reach several states (any run of free cells), it walks one of them; the rest, and the states
+only they lead to, are what is left. Run: `python -m epd_ring.models.walk 2 3 2 1 --sizes 1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import permutations
+
+from .conformance import Harness
+from .explore import canonical, event_name
+from .spec import LEN, SIZE, SLOTI, Config, Spec
+
+
+@dataclass
+class Walk:
+    config: Config
+    spec_states: int = 0
+    spec_edges: int = 0
+    states: int = 0  # spec states (up to relabelling) the implementation was brought to
+    edges: int = 0  # spec edges walked on the implementation
+    steps: int = 0  # events applied, replays included
+    seconds: float = 0.0
+    # deadline edges fired through the clock and poll(), and out of the clock's order (by a core hook)
+    deadlines: dict = field(default_factory=lambda: {"clock": 0, "hook": 0})
+    failures: list = field(default_factory=list)  # (event path, message): the implementation left the spec
+
+    @property
+    def edge_coverage(self) -> float:
+        return self.edges / self.spec_edges if self.spec_edges else 0.0
+
+    @property
+    def state_coverage(self) -> float:
+        return self.states / self.spec_states if self.spec_states else 0.0
+
+    def summary(self) -> str:
+        c = self.config
+        return (f"({c.cells},{c.rooms},{c.receivers},{c.faults}) sizes {c.sizes}"
+                f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
+                f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
+                f"({100 * self.state_coverage:.1f}%); deadlines fired by the clock on {self.deadlines['clock']} "
+                f"edges, out of its order by a hook on {self.deadlines['hook']}; "
+                f"{self.steps} events in {self.seconds:.0f} s, "
+                f"{len(self.failures)} nonconforming")
+
+
+def _sizes(cfg: Config, path: list[tuple]) -> tuple[int, ...]:
+    """Each room's item size for a harness taking `path`: the size its tower event picks, else the default."""
+    sizes = list(Harness.room_sizes(cfg))
+    for ev in path:
+        if ev[0] == "tower" and len(ev) > 2:
+            sizes[ev[1]] = ev[2]
+    return tuple(sizes)
+
+
+def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...]) -> Harness:
+    """A fresh harness brought along `path` (already walked and checked) without checking again."""
+    h = Harness(cfg, room_sizes=sizes)
+    for ev in path:
+        h.pass_time()
+        h.apply(ev)
+        h.state = h.abstract()
+    return h
+
+
+def canonical_cells(state: tuple) -> tuple:
+    """Relabel rooms and cells: with items of one cell every extent is one cell, so cells are as
+    interchangeable as the slots of a ring (the arena always takes the lowest free one; the spec any)."""
+    rooms, cells = state[0], state[1]
+    best = None
+    for perm in permutations(range(len(cells))):
+        moved = [None] * len(cells)
+        for c, to in enumerate(perm):
+            moved[to] = cells[c]
+        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]]) for r in rooms)
+        c = canonical((rs, tuple(moved), *state[2:]))
+        if best is None or c < best:
+            best = c
+    return best
+
+
+def reflect(state: tuple) -> tuple:
+    """The same state with the arena read from its other end: the spec leases any run of free cells, so
+    a state and its mirror image have mirrored futures."""
+    rooms, cells = state[0], state[1]
+    n = len(cells)
+    first = [0] * n  # each cell's extent: its first cell
+    for c, cell in enumerate(cells):
+        first[c] = c if cell[LEN] or c == 0 else first[c - 1]
+    moved = [None] * n
+    for c, cell in enumerate(cells):
+        f = first[c]
+        length = cells[f][LEN] or 1
+        at = n - 1 - c
+        moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
+    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1)) for r in rooms)
+    return (rs, tuple(moved), *state[2:])
+
+
+def canonical_mirror(state: tuple) -> tuple:
+    """Relabel rooms, and read the arena from whichever end gives the smaller form."""
+    return min(canonical(state), canonical(reflect(state)))
+
+
+def spec_graph(spec: Spec, canon: Callable[[tuple], tuple] = canonical) -> tuple[int, int]:
+    """The spec's states and edges up to relabelling rooms: an edge is a distinct (event, target) out of a state."""
+    init = canon(spec.initial())
+    seen = {init}
+    frontier = [init]
+    edges = 0
+    while frontier:
+        nxt = []
+        for st in frontier:
+            out = set()
+            for step in spec.successors(st):
+                if step.violation or spec.invariant(step.state):
+                    raise ValueError(f"the spec itself breaks a check at {spec.cfg}: {step.event}")
+                c = canon(step.state)
+                out.add((step.event, c))
+                if c not in seen:
+                    seen.add(c)
+                    nxt.append(c)
+            edges += len(out)
+        frontier = nxt
+    return len(seen), edges
+
+
+def walk(cfg: Config, *, max_states: int | None = None,
+         progress: Callable[[Walk], None] | None = None) -> Walk:
+    """Walk every spec edge reachable on the implementation at bound `cfg` (see the module's docstring)."""
+    spec = Spec(cfg)
+    canon = canonical_cells if cfg.sizes == (1,) else canonical_mirror
+    states, edges = spec_graph(spec, canon)
+    out = Walk(cfg, spec_states=states, spec_edges=edges)
+    t0 = last = time.perf_counter()
+    # node id -> (parent id, event from it); a node's path is read back through its parents
+    parent: list[tuple[int, tuple | None]] = [(-1, None)]
+    seen = {canon(spec.initial()): 0}
+    frontier = deque([0])
+
+    def path_of(n: int) -> list[tuple]:
+        evs = []
+        while parent[n][0] >= 0:
+            n, ev = parent[n]
+            evs.append(ev)
+        return evs[::-1]
+
+    while frontier:
+        node = frontier.popleft()
+        path = path_of(node)
+        h = replay(cfg, path, _sizes(cfg, path))
+        out.steps += len(path)
+        events: list[tuple] = []
+        for st in spec.successors(h.state):
+            if st.event not in events:
+                events.append(st.event)
+        for ev in events:
+            sizes = _sizes(cfg, path + [ev])
+            if h is None or h.size != sizes:
+                h = replay(cfg, path, sizes)
+                out.steps += len(path)
+            out.steps += 1
+            before = dict(h.fired)
+            try:
+                got = h.step(ev)
+            except AssertionError as exc:
+                out.failures.append((path + [ev], str(exc)))
+                h = None
+                continue
+            out.edges += 1
+            for how, n in h.fired.items():
+                out.deadlines[how] += n - before[how]
+            target = canon(got)
+            if target not in seen and (max_states is None or len(parent) < max_states):
+                seen[target] = len(parent)
+                parent.append((node, ev))
+                frontier.append(seen[target])
+            h = None  # stepped: the next event starts from the node again
+        if progress is not None and time.perf_counter() - last >= 5.0:
+            last = time.perf_counter()
+            out.states, out.seconds = len(parent), last - t0
+            progress(out)
+    out.states = len(parent)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m epd_ring.models.walk", description=__doc__.split("\n\n")[0])
+    p.add_argument("bound", nargs=4, type=int, metavar=("CELLS", "ROOMS", "RECEIVERS", "FAULTS"))
+    p.add_argument("--sizes", default="1,2", help="item sizes in cells, comma-separated (default 1,2)")
+    p.add_argument("--peers", action="store_true", help="model the peer machine")
+    p.add_argument("--min-coverage", type=float, default=0.0, help="exit 1 below this edge coverage (0..1)")
+    a = p.parse_args(argv)
+    logging.getLogger("epd_ring").setLevel(logging.CRITICAL)  # injected tower errors are events here, not news
+    cfg = Config(*a.bound, sizes=tuple(int(x) for x in a.sizes.split(",")), peers=a.peers)
+    w = walk(cfg, progress=lambda w: print(f"  ... {w.states} states, {w.edges} edges, {w.seconds:.0f} s",
+                                            file=sys.stderr, flush=True))
+    print(w.summary())
+    for path, msg in w.failures[:5]:
+        print("nonconforming after " + ", ".join(event_name(e) for e in path) + ":\n  " + msg)
+    return 1 if w.failures or w.edge_coverage < a.min_coverage else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
