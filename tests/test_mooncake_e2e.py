@@ -200,8 +200,10 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
         assert all(enc.manager.room_status(r) not in ("success", "failed") for r in partial)  # still parked
         enc.clock.skip(park_timeout)
         enc.settle(list(plans))
+        # A failed room's `released` notice follows its outcome: wait for it too, not only the outcome.
         reports = {rcv: rcv.ask(cmd="report", wait_rooms=[r for r, p in plans.items() if any(x is rcv for x, _ in p[2])
-                                                          and not (p[1] == "partial" and rcv is b)], timeout=20)
+                                                          and not (p[1] == "partial" and rcv is b)],
+                                wait_released=[r for r in partial if rcv is a], timeout=20)
                    for rcv in (a, b)}
         for room, (item, kind, members, _) in plans.items():
             status = enc.manager.room_status(room)

@@ -235,7 +235,7 @@ class EncodeManager(Lifecycle):
         self.tombs.unpin(room_id)
 
     def hold(self, room_id: int, nbytes: int) -> None:
-        """A slot was leased for the room's chunk, which holds `nbytes` of the ring: once its writes
+        """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: once its writes
         start, for its receivers' peers, until each one's write reports (`start_writes`)."""
         if room_id in self.rooms:
             self.peers.leased[room_id] = nbytes

@@ -18,7 +18,8 @@ one JSON line each (used by the end-to-end tests):
   {"cmd": "expect", "room": R, "span": S, "hidden": H, "deep": D, "n": N, "rank": K, "shard": bool}
   {"cmd": "register", "rooms": [R, ...]}       send those rooms' frames now
   {"cmd": "raw", "parts_hex": [...]}           send arbitrary multipart (hostile frames)
-  {"cmd": "report", "wait_rooms": [...], "timeout": T}   statuses, notices not ours, sha256 of received bytes
+  {"cmd": "report", "wait_rooms": [...], "wait_released": [...], "timeout": T}
+                                               statuses, notices not ours, sha256 of received bytes
   {"cmd": "withdraw", "rooms": [R, ...]}       withdraw those rooms' regions (requests aborted)
 """
 
@@ -364,10 +365,13 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
         elif kind == "report":
             deadline = time.monotonic() + cmd.get("timeout", 0)
             wait = set(cmd.get("wait_rooms", []))
+            released = set(cmd.get("wait_released", []))  # rooms whose `released` notice is awaited too
             while True:
                 r.poll(20)
                 foreign = {room for room, _, _ in r.foreign_notices}
-                if all(r.status.get(room) or room in foreign for room in wait) or time.monotonic() > deadline:
+                done = all(r.status.get(room) or room in foreign for room in wait) and all(
+                    "released" in r.notices.get(room, ()) for room in released)
+                if done or time.monotonic() > deadline:
                     break
             print(json.dumps({"status": {str(k): v for k, v in r.status.items()},
                               "foreign_notices": [[room, status] for room, status, _ in r.foreign_notices],
