@@ -336,3 +336,16 @@ class ManagerRig:
         assert self.m.submit_chunk(room, self.chunk())
         self.m.poll()
         assert self.m.room_status(room) == "success"
+
+
+def run(rig, *pairs):
+    """Execute (request, item) pairs on a rig and let a few ticks pass."""
+    rig.executor.execute(list(pairs))
+    for _ in range(4):
+        rig.executor.poll()
+
+
+def untouched(rig, room, session):
+    """No byte of the receiver's region (NaN-filled by the rig) was written."""
+    main, deep, _, _ = rig.buffers[(room, session)]
+    return torch.isnan(main).all() and (deep is None or torch.isnan(deep).all())

@@ -15,10 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig, reason_kind
+from helpers import make_rig, reason_kind, run, untouched
 
 from epd_ring.executor import ReasonKind
 
@@ -45,17 +43,6 @@ class Proving:
         owner = self.owners.get(self.canonical.get(session, session))
         self.t._reports.append((session, attempt, owner is not None, "" if owner else "no ownership page", owner))
         return None
-
-
-def run(rig, *pairs):
-    rig.executor.execute(list(pairs))
-    for _ in range(4):
-        rig.executor.poll()
-
-
-def untouched(rig, room, session):
-    main, deep, _, _ = rig.buffers[(room, session)]
-    return torch.isnan(main).all() and (deep is None or torch.isnan(deep).all())
 
 
 def test_a_pre_claim_of_another_receivers_session_fails_the_claimers_room_and_the_owners_frames_are_answered():

@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, ManagerRig, log_lines, make_rig
+from helpers import Calls, ManagerRig, log_lines, make_rig, run, untouched
 
 from epd_ring.executor import FrameError, RoomConflict
 from epd_ring.executor.core.frames import check_frame, frame_from_parts, frame_to_parts
@@ -33,17 +32,6 @@ def victim_room(rig, room, tokens=2, *, named=True, register=True):
     if register:
         rig.manager.register_receiver(rig.frame(room, "victim:1", tokens, identity=VICTIM))
     return rid, item
-
-
-def run(rig, *pairs):
-    rig.executor.execute(list(pairs))
-    for _ in range(4):
-        rig.executor.poll()
-
-
-def untouched(rig, room, session):
-    main, deep, _, _ = rig.buffers[(room, session)]
-    return torch.isnan(main).all() and (deep is None or torch.isnan(deep).all())
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named-at-bind", "claimed-by-first-frame"])
