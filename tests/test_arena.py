@@ -198,3 +198,48 @@ def test_within_one_size_class_a_larger_extent_that_fits_beats_one_of_a_larger_c
     assert a.alloc(64 * 1005) == mid
     assert a.alloc(64 * 1005) == large  # the 1000-unit hole never fits it
     assert a.alloc(64 * 1000) == small
+
+
+def test_a_freed_extent_is_taken_back_by_a_lease_of_its_exact_size():
+    a = Arena(64 * 100)
+    x, y, z = (a.alloc(64 * n) for n in (3, 5, 3))
+    a.free(z)
+    a.free(x)
+    # Both 3-unit extents wait on the quick list, unmerged: the lowest address goes first.
+    assert a.alloc(64 * 3) == x and a.alloc(64 * 3) == z
+    assert a.in_use == 64 * 11
+
+
+def test_quick_listed_neighbours_are_merged_before_any_other_lease_and_in_the_gauges():
+    a = Arena(64 * 6)
+    offs = [a.alloc(64 * 2) for _ in range(3)]
+    a.free(offs[0])
+    a.free(offs[1])
+    # Two 2-unit extents side by side on the quick list: the free space they make is 4 units.
+    assert a.largest_free == 64 * 4 and a.free_extents() == [(0, 64 * 4)]
+    assert a.alloc(64 * 4) == 0  # another size: it sees them merged
+    a.free(offs[2])
+    a.free(0)
+    assert a.free_extents() == [(0, 64 * 6)] and a.fragmentation == 0.0
+
+
+def test_the_gauges_only_read_so_another_thread_may_call_them():
+    a = Arena(64 * 50)
+    offs = [a.alloc(64 * n) for n in (1, 2, 3, 4, 5)]
+    for o in offs[::2]:
+        a.free(o)
+    before = (dict(a._free), {u: list(s) for u, s in a._quick.items()}, [list(h) for h in a._small + a._large])
+    a.largest_free, a.free_extents(), a.fragmentation
+    assert before == (dict(a._free), {u: list(s) for u, s in a._quick.items()},
+                      [list(h) for h in a._small + a._large])
+
+
+def test_the_quick_lists_hold_at_most_quick_extents():
+    from epd_ring.executor.core.arena import QUICK
+
+    a = Arena(64 * 8 * QUICK)
+    offs = [a.alloc(64) for _ in range(4 * QUICK)]
+    for o in offs[::2]:  # 2 x QUICK extents, no two of them touching
+        a.free(o)
+    assert a._nquick == QUICK == sum(len(s) for s in a._quick.values())
+    assert len(a._free) == 1 + QUICK  # the rest went straight to the filed free space (and the end)

@@ -19,26 +19,34 @@ Policy: best fit over segregated size classes, with boundary-tag coalescing.
   best fit except within the request's own class, where it may take an extent
   up to 1/16 larger than the best. The item is carved from the low end; the
   rest stays free. So `alloc` fails only when no free extent is large enough.
-- `free` merges the extent with a free neighbour on either side at once (free
-  extents are indexed by start and by end), so free space is always fully
-  coalesced: no two free extents touch.
+- `free` puts the extent on a quick list of its exact size (at most `QUICK`
+  extents in all; past that it merges at once). A lease of exactly that size
+  takes one back, the lowest address first: an exact fit, so a best fit, for the
+  price of a dict look-up (the steady state of an encoder whose items come in a
+  few sizes). Any other lease first merges every quick-listed extent with a free
+  neighbour on either side (free extents are indexed by start and by end), so
+  it sees the free space fully coalesced, and is refused only when no merged
+  free extent is large enough. `free_extents` and `largest_free` report the free
+  space merged, and only read (the metrics thread calls them).
 
 Why best fit: a failed write's extent is quarantined for tens of seconds, and
 a large item (a video: up to hundreds of MiB) needs its bytes contiguous. Best
 fit puts small items in the smallest holes that take them, so the large free
-extents stay whole; on the arena bench's traces it needs at most 1.18x the peak
+extents stay whole; on the arena bench's traces it needs at most 1.19x the peak
 bytes in flight over seeds 0-19 (`epd-ring bench-arena`), where keeping the
 end's free space for last needed up to 1.37x and address-ordered first fit up
 to 1.43x, and placing large items from the high end of their extent did worse
 than plain best fit.
 
-Cost per call: O(1) for the class search and the coalescing, O(log k) for the
-heaps of the classes touched (k: free extents in a class); stale heap entries
-are dropped lazily and a class's heaps are rebuilt when one holds more than
-twice its live entries, so memory stays proportional to the free extents. No
-call scans the free extents. A ring whose items come back in about the order
-they went out mostly carves from and frees onto one large extent, whose heap
-entries are replaced in place. `largest_free` is O(log k) too.
+Cost per call: O(1) for the quick lists (at most `QUICK` entries), the class
+search and the coalescing, O(log k) for the heaps of the classes touched (k:
+free extents in a class); stale heap entries are dropped lazily and a class's
+heaps are rebuilt when one holds more than twice its live entries, so memory
+stays proportional to the free extents. No lease or free scans the free
+extents. A ring whose items come back in about the order they went out mostly
+carves from and frees onto one large extent, whose heap entries are replaced in
+place. The gauges (`largest_free`, `free_extents`) are not on that path: they
+read the largest class's heap, or every free extent while some are quick-listed.
 
 Which bytes may be handed out again is the caller's decision: the ring frees an
 extent only when its machine enters `free`, so bytes a write may still read are
@@ -50,6 +58,7 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush, heapreplace
 
 _SUB = 16  # classes per power of two above the exact range
+QUICK = 32  # extents freed but not yet merged, in all: each lease that misses merges them all
 
 
 def _cls(u: int) -> int:
@@ -64,7 +73,7 @@ class Arena:
     """`capacity` bytes (rounded down to `align`) handed out as aligned extents."""
 
     __slots__ = ("align", "capacity", "in_use", "_shift", "_units", "_live", "_free", "_end",
-                 "_small", "_large", "_count", "_bitmap")
+                 "_small", "_large", "_count", "_bitmap", "_quick", "_nquick")
 
     def __init__(self, capacity: int, align: int = 64):
         if align < 1 or align & (align - 1):
@@ -84,6 +93,8 @@ class Arena:
         self._large: list[list[tuple[int, int]]] = [[] for _ in range(classes)]  # (-units, start): largest first
         self._count = [0] * classes
         self._bitmap = 0
+        self._quick: dict[int, list[int]] = {}  # units -> starts of extents freed but not yet merged
+        self._nquick = 0
         if self._units:
             self._free[0] = self._units
             self._end[self._units] = 0
@@ -100,8 +111,21 @@ class Arena:
 
     def alloc(self, nbytes: int) -> int | None:
         """Offset of a new extent of at least `nbytes`, or None if no free extent is large enough now."""
-        # The class look-up is written out here: it is the per-item path.
         u = -(-nbytes >> self._shift) or 1
+        quick = self._quick.get(u)
+        if quick:  # an extent of exactly this size was freed lately: an exact fit, lowest address first
+            if len(quick) == 1:
+                start = quick.pop()
+            else:
+                start = min(quick)
+                quick.remove(start)
+            self._nquick -= 1
+            self._live[start] = u
+            self.in_use += u << self._shift
+            return start << self._shift
+        if self._nquick:
+            self._settle()  # best fit looks at all free space, merged
+        # The class look-up is written out here: it is the per-item path.
         if u < 32:
             c = u
         else:
@@ -124,7 +148,10 @@ class Arena:
             return None
         # The smallest extent of the smallest class above u's own: any extent there fits.
         c += (m & -m).bit_length()
-        return self._take(c, u, self._smallest_in(c))
+        n, start = self._small[c][0]
+        if self._free.get(start) != n:
+            start = self._smallest_in(c)
+        return self._take(c, u, start)
 
     def _take(self, c: int, u: int, start: int) -> int:
         """Carve u units from the low end of the free extent at `start` (class c)."""
@@ -144,12 +171,33 @@ class Arena:
         return start << self._shift
 
     def free(self, offset: int) -> None:
-        """The extent at `offset` becomes free, merged with any free neighbour."""
+        """The extent at `offset` becomes free: on the quick list of its size, or merged at once."""
         start = offset >> self._shift
         u = self._live.pop(start, 0) if not offset & (self.align - 1) else 0
         if not u:
             raise ValueError(f"no live extent at offset {offset}")
         self.in_use -= u << self._shift
+        if self._nquick < QUICK:
+            quick = self._quick.get(u)
+            if quick is None:
+                self._quick[u] = [start]
+            else:
+                quick.append(start)
+            self._nquick += 1
+            return
+        self._merge(start, u)
+
+    def _settle(self) -> None:
+        """Merge every extent on the quick lists into the filed free space."""
+        quick = self._quick
+        self._quick = {}
+        self._nquick = 0
+        for u, starts in quick.items():
+            for start in starts:
+                self._merge(start, u)
+
+    def _merge(self, start: int, u: int) -> None:
+        """File the free extent (start, u), merged with a free neighbour on either side."""
         free, end = self._free, self._end
         before = end.pop(start, None)
         stop = start + u
@@ -163,12 +211,12 @@ class Arena:
             total = n + u + after
             free[before] = total
             end[before + total] = before
-            self._refile(_cls(n), n, before, before, total)
+            self._refile(n if n < 32 else _cls(n), n, before, before, total)
         elif after:  # a free extent starts where this one ends: it grows down over it
             total = u + after
             free[start] = total
             end[start + total] = start
-            self._refile(_cls(after), after, stop, start, total)
+            self._refile(after if after < 32 else _cls(after), after, stop, start, total)
         else:
             free[start] = u
             end[stop] = start
@@ -189,9 +237,16 @@ class Arena:
 
     @property
     def largest_free(self) -> int:
+        """Bytes of the largest free extent, quick-listed extents merged with their free neighbours.
+
+        Reads only (the metrics thread reads it while the loop allocates): no heap is tidied."""
+        if self._nquick:
+            return max((n for _, n in self.free_extents()), default=0)
         if not self._bitmap:
             return 0
-        return self._free[self._largest_in(self._bitmap.bit_length() - 1)] << self._shift
+        c = self._bitmap.bit_length() - 1
+        free = self._free
+        return max(-n for n, s in self._large[c] if free.get(s) == -n) << self._shift
 
     @property
     def fragmentation(self) -> float:
@@ -200,8 +255,16 @@ class Arena:
         return 1.0 - self.largest_free / free if free else 0.0
 
     def free_extents(self) -> list[tuple[int, int]]:
-        """(offset, bytes) of every free extent, by address: for checks and dumps, not the hot path."""
-        return sorted((s << self._shift, n << self._shift) for s, n in self._free.items())
+        """(offset, bytes) of every free extent, by address, quick-listed ones merged with their free
+        neighbours: for checks, gauges and dumps, not the hot path. Reads only."""
+        pieces = sorted([*self._free.items(), *((s, u) for u, starts in list(self._quick.items()) for s in starts)])
+        out: list[tuple[int, int]] = []
+        for s, n in pieces:
+            if out and out[-1][0] + out[-1][1] == s:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((s, n))
+        return [(s << self._shift, n << self._shift) for s, n in out]
 
     def live_extents(self) -> list[tuple[int, int]]:
         """(offset, bytes) of every live extent, by address: for checks and dumps, not the hot path."""
@@ -210,11 +273,18 @@ class Arena:
     # -- free extents by class ------------------------------------------------------------
     def _file(self, start: int, u: int, c: int) -> None:
         """File the free extent (start, u) under class c (already in `_free` and `_end`)."""
+        count = self._count[c]
+        if not count:
+            # An empty class starts fresh heaps: what its old ones held went stale when it emptied.
+            self._small[c] = [(u, start)]
+            self._large[c] = [(-u, start)]
+            self._count[c] = 1
+            self._bitmap |= 1 << c
+            return
         small, large = self._small[c], self._large[c]
         heappush(small, (u, start))
         heappush(large, (-u, start))
-        count = self._count[c] = self._count[c] + 1
-        self._bitmap |= 1 << c
+        count = self._count[c] = count + 1
         if len(small) > 2 * count + 8 or len(large) > 2 * count + 8:
             self._compact(c)
 
@@ -250,17 +320,19 @@ class Arena:
         count = self._count[c] = self._count[c] - 1  # _unfile(c), written out
         if not count:
             self._bitmap &= ~(1 << c)
-            self._small[c].clear()
-            self._large[c].clear()
-        self._file(start, u, cu)
+        if self._count[cu]:
+            self._file(start, u, cu)
+        else:  # _file into an empty class, written out
+            self._small[cu] = [(u, start)]
+            self._large[cu] = [(-u, start)]
+            self._count[cu] = 1
+            self._bitmap |= 1 << cu
 
     def _unfile(self, c: int) -> None:
         # The heaps keep the old entry; `_smallest_in`/`_largest_in` drop it when it reaches the top.
         count = self._count[c] = self._count[c] - 1
-        if not count:
+        if not count:  # its heaps are replaced when it is next filed into
             self._bitmap &= ~(1 << c)
-            self._small[c].clear()
-            self._large[c].clear()
 
     def _smallest_in(self, c: int) -> int:
         heap, free = self._small[c], self._free
