@@ -196,9 +196,8 @@ class EncodeExecutor(Staging):
         self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
 
-    def _ring_cost(self, nbytes: int, deep_bytes: int) -> int:
-        """Ring bytes a chunk holds, what a peer's bound counts: its extents in both arenas."""
-        return self.ring.extent_cost(nbytes, deep_bytes)
+    # Ring bytes a chunk holds, what a peer's bound counts: its extents in both arenas.
+    _ring_cost = staticmethod(Ring.extent_cost)
 
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,

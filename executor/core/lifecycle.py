@@ -143,8 +143,9 @@ class Lifecycle:
                 return
         if room.timer:
             self.deadlines.cancel(room)
-        nbytes = self.peers.leased.get(room.id)
-        if nbytes is not None:  # its ring bytes are held for its receivers' peers from now on
+        nbytes = room.ring_bytes
+        if nbytes:  # its ring bytes are held for its receivers' peers from now on
+            room.ring_bytes = 0
             self.peers.hold(room.id, nbytes, room.frames)
         peers = self.peers.by_session
         for session in room.frames:
@@ -186,13 +187,11 @@ class Lifecycle:
         self.stats[state] += 1
         peers = self.peers.by_session
         # Ring bytes held for its receivers' peers go, but for writes that may still read the slot.
-        self.peers.let_go_room(room.id, self.writes.of_room(room.id) if room.writes_left else ())
+        self.peers.let_go_room(room.id, room.frames, self.writes.of_room(room.id) if room.writes_left else ())
         for f in room.frames.values():
             peer = peers.get(f.session)
             if peer is not None:
                 peer.rooms.discard(room.id)
-                if peer.beat.timer and not peer.rooms:
-                    self.peers.rest(peer)
             self.tell(f, room.id, state, room.reason)
         self.held_since.pop(room.id, None)
         if state == "failed" and room.frames:

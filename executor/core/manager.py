@@ -237,17 +237,25 @@ class EncodeManager(Lifecycle):
     def hold(self, room_id: int, nbytes: int) -> None:
         """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: once its writes
         start, for its receivers' peers, until each one's write reports (`start_writes`)."""
-        if room_id in self.rooms:
-            self.peers.leased[room_id] = nbytes
+        room = self.rooms.get(room_id)
+        if room is not None:
+            room.ring_bytes = nbytes
 
     def held_back(self, room_id: int, nbytes: int) -> bool:
         """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer
         holds its bound (`max_peer_bytes`); such a wait lasts at most the write timeout, then the room
         fails (kind `capacity`) and this answers False (its item is dropped when staged)."""
+        peers = self.peers
+        cap = peers.max_bytes
+        # No bound, or every peer together holds too little to pass it: the per-item case.
+        if cap is None or peers.held_total + nbytes <= cap:
+            if self.held_since:
+                self.held_since.pop(room_id, None)
+            return False
         room = self.rooms.get(room_id)
         if room is None or not room.frames:
             return False
-        peer = self.peers.over_bound(room.frames, nbytes)
+        peer = peers.over_bound(room.frames, nbytes)
         if peer is None:
             self.held_since.pop(room_id, None)
             return False

@@ -113,10 +113,9 @@ class PeerTable:
         self.max_bytes = None if max_bytes is None else settings.count("max_peer_bytes", max_bytes, 1)
         # The heartbeat's schedule: when each up peer with work pending is next probed.
         self.beats = Deadlines()
-        # room id -> (bytes its chunk holds, the peers holding them for it)
-        self.holds: dict[int, tuple[int, list[Peer]]] = {}
-        # room id -> bytes its leased chunk holds, not yet charged (its writes have not started)
-        self.leased: dict[int, int] = {}
+        # (room id, session) -> (bytes the room's chunk holds, the session's peer holding them)
+        self.holds: dict[tuple[int, str], tuple[int, Peer]] = {}
+        self.held_total = 0  # the sum of every peer's `held`: below the bound, no peer can pass it
         self.max_peers_per_identity = settings.count("max_peers_per_identity", max_peers_per_identity, 1)
         self.per_identity: Counter[str] = Counter()  # peers made by each identity
         # Called when a contact names the peer's owner, before the peer comes up (so no write
@@ -203,14 +202,13 @@ class PeerTable:
         return bool(peer.rooms or peer.held)
 
     def schedule(self, peer: Peer) -> None:
-        """Arm the next probe of an up peer with work pending (none while one is armed or awaited)."""
+        """Arm the next probe of an up peer with work pending (none while one is armed or awaited).
+
+        When the work ends the armed probe is left to fire: it finds the peer idle and stops
+        there (`probe_due`), so an idle peer is never probed, and the per-item path does not
+        pay an arm and a cancel for every room."""
         if not peer.beat.timer and not peer.waiting and peer.state == "up" and self.busy(peer):
             self.beats.arm(self.clock.now() + self.probe_interval, "probe", peer.beat)
-
-    def rest(self, peer: Peer) -> None:
-        """The peer's work is done: no more probes until new work comes."""
-        if peer.beat.timer and not self.busy(peer):
-            self.beats.cancel(peer.beat)
 
     def beat(self, now: float) -> int:
         """Probe every peer whose probe is due (part of the manager's `poll`); return how many."""
@@ -306,44 +304,28 @@ class PeerTable:
 
     def hold(self, room: int, nbytes: int, sessions: Iterable[str]) -> None:
         """Room `room`'s chunk holds `nbytes` of the ring for each of these sessions' peers."""
-        self.leased.pop(room, None)
-        peers = []
+        by_session, holds = self.by_session, self.holds
         for session in sessions:
-            peer = self.by_session.get(session)
+            peer = by_session.get(session)
             if peer is not None:
                 peer.held += nbytes
-                peers.append(peer)
-        self.holds[room] = (nbytes, peers)
+                self.held_total += nbytes
+                holds[room, session] = (nbytes, peer)
 
     def let_go(self, room: int, session: str) -> None:
         """The write of `room` to `session` reported: its peer no longer holds the room's bytes."""
-        entry = self.holds.get(room)
-        if entry is None:
-            return
-        nbytes, peers = entry
-        for k, peer in enumerate(peers):
-            if peer.session == session:
-                peer.held -= nbytes
-                del peers[k]
-                self.rest(peer)
-                break
-        if not peers:
-            del self.holds[room]
+        entry = self.holds.pop((room, session), None)
+        if entry is not None:
+            nbytes, peer = entry
+            peer.held -= nbytes
+            self.held_total -= nbytes
 
-    def let_go_room(self, room: int, keep: Iterable[str] = ()) -> None:
-        """`room` concluded: every peer lets its bytes go but those of `keep` (writes still in flight)."""
-        self.leased.pop(room, None)
-        entry = self.holds.pop(room, None)
-        if entry is None:
-            return
-        nbytes, peers = entry
-        kept = [p for p in peers if p.session in keep]
-        for peer in peers:
-            if peer.session not in keep:
-                peer.held -= nbytes
-                self.rest(peer)
-        if kept:
-            self.holds[room] = (nbytes, kept)
+    def let_go_room(self, room: int, sessions: Iterable[str], keep: Iterable[str] = ()) -> None:
+        """`room` concluded: the peers of its `sessions` let its bytes go but those of `keep` (writes
+        still in flight, let go when they report)."""
+        for session in sessions:
+            if session not in keep:
+                self.let_go(room, session)
 
 
 def down_reason(peer: Peer) -> str:

@@ -123,9 +123,9 @@ class Ring:
     @staticmethod
     def extent_cost(nbytes: int, deep_nbytes: int = 0) -> int:
         """Arena bytes an item of these sizes takes (each half rounded up to the alignment; at least one unit)."""
-        cost = max(1, -(-nbytes // _ALIGN)) * _ALIGN
+        cost = (nbytes + _ALIGN - 1) & -_ALIGN or _ALIGN
         if deep_nbytes:
-            cost += -(-deep_nbytes // _ALIGN) * _ALIGN
+            cost += (deep_nbytes + _ALIGN - 1) & -_ALIGN
         return cost
 
     def lease(self, nbytes: int, deep_nbytes: int = 0) -> Extent | None:

@@ -125,7 +125,7 @@ class Staging:
             if manager.observer is not None:
                 manager.observer.deferred(room)
             return
-        self._stage(sender, checked, extent)
+        self._stage(sender, checked, extent, cost)
 
     def serve_deferred(self) -> None:
         """Stage deferred sends, oldest first, while the oldest fits (strict FIFO: see the module).
@@ -144,7 +144,8 @@ class Staging:
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
             room = sender.room
-            if manager.held_back(room, self._ring_cost(*_sizes(item))):
+            cost = self._ring_cost(*_sizes(item))
+            if manager.held_back(room, cost):
                 passed.append(dq.popleft())
                 continue
             if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
@@ -170,7 +171,7 @@ class Staging:
             dq.popleft()
             if manager.observer is not None:
                 manager.observer.undeferred(room)
-            self._stage(sender, checked, extent)
+            self._stage(sender, checked, extent, cost)
         if passed:
             dq.extendleft(reversed(passed))
 
@@ -235,12 +236,12 @@ class Staging:
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
 
-    def _stage(self, sender: Sender, checked: Checked, slot: Extent) -> None:
+    def _stage(self, sender: Sender, checked: Checked, slot: Extent, cost: int) -> None:
         room = sender.room
         manager = self.manager
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
-        manager.hold(room, self._ring_cost(nbytes, dbytes))
+        manager.hold(room, cost)
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)
