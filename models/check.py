@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import liveness
 from .explore import event_name, explore, format_trace, replay, trace_to_json
 from .spec import VARIANTS, Config, Spec
 
@@ -194,9 +195,14 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         if symmetry:
             out(f"  they stand for {r.represented:,} states without symmetry reduction: "
                 f"{r.represented_per_s:,.0f} states/s of the unreduced space")
+        fair = liveness.assumptions(cfg.variant)
+        out(f"  liveness under {', '.join(fair)} (docs/formal-model.md): {r.fair_ends:,} states where no assumed-fair "
+            f"event is enabled, each judged: every room that began concluded, every region released or written")
+        report["runs"][-1].update(fairness=list(fair), fair_ends=r.fair_ends)
         if not r.violations:
             out("  no violation: every invariant holds in every reachable state, no deadlock, "
-                "and a quiescent state is reachable from every state")
+                "a quiescent state is reachable from every state, and every fair behaviour concludes every "
+                "room and releases every region")
             continue
         status = 1
         spec = Spec(cfg)

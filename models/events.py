@@ -304,7 +304,7 @@ class Events(Rules):
         (a re-check starts at the edge) and the room fails; the writes stay in flight and report
         later. (Once some wrote back, which are left is not kept here: that case is not modelled.)"""
         r = state[0][i]
-        if not state[5] or not state[3] or r[RS] != "transferring" or r[INFL] != self.N:
+        if not state[5] or not state[3] or r[RS] != "transferring" or r[INFL] != self.N or self.no_write_deadline:
             return
         d = Draft.of(state)
         d.faults -= 1

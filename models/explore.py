@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import liveness
 from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SIZE, SLOTI, SS, UNSURE, Config, Spec
 
 
@@ -104,6 +105,7 @@ class Result:
     depth: int = 0
     seconds: float = 0.0
     finals: int = 0
+    fair_ends: int = 0  # states with successors but no fair event enabled (each judged by models/liveness.py)
     violations: dict = field(default_factory=dict)  # kind -> Violation
     symmetry: bool = True
     represented: int = 0  # states the explored ones stand for, before symmetry reduction
@@ -146,6 +148,8 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
     depth = 0
     transitions = 0
     finals = 0
+    fair = liveness.fair_events(config.variant)
+    fair_ends = 0
     while frontier:
         nxt_frontier = []
         for state in frontier:
@@ -158,6 +162,12 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
                 elif "deadlock" not in bad:
                     bad["deadlock"] = (sid, "no event is enabled: " + spec.describe(state))
                 continue
+            if not any(st.event[0] in fair for st in steps):
+                # Kept here forever is a fair behaviour: it must be done (the state is still explored).
+                fair_ends += 1
+                problem = liveness.stuck(state, steps, fair)
+                if problem is not None and problem[0] not in bad:
+                    bad[problem[0]] = (sid, problem[1])
             for step in steps:
                 transitions += 1
                 c = canon(step.state)
@@ -205,6 +215,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
     result.transitions = transitions
     result.depth = depth
     result.finals = finals
+    result.fair_ends = fair_ends
     if bad:
         result.violations = _violations(spec, config, bad, seen, parent, tail, canon)
     return result

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
-from . import promela_events as events, promela_peers as peers
+from . import liveness, promela_events as events, promela_peers as peers
 from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
@@ -55,7 +55,7 @@ KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwr
          "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
          "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle",
          "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent",
-         "room-of-down-peer-live", "told-twice")
+         "room-of-down-peer-live", "told-twice", *liveness.KINDS)
 CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 
 # States are numbered in sorted name order, so a numeric comparison in the
@@ -286,7 +286,8 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
             f"#define F {cfg.faults}", f"#define NONE {NONE}",
             f"#define ASSERTED {sum(1 << CODE[k] for k in asserted)}", f"#define REGIONS {int(cfg.regions)}",
             f"#define SEED {int(v == 'seed')}", f"#define NO_PARKED_CHECK {int(v == 'no-parked-check')}",
-            f"#define BUSY_WAIT {int(v == 'busy-wait')}", f"#define REAP_CRASH {int(v == 'reaped-deferred-crash')}"]
+            f"#define BUSY_WAIT {int(v == 'busy-wait')}", f"#define REAP_CRASH {int(v == 'reaped-deferred-crash')}",
+            f"#define NO_WRITE_DEADLINE {int(v == 'no-write-deadline')}"]
     defs += [f"#define {_rs(s)} {n}" for n, s in enumerate(ROOM_STATES)]
     defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(SLOT_STATES)]
     defs += [f"#define {_gs(s)} {n + 1}" for n, s in enumerate(REGION_STATES)]
@@ -346,7 +347,16 @@ def _macros(cfg: Config) -> list[str]:
         defs.append("#define HOLDS(x) (" + " || ".join(f"room[x].rw[{j}] != W_IDLE" for j in range(N)) + ")")
     else:
         defs.append("#define HOLDS(x) (room[x].infl > 0 || room[x].ghost > 0)")
-    return defs + peers.macros(cfg) + _final_and_rank(cfg)
+    return defs + peers.macros(cfg) + _final_and_rank(cfg) + _done(cfg)
+
+
+def _done(cfg: Config) -> list[str]:
+    """liveness.judge: every room that began concluded (ROOMS_DONE), every region released or written."""
+    R, N = cfg.rooms, cfg.receivers
+    rooms = " && ".join(f"((room[{i}].snd == 0 && room[{i}].reg == 0) || CONCLUDED(room[{i}].rs))" for i in range(R))
+    regions = " && ".join(f"(room[{i}].reg <= {j} || room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released)"
+                          for i in range(R) for j in range(N)) if cfg.regions else "1"
+    return [f"#define ROOMS_DONE ({rooms})", f"#define REGIONS_DONE ({regions})"]
 
 
 def _final_and_rank(cfg: Config) -> list[str]:
@@ -444,11 +454,17 @@ def _rules(cfg: Config) -> str:
 
 def _proctype(cfg: Config) -> str:
     """One option per event; none enabled is a dead end: fine after a violation or when quiescent."""
-    arms, enabled = _room_event_arms(cfg)
-    for guards, arm in (events.deferred_served(EVENTS.index("drain")), events.reap(EVENTS.index("reap"), cfg.rooms),
-                        events.quarantine_ends(EVENTS.index("release"), cfg.cells),
-                        *peers.global_arms(cfg, EVENTS.index)):
+    arms, enabled, fair = _room_event_arms(cfg)
+    # the global families' events, in the order of their arms (peers.global_arms: one family per event)
+    names = ["drain", "reap", "release",
+             *(("connected", "refused", "connect_expired", "probe_refused", "probe_expired") if cfg.peers else ())]
+    fair_names = liveness.fair_events(cfg.variant)
+    for name, (guards, arm) in zip(names, (events.deferred_served(EVENTS.index("drain")),
+                                           events.reap(EVENTS.index("reap"), cfg.rooms),
+                                           events.quarantine_ends(EVENTS.index("release"), cfg.cells),
+                                           *peers.global_arms(cfg, EVENTS.index)), strict=True):
         enabled += guards
+        fair += guards if name in fair_names else []
         arms.append(arm)
     return ("active proctype model() {\n"
             "  /* per-step scratch that must survive backtracking: zero between steps */\n"
@@ -456,13 +472,24 @@ def _proctype(cfg: Config) -> str:
             "  :: atomic {\n    if\n" + "\n".join(arms) + "\n    fi;\n    post(); ev = 0; x = 0; y = 0\n  }\n"
             "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step { if :: stop || FINAL -> skip "
             ":: (ASSERTED >> K_DEADLOCK) & 1 -> kind = K_DEADLOCK; report() :: else -> skip fi } }\n"
-            "  od\n}\n")
+            + _liveness_arm(enabled, fair) + "  od\n}\n")
 
 
-def _room_event_arms(cfg: Config) -> tuple[list[str], list[str]]:
+def _liveness_arm(enabled: list[str], fair: list[str]) -> str:
+    """models/liveness.py: staying forever where events are enabled but none assumed fair is a fair behaviour, so
+    such a state must be done. The arm changes nothing unless it reports (a self-loop SPIN does not store twice)."""
+    return ("  :: atomic { LIVE && !(" + (" || ".join(fair) or "0") + ") && (" + " || ".join(enabled)
+            + ") -> d_step {\n       if :: ROOMS_DONE && REGIONS_DONE -> skip\n"
+            "          :: else -> kind = (ROOMS_DONE -> K_REGION_NEVER_RELEASED : K_ROOM_NEVER_CONCLUDES);\n"
+            "             if :: (ASSERTED >> kind) & 1 -> report() :: else -> skip fi; kind = 0\n       fi } }\n")
+
+
+def _room_event_arms(cfg: Config) -> tuple[list[str], list[str], list[str]]:
     """One option per room event. Its first statement picks a room the event is enabled for; all of it runs in
-    one atomic step, so choices add no state, and the checks and relabelling (post) are emitted once."""
-    arms, enabled = [], []
+    one atomic step, so choices add no state, and the checks and relabelling (post) are emitted once. Also the
+    guards that enable it (all of them, and those of the events liveness.py assumes fair)."""
+    arms, enabled, fair = [], [], []
+    fair_names = liveness.fair_events(cfg.variant)
     # An event about one receiver's write or region also picks the receiver (y); receivers alike give the
     # same successor, so picking among them adds transitions, not states (the spec picks one of each kind).
     for n, (name, _, act, per_receiver) in enumerate(events.room_arms("x", "y", cfg)):
@@ -470,12 +497,13 @@ def _room_event_arms(cfg: Config) -> tuple[list[str], list[str]]:
                   for j in (range(cfg.receivers) if per_receiver and cfg.regions else [None])]
         guards = [events.room_arms(str(i), str(j), cfg)[n][1] for i, j in places]
         enabled += guards
+        fair += guards if name in fair_names else []
         pick = " ".join(f":: {g} -> x = {i}" + ("" if j is None else f"; y = {j}")
                         for (i, j), g in zip(places, guards))
         # an event without a choice inside runs as one d_step (no per-statement search overhead)
         body = f"d_step {{ pre() }}; {act}" if "ev_tower(" in act else f"d_step {{ pre(); {act} }}"
         arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; {body}")
-    return arms, enabled
+    return arms, enabled, fair
 
 # -- reading SPIN's results -------------------------------------------------------------------------
 
@@ -570,6 +598,8 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
                                f"{spec.describe(state)}: {spec.describe(target)}")
     if kind == "deadlock":
         got = "deadlock" if not spec.successors(state) and not spec.is_final(state) else None
+    elif kind in liveness.KINDS:
+        got = (liveness.stuck(state, spec.successors(state), liveness.fair_events(spec.cfg.variant)) or (None,))[0]
     else:
         got = step.violation or (_transition_check(spec, prev, state) or spec.invariant(state) or (None,))[0]
     if got != kind:

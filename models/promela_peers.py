@@ -107,7 +107,8 @@ def frame_arms(r: str, i: str) -> list[tuple[str, str, str, bool]]:
 
 
 def write_deadline(r: str, i: str, j: str, cfg) -> list[tuple[str, str, str, bool]]:
-    return [("write_deadline", f"PEERS && faults > 0 && {r}.rs == R_transferring && {r}.infl == N",
+    return [("write_deadline",
+             f"PEERS && !NO_WRITE_DEADLINE && faults > 0 && {r}.rs == R_transferring && {r}.infl == N",
              f"ev_write_deadline({i})", False)]
 
 

@@ -72,6 +72,7 @@ class Rules:
         self.reap_crash = v == "reaped-deferred-crash"
         self.blocking_contact = v == "blocking-contact"
         self.write_before_up = v == "write-before-up"
+        self.no_write_deadline = v == "no-write-deadline"
         self.N = config.receivers
         self.regions = config.regions
         self.peers = config.peers

@@ -103,6 +103,8 @@ VARIANTS = {
     "reaped-deferred-crash": "serving a deferred send whose sender was reaped crashes the loop",
     "blocking-contact": "first contact with a peer runs on the encode loop (a silent peer holds it)",
     "write-before-up": "writes go to a peer that is still being contacted",
+    "no-write-deadline": "no write deadline is armed, so a write the transport never reports stays in flight "
+                         "(drops fairness F1: models/liveness.py)",
 }
 
 # Variants that differ from the project only in how peers are handled (need Config.peers).
@@ -123,6 +125,7 @@ HAZARDS = {
     ("blocking-contact", "loop-waits-on-peer"): "blocking-first-contact",
     ("write-before-up", "write-to-peer-not-up"): "write-before-peer-up",
     ("reaped-deferred-crash", "crash"): "deferred-send-after-reap",
+    ("no-write-deadline", "room-never-concludes"): "write-never-reported",
 }
 
 

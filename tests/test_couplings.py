@@ -62,11 +62,12 @@ def test_an_action_the_implementations_lack_is_refused(monkeypatch):
 
 
 def test_dropping_abandon_slot_from_failed_rooms_strands_their_slots(monkeypatch):
-    """Without abandon_extent a room that fails with a parked chunk keeps its slot: nothing frees it."""
+    """Without abandon_extent a room that fails with a parked chunk keeps its slot: nothing frees it, and a
+    room whose item waits for a slot never concludes (the liveness check, models/liveness.py)."""
     assert explore(TINY).violations == {}
     monkeypatch.setitem(couplings.ON_ENTER, ("room", "failed"), ("conclude",))
     broken = explore(TINY)
-    assert sorted(broken.violations) == ["deadlock"]
+    assert sorted(broken.violations) == ["deadlock", "room-never-concludes"]
     stuck = broken.violations["deadlock"].trace[-1][1]
     assert any(sl[0] == "parked" for sl in stuck[1])
 
@@ -99,4 +100,4 @@ def test_spin_follows_a_changed_table_as_the_explorer_does(monkeypatch):
     cfg = Config(cells=1, rooms=2, receivers=1, faults=1, regions=False)
     monkeypatch.setitem(couplings.ON_ENTER, ("room", "failed"), ("conclude",))
     spin, ours = spin_tool.check(cfg), explore(cfg)  # SPIN's trail is replayed on the spec (promela.rebuild)
-    assert sorted(spin.violations) == sorted(ours.violations) == ["deadlock"]
+    assert sorted(spin.violations) == sorted(ours.violations) == ["deadlock", "room-never-concludes"]

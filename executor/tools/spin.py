@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from epd_ring.models import liveness
 from epd_ring.models.explore import Violation, event_name, format_trace, trace_to_json
 from epd_ring.models.promela import KINDS, SpinResult, generate, pan_figure, parse_trail, rebuild
 from epd_ring.models.spec import HAZARDS, PEER_VARIANTS, Config, Spec
@@ -132,7 +133,9 @@ def run(args, out=print) -> int:
         f"{r.wall:.1f} s with spin -a and gcc ({r.cpu:.1f} s CPU), "
         f"{r.memory_mb:,.0f} MB; pan {r.options}")
     if not r.violations:
-        out("  no violation: no assertion fails and no invalid end state in any reachable state")
+        out("  no violation: no assertion fails and no invalid end state in any reachable state, and every state "
+            f"where no event assumed fair ({', '.join(liveness.assumptions(cfg.variant))}) is enabled has every room "
+            "concluded and every region released")
         return 0
     spec = Spec(cfg)
     for kind, v in sorted(r.violations.items()):

@@ -1,0 +1,80 @@
+"""Liveness under named fairness: every room that began concludes, and every region is released.
+
+The spec's graph is acyclic (the rank grows on every step), so a behaviour that never
+ends is a finite path that then stays in one state forever. Such a behaviour is *fair*
+when no event the environment is assumed to deliver eventually is enabled in that
+state: a fairness assumption says an event that stays enabled is taken. So the
+property "eventually done" holds under the assumptions exactly when every reachable
+state in which no fair event is enabled is done (done is stable: concluded rooms stay
+concluded, released and written regions stay so). And a fair path from every state to
+such a state exists by acyclicity: take fair events until none is enabled.
+
+The events left out of every assumption are the ones the environment may withhold
+forever: a client that never sends its request, a receiver that never registers, a
+withdraw or abort, a write that lands after it was reported unsure, a probe. Terminal
+states (nothing at all enabled) are the deadlock check's.
+"""
+
+from __future__ import annotations
+
+from .state import CONCLUDED, RCV, REG, RS, SND
+
+# Each assumption: a short name, what it says, and the events (the spec's event names) it makes fair.
+FAIRNESS = {
+    "F1": ("the transport eventually reports each write, or its write deadline fires (a timeout reports the write "
+           "unsure; with peers the room's write deadline fires)",
+           ("write_done", "write_unsure", "write_deadline")),
+    "F2": ("the tower eventually runs or fails each item, and its copy into the ring completes",
+           ("tower", "tower_error", "stage_error", "copied")),
+    "F3": ("every armed deadline eventually fires (announce, park, quarantine)", ("expire", "release")),
+    "F4": ("the encode loop keeps running: it serves deferred sends and reaps concluded senders",
+           ("drain", "reap")),
+    "F5": ("with peers: a first contact or a suspect's re-check is eventually answered or its connect deadline fires",
+           ("connected", "refused", "connect_expired")),
+}
+
+# The kinds of liveness violation, in the order a state is judged.
+KINDS = ("room-never-concludes", "region-never-released")
+
+# What a variant drops: without a write deadline a write the transport never reports stays in flight.
+DROPPED = {"no-write-deadline": ("F1",)}
+
+
+def assumptions(variant: str) -> tuple[str, ...]:
+    """The names of the fairness assumptions a variant's check makes."""
+    return tuple(f for f in FAIRNESS if f not in DROPPED.get(variant, ()))
+
+
+def fair_events(variant: str) -> frozenset[str]:
+    return frozenset(ev for f in assumptions(variant) for ev in FAIRNESS[f][1])
+
+
+def began(room: tuple) -> bool:
+    """A room exists from its request or its first receiver on; one where neither came is no room."""
+    return bool(room[SND] or room[REG])
+
+
+def judge(state: tuple) -> tuple[str, str] | None:
+    """(kind, detail) when `state`, kept forever, leaves a room unconcluded or a region unreleased; else None.
+
+    A region is settled when released, or written (a success hands the region to its receiver)."""
+    rooms = state[0]
+    for i, r in enumerate(rooms):
+        if began(r) and r[RS] not in CONCLUDED:
+            return "room-never-concludes", f"room {i} stays {r[RS]}"
+    for i, r in enumerate(rooms):
+        for g, _, _ in r[RCV]:
+            if g not in ("written", "released"):
+                return "region-never-released", f"room {i} is {r[RS]} but a receiver's region stays {g}"
+    return None
+
+
+def stuck(state: tuple, steps: list, fair: frozenset[str]) -> tuple[str, str] | None:
+    """The liveness verdict on a state that has successors: None when a fair event is enabled or it is done."""
+    if any(st.event[0] in fair for st in steps):
+        return None
+    problem = judge(state)
+    if problem is None:
+        return None
+    enabled = sorted({st.event[0] for st in steps})
+    return problem[0], f"{problem[1]} forever: only {', '.join(enabled)} (none assumed fair) can happen"

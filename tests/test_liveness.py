@@ -1,0 +1,75 @@
+"""Liveness under named fairness (models/liveness.py, docs/formal-model.md): every room that began concludes and
+every region is released on every fair behaviour, in the explorer and in SPIN; dropping an assumption gives a
+counterexample (a room or region stuck forever) in both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from epd_ring.executor.tools import spin as spin_tool
+from epd_ring.models import liveness
+from epd_ring.models.explore import explore
+from epd_ring.models.spec import CONCLUDED, INFL, RS, Config
+
+CFG = Config(cells=1, rooms=2, receivers=2, faults=1, sizes=(1,))
+# The smallest bound that shows a write never reported: one room, one receiver, no faults.
+NO_DEADLINE = Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,), variant="no-write-deadline")
+needs_spin = pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
+
+
+def _stuck_room(trace) -> tuple:
+    """The room the counterexample leaves unconcluded, in its last state."""
+    return next(r for r in trace[-1][1][0] if liveness.began(r) and r[RS] not in CONCLUDED)
+
+
+def test_every_fair_behaviour_concludes_every_room_in_the_explorer():
+    r = explore(CFG)
+    assert r.violations == {}
+    assert r.fair_ends > 0  # states where only unfair events (a withdraw, a late landing ...) can happen were judged
+
+
+@needs_spin
+def test_every_fair_behaviour_concludes_every_room_in_spin():
+    r = spin_tool.check(CFG)
+    assert r.violations == {}
+    assert r.states == explore(CFG).states  # the liveness arm adds no state
+
+
+def test_without_a_write_deadline_the_explorer_shows_a_room_that_never_concludes():
+    r = explore(NO_DEADLINE)
+    assert sorted(r.violations) == ["room-never-concludes"]
+    v = r.violations["room-never-concludes"]
+    assert v.hazard == "write-never-reported"
+    room = _stuck_room(v.trace)
+    assert room[RS] == "transferring" and room[INFL] == 1  # its write was never reported
+    assert [e[0] for e, _ in v.trace[1:]] == ["register", "frame", "tower", "copied"]  # shortest: 4 events
+
+
+@needs_spin
+def test_without_a_write_deadline_spin_shows_a_room_that_never_concludes():
+    r = spin_tool.check(NO_DEADLINE)  # SPIN's trail is replayed on the spec (promela.rebuild)
+    assert sorted(r.violations) == ["room-never-concludes"]
+    room = _stuck_room(r.violations["room-never-concludes"].trace)
+    assert room[RS] == "transferring" and room[INFL] == 1
+
+
+def test_with_peers_the_variant_arms_no_write_deadline():
+    """With peers the project fails an overdue room by its write deadline; the variant has none to fire."""
+    cfg = Config(cells=1, rooms=1, receivers=1, faults=1, sizes=(1,), peers=True)
+    assert explore(cfg).violations == {}
+    r = explore(replace(cfg, variant="no-write-deadline"))
+    assert "room-never-concludes" in r.violations
+    assert not any(e[0] == "write_deadline" for v in r.violations.values() for e, _ in v.trace)
+
+
+@pytest.mark.parametrize("name, cfg", [
+    ("F1", CFG), ("F2", CFG), ("F3", CFG), ("F4", CFG),
+    ("F5", Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,), peers=True)),
+])
+def test_each_named_assumption_is_needed(name, cfg, monkeypatch):
+    """No assumption is idle: without any one of them some fair behaviour leaves a room or a region stuck."""
+    monkeypatch.setitem(liveness.DROPPED, cfg.variant, (name,))
+    r = explore(cfg)
+    assert set(r.violations) & set(liveness.KINDS), sorted(r.violations)
