@@ -19,15 +19,18 @@ Policy: best fit over segregated size classes, with boundary-tag coalescing.
   best fit except within the request's own class, where it may take an extent
   up to 1/16 larger than the best. The item is carved from the low end; the
   rest stays free. So `alloc` fails only when no free extent is large enough.
-- `free` puts the extent on a quick list of its exact size (at most `QUICK`
-  extents in all; past that it merges at once). A lease of exactly that size
-  takes one back, the lowest address first: an exact fit, so a best fit, for the
-  price of a dict look-up (the steady state of an encoder whose items come in a
-  few sizes). Any other lease first merges every quick-listed extent with a free
-  neighbour on either side (free extents are indexed by start and by end), so
-  it sees the free space fully coalesced, and is refused only when no merged
-  free extent is large enough. `free_extents` and `largest_free` report the free
-  space merged, and only read (the metrics thread calls them).
+- `free` merges the extent with a free neighbour on either side (free extents
+  are indexed by start and by end), so the free space is fully coalesced: no two
+  free extents touch. One step of that is put off: the extent freed last waits
+  unmerged until the next lease or free. A lease of exactly its size takes it
+  back when it is provably what the merged best fit would pick (no free extent
+  ends where it starts, and no free extent other than its own right neighbour
+  lies in a size class from the lease's up to the merged extent's): then it is
+  the low end of the smallest free extent that fits, so the placement is the
+  same as merging first, for a few dict and bit operations instead of four heap
+  updates. That is the steady state of an encoder whose items come and go in
+  turn. Anything else merges it first. `free_extents` and `largest_free` report
+  the free space merged, and only read (the metrics thread calls them).
 
 Why best fit: a failed write's extent is quarantined for tens of seconds, and
 a large item (a video: up to hundreds of MiB) needs its bytes contiguous. Best
@@ -38,7 +41,7 @@ end's free space for last needed up to 1.37x and address-ordered first fit up
 to 1.43x, and placing large items from the high end of their extent did worse
 than plain best fit.
 
-Cost per call: O(1) for the quick lists (at most `QUICK` entries), the class
+Cost per call: O(1) for the extent freed last, the class
 search and the coalescing, O(log k) for the heaps of the classes touched (k:
 free extents in a class); stale heap entries are dropped lazily and a class's
 heaps are rebuilt when one holds more than twice its live entries, so memory
@@ -46,7 +49,7 @@ stays proportional to the free extents. No lease or free scans the free
 extents. A ring whose items come back in about the order they went out mostly
 carves from and frees onto one large extent, whose heap entries are replaced in
 place. The gauges (`largest_free`, `free_extents`) are not on that path: they
-read the largest class's heap, or every free extent while some are quick-listed.
+read the largest class's heap, or every free extent while one waits unmerged.
 
 Which bytes may be handed out again is the caller's decision: the ring frees an
 extent only when its machine enters `free`, so bytes a write may still read are
@@ -58,7 +61,6 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush, heapreplace
 
 _SUB = 16  # classes per power of two above the exact range
-QUICK = 32  # extents freed but not yet merged, in all: each lease that misses merges them all
 
 
 def _cls(u: int) -> int:
@@ -73,7 +75,7 @@ class Arena:
     """`capacity` bytes (rounded down to `align`) handed out as aligned extents."""
 
     __slots__ = ("align", "capacity", "in_use", "_shift", "_units", "_live", "_free", "_end",
-                 "_small", "_large", "_count", "_bitmap", "_quick", "_nquick")
+                 "_small", "_large", "_count", "_bitmap", "_last", "_last_u")
 
     def __init__(self, capacity: int, align: int = 64):
         if align < 1 or align & (align - 1):
@@ -93,8 +95,8 @@ class Arena:
         self._large: list[list[tuple[int, int]]] = [[] for _ in range(classes)]  # (-units, start): largest first
         self._count = [0] * classes
         self._bitmap = 0
-        self._quick: dict[int, list[int]] = {}  # units -> starts of extents freed but not yet merged
-        self._nquick = 0
+        self._last = -1  # start unit of the extent freed last, not merged yet (-1: none)
+        self._last_u = 0
         if self._units:
             self._free[0] = self._units
             self._end[self._units] = 0
@@ -112,19 +114,17 @@ class Arena:
     def alloc(self, nbytes: int) -> int | None:
         """Offset of a new extent of at least `nbytes`, or None if no free extent is large enough now."""
         u = -(-nbytes >> self._shift) or 1
-        quick = self._quick.get(u)
-        if quick:  # an extent of exactly this size was freed lately: an exact fit, lowest address first
-            if len(quick) == 1:
-                start = quick.pop()
-            else:
-                start = min(quick)
-                quick.remove(start)
-            self._nquick -= 1
-            self._live[start] = u
-            self.in_use += u << self._shift
-            return start << self._shift
-        if self._nquick:
-            self._settle()  # best fit looks at all free space, merged
+        last = self._last
+        if last >= 0:
+            self._last = -1
+            free = self._free
+            # Its right neighbour is all the other free space, or there is none: trivially the best fit.
+            if u == self._last_u and ((last + u in free if len(free) == 1 else not free)
+                                      or self._best_is(last, u)):
+                self._live[last] = u
+                self.in_use += u << self._shift
+                return last << self._shift
+            self._merge(last, self._last_u)
         # The class look-up is written out here: it is the per-item path.
         if u < 32:
             c = u
@@ -171,30 +171,41 @@ class Arena:
         return start << self._shift
 
     def free(self, offset: int) -> None:
-        """The extent at `offset` becomes free: on the quick list of its size, or merged at once."""
+        """The extent at `offset` becomes free (merged with its free neighbours by the next call)."""
         start = offset >> self._shift
         u = self._live.pop(start, 0) if not offset & (self.align - 1) else 0
         if not u:
             raise ValueError(f"no live extent at offset {offset}")
         self.in_use -= u << self._shift
-        if self._nquick < QUICK:
-            quick = self._quick.get(u)
-            if quick is None:
-                self._quick[u] = [start]
-            else:
-                quick.append(start)
-            self._nquick += 1
-            return
-        self._merge(start, u)
+        if self._last >= 0:
+            self._merge(self._last, self._last_u)
+        self._last, self._last_u = start, u
 
-    def _settle(self) -> None:
-        """Merge every extent on the quick lists into the filed free space."""
-        quick = self._quick
-        self._quick = {}
-        self._nquick = 0
-        for u, starts in quick.items():
-            for start in starts:
-                self._merge(start, u)
+    def _best_is(self, start: int, u: int) -> bool:
+        """Whether best fit over the merged free space would place a `u`-unit item at `start`, the
+        extent freed last (free, `u` units, not merged yet): it is the low end of its merged extent,
+        and no other free extent lies in a class from `u`'s up to the merged extent's."""
+        if start in self._end:
+            return False  # merged, it would start lower down
+        r = self._free.get(start + u, 0)
+        m = u + r
+        # _cls(u) and _cls(m), written out: this is on the per-item path
+        if u < 32:
+            lo = u
+        else:
+            f = u.bit_length() - 5
+            lo = ((f + 1) << 4) + (u >> f) - _SUB
+        if m < 32:
+            hi = m
+        else:
+            f = m.bit_length() - 5
+            hi = ((f + 1) << 4) + (m >> f) - _SUB
+        others = self._bitmap & ((2 << hi) - (1 << lo))
+        if others and r:
+            cr = _cls(r)
+            if self._count[cr] == 1:
+                others &= ~(1 << cr)  # the right neighbour it merges with
+        return not others
 
     def _merge(self, start: int, u: int) -> None:
         """File the free extent (start, u), merged with a free neighbour on either side."""
@@ -237,10 +248,10 @@ class Arena:
 
     @property
     def largest_free(self) -> int:
-        """Bytes of the largest free extent, quick-listed extents merged with their free neighbours.
+        """Bytes of the largest free extent, the one freed last merged with its free neighbours.
 
         Reads only (the metrics thread reads it while the loop allocates): no heap is tidied."""
-        if self._nquick:
+        if self._last >= 0:
             return max((n for _, n in self.free_extents()), default=0)
         if not self._bitmap:
             return 0
@@ -255,9 +266,12 @@ class Arena:
         return 1.0 - self.largest_free / free if free else 0.0
 
     def free_extents(self) -> list[tuple[int, int]]:
-        """(offset, bytes) of every free extent, by address, quick-listed ones merged with their free
+        """(offset, bytes) of every free extent, by address, the one freed last merged with its free
         neighbours: for checks, gauges and dumps, not the hot path. Reads only."""
-        pieces = sorted([*self._free.items(), *((s, u) for u, starts in list(self._quick.items()) for s in starts)])
+        pieces = sorted(self._free.items())
+        last = self._last
+        if last >= 0:
+            pieces = sorted([*pieces, (last, self._last_u)])
         out: list[tuple[int, int]] = []
         for s, n in pieces:
             if out and out[-1][0] + out[-1][1] == s:

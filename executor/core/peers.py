@@ -323,9 +323,14 @@ class PeerTable:
     def let_go_room(self, room: int, sessions: Iterable[str], keep: Iterable[str] = ()) -> None:
         """`room` concluded: the peers of its `sessions` let its bytes go but those of `keep` (writes
         still in flight, let go when they report)."""
+        holds = self.holds
         for session in sessions:
             if session not in keep:
-                self.let_go(room, session)
+                entry = holds.pop((room, session), None)  # `let_go`, written out: once per room
+                if entry is not None:
+                    nbytes, peer = entry
+                    peer.held -= nbytes
+                    self.held_total -= nbytes
 
 
 def down_reason(peer: Peer) -> str:

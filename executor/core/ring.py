@@ -98,6 +98,7 @@ class Ring:
         # fsm/couplings.py's rows for the extent machine, looked up once (`fire` is the per-item path).
         self._on_enter = {s: ON_ENTER.get(("extent", s), ()) for s in EXTENT.states}
         self._on_event = {e: ON_EVENT.get(("extent", e), ()) for e in EXTENT.events}
+        self._after_lease = {s: self._on_enter[s] + self._on_event["lease"] for s in EXTENT.states}
         self.extents: dict[int, Extent] = {}  # live extents (not free), by index
         # Items up to this many bytes never need `too_large`'s checks (the per-item path).
         self.fits_bytes = min(self.main_arena.capacity, max_item_bytes if max_item_bytes is not None else arena_bytes)
@@ -147,7 +148,7 @@ class Ring:
         ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
         self.extents[ext.index] = ext
         # `fire(ext, "lease")`, written out: a fresh extent is `free`, so it enters its destination
-        for action in self._on_enter[EXTENT.step(ext, "lease")] + self._on_event["lease"]:
+        for action in self._after_lease[EXTENT.step(ext, "lease")]:
             self.actions[action](ext)
         return ext
 
