@@ -206,7 +206,7 @@ class Lifecycle:
         # re-sent for it meanwhile must find the room, not open a new one under the same id.
         pins = int(room.sender) + self.regions.room_open(room.id)
         self.tombs.keep(Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins,
-                                  room.owner))
+                                  room.owner, room.sender))
         self.outbox.append(Concluded(room.id, state))
         for cb in self.on_conclude:
             cb(room.id, state)
