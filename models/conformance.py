@@ -139,11 +139,7 @@ class Harness:
                 row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, rows, 0, rows, HIDDEN,
                                          "torch.float32", False, N))
             self.frames.append(row)
-        self.registered = [False] * R
-        self.tower_ran = [False] * R
-        self.sent = [False] * R
-        self.frames_sent = [0] * R
-        self.ok = [0] * R
+        self.frames_sent = [0] * R  # the receivers' own moves: how many of each room's frames went
         self.faults = config.faults
         self.content = [-1] * config.cells
         self.handle_room: dict[int, int] = {}
@@ -192,7 +188,6 @@ class Harness:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
                 self.handle_slot[h] = self.cell(w.slot)
-                self.sent[i] = True
         for e in extents:
             if e.room is not None:
                 for c in self.span(e):
@@ -252,6 +247,40 @@ class Harness:
         got |= {s for s, r in self.transport.receivers.items() if any(n.room == rid for n in r.notices)}
         return sorted(got)
 
+    def sender(self, i: int) -> tuple[int, bool]:
+        """Room i's sender as the spec keeps it (none, registered, reaped), and whether its item was taken
+        (the tower ran on it, or it came from the cache): the executor's sender while it has one, then
+        the manager's record of the room, which keeps that one came (a sender is reaped only after its
+        item was taken)."""
+        sender = self.executor.senders.get(self.rid(i))
+        if sender is not None:
+            return 1, sender.offered
+        return (2, True) if self.manager.has_sender(self.room(i)) else (0, False)
+
+    def _writes_into(self, i: int, k: int) -> set[int]:
+        """Handles of the writes the transport was asked to make into room i's k-th receive buffer."""
+        buf = self.buffers[(i, k)]
+        lo = buf.data_ptr()
+        hi = lo + buf.numel() * buf.element_size()
+        return {h for h, ptr, _ in self.transport.receivers[self.session(i, k)].submitted if lo <= ptr < hi}
+
+    def sent(self, i: int) -> bool:
+        """Whether room i's chunk was written (its writes were submitted), as its receivers' side shows."""
+        return any(self._writes_into(i, k) for k in range(self.cfg.receivers))
+
+    def written(self, i: int) -> int:
+        """Receivers of room i whose bytes landed before they were told the room's outcome: the writes
+        that reported done while the room was transferring (a write done later, or one that lands after
+        reporting unsure, lands after the outcome notice)."""
+        n = 0
+        for k in range(self.cfg.receivers):
+            rcv = self.transport.receivers[self.session(i, k)]
+            mine = self._writes_into(i, k)
+            told = next((j for j, x in enumerate(rcv.notices)
+                         if x.room == self.room(i) and x.status in ("success", "failed")), len(rcv.notices))
+            n += any(h in mine and seen <= told for h, seen in rcv.landed)
+        return n
+
     def write_state(self, i: int, session: str) -> int:
         """Where the write into the session's region is, read from the manager and the transport."""
         rid = self.room(i)
@@ -276,9 +305,10 @@ class Harness:
         for i in range(self.cfg.rooms):
             rid = self.room(i)
             rs = m.room_status(rid) or "new"
-            snd = 0 if not self.registered[i] else (1 if self.rid(i) in ex.senders else 2)
+            snd, taken = self.sender(i)
+            ok = self.written(i)
             slot = slot_of.get(i)
-            if not self.tower_ran[i]:
+            if not taken:
                 ch = CH_NONE
             elif i in deferred:
                 ch = CH_DEFERRED
@@ -286,7 +316,7 @@ class Harness:
                 ch = CH_COPYING
             elif slot is not None and slot.state in ("staged", "parked"):
                 ch = CH_HELD
-            elif self.sent[i]:
+            elif self.sent(i):
                 ch = CH_SENT
             else:
                 ch = CH_DROPPED
@@ -299,9 +329,10 @@ class Harness:
             ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
-                assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
+                # the manager's count and the receivers' bytes agree
+                assert self.cfg.receivers - live.writes_left == ok, f"room {i}: writes left {live.writes_left}"
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
-            rooms.append((rs, snd, ch, len(sessions), told, self.ok[i], infl[i], ghosts, rcv, size,
+            rooms.append((rs, snd, ch, len(sessions), told, ok, infl[i], ghosts, rcv, size,
                           self.cell(slot) if uses else -1))
         # the spec forgets the bytes of cells no room's extent covers
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
@@ -360,7 +391,6 @@ class Harness:
         ex, m, t = self.executor, self.manager, self.transport
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
-            self.registered[i] = True
         elif name in ("frame", "frame_after_backoff"):
             if name == "frame_after_backoff":
                 m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()  # the backoff passed
@@ -371,7 +401,6 @@ class Harness:
             if parked_timer is not None and room.state == "parked" and room.timer != parked_timer:
                 raise AssertionError(f"deadline-extended: a partial registration re-armed room {i}'s park deadline")
         elif name in ("tower", "tower_error", "stage_error"):
-            self.tower_ran[i] = True
             # an item of its room's size; a staging error: one larger than the whole arena
             n = self.tokens * (self.size[i] if name != "stage_error" else self.cfg.cells + 1)
             item = EncodeItem("image", n, meta={"room": self.room(i)})
@@ -388,11 +417,8 @@ class Harness:
         elif name in ("write_done", "write_unsure"):
             session = self._session_for(i, args[1])
             h = min(h for h in t.held if self.handle_room.get(h) == i and t.session_of(h) == session)
-            was = m.room_status(self.room(i))
             if name == "write_done":
                 t.complete(h, Outcome.DONE)
-                if was == "transferring":
-                    self.ok[i] += 1
             else:
                 t.complete(h, Outcome.TIMED_OUT, land=False, land_later=True)
                 self.ghosts[h] = i
@@ -443,8 +469,8 @@ class Harness:
         elif name == "drain":
             ex.serve_deferred()
         elif name == "reap":
-            pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
-            ex.reap_concluded_senders(pending)
+            # as the engine does: requests whose item has not gone to the tower are still pending
+            ex.reap_concluded_senders({rid for rid, s in ex.senders.items() if not s.offered})
         elif name == "release":
             slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
             self.fire([slot], lambda: m.release_slot_now(slot))
