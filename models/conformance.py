@@ -17,6 +17,7 @@ every receive buffer as room labels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,13 +57,38 @@ from .spec import (
 from .state import TOLD_NONE, told_after
 
 HIDDEN = 4
-# Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
-# (at most a second per event, and never past a pending deadline), so deadlines fire only when
-# the harness fires them: through the clock and `poll()` where the spec's deadline is the next due.
-TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
-                tombstone_ttl=1e6, connect_timeout=113.0, peer_backoff=127.0,
+# Deadlines fire through the clock and `poll()`. The spec fires them in any order, the clock in the order
+# of their due times, so the harness picks each deadline's duration when it is armed (through the
+# settings: a kind's timeout before each event): one its plan fires at event f is due at STEP * (f + 1),
+# one it does not fire is due FAR away; other events take at most a second each. Each kind adds its own
+# OFFSET, so a deadline armed from another kind's setting shows (`check_full_state`).
+STEP, FAR = 1000.0, 1e6
+OFFSET = {"park": 101.0, "announce": 103.0, "write": 107.0, "quarantine": 109.0, "connect": 113.0,
+          "probe": 131.0}
+# A probe's contact is armed and left unanswered within one event: its connect deadline this soon after.
+PROBE_CONTACT = 10.0
+TIMEOUTS = dict(park_timeout=FAR + OFFSET["park"], announce_timeout=FAR + OFFSET["announce"],
+                write_timeout=FAR + OFFSET["write"], quarantine_s=FAR + OFFSET["quarantine"],
+                tombstone_ttl=1e9, connect_timeout=FAR + OFFSET["connect"],
+                peer_probe_interval=FAR + OFFSET["probe"], peer_backoff=127.0,
                 # The model does not move peers on write failures: neither may the implementation here.
                 peer_fail_threshold=1 << 30)
+
+
+def fires(event: tuple) -> tuple[tuple[str, int], ...]:
+    """The deadlines (as `Harness.deadline_key`s) a spec event fires."""
+    name = event[0]
+    if name == "expire":
+        return (("room", event[1]),)
+    if name == "write_deadline":
+        return (("write", event[1]),)
+    if name == "release":
+        return (("extent", event[1]),)
+    if name == "connect_expired":
+        return (("connect", event[1]),)
+    if name in ("probe_refused", "probe_expired"):
+        return (("probe", event[1]),)
+    return ()
 
 
 class Fence:
@@ -93,11 +119,17 @@ class RoomTower:
 class Harness:
     ROOM_BASE = 500
 
-    def __init__(self, config: Config, tokens: int = 4, room_sizes: tuple[int, ...] | None = None):
+    def __init__(self, config: Config, tokens: int = 4, room_sizes: tuple[int, ...] | None = None,
+                 plan: Sequence[tuple] = (), arms: Sequence[frozenset] = ()):
         """`tokens` rows make one cell (64 B: the arena's alignment, so an item of z cells takes exactly
         z cells); room i's item has `room_sizes[i]` cells (default: the configuration's sizes in turn).
         The spec lets the tower pick any size; receivers size their regions from the request, so here
-        each room's size is fixed up front and the harness takes only that room's tower event."""
+        each room's size is fixed up front and the harness takes only that room's tower event.
+
+        `plan`: the events this harness will take, and `arms`: the deadlines (`deadline_key`s) each of
+        the first of them arms (what `arms_made` recorded on an earlier run of those events). With
+        them each deadline the plan fires is the clock's next when it fires; without, a deadline fires
+        through the clock only where it happens to be the next due, else through the core's hook."""
         if config.variant != "project":
             raise ValueError("the implementation is the project variant")
         if (tokens * HIDDEN * 4) % 64:
@@ -147,10 +179,13 @@ class Harness:
         self.ghosts: dict[int, int] = {}  # handle -> room
         self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
         self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
-        self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
+        # (what, id, kind) -> when it is due: the time of the event that armed it plus the timeout then set
+        self.armed: dict[tuple, float] = {}
         # Deadline events fired through the clock and `poll()`, and out of the clock's order (by a `*_now` hook):
         # the spec fires deadlines in any order, the clock in the order of their due times.
         self.fired = {"clock": 0, "hook": 0}
+        self.plan, self.arms = list(plan), list(arms)
+        self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -173,15 +208,16 @@ class Harness:
         m = self.manager
         for rid, room in m.rooms.items():
             if room.timer:
-                self.armed.setdefault(("room", rid, room.state), now)
+                timeout = m.park_timeout if room.state == "parked" else m.announce_timeout
+                self.armed.setdefault(("room", rid, room.state), now + timeout)
         extents = list(self.executor.ring.extents.values())
         quarantined = {self.cell(e) for e in extents if e.state == "quarantined"}
         for c in quarantined:
-            self.armed.setdefault(("extent", c, "quarantine"), now)
+            self.armed.setdefault(("extent", c, "quarantine"), now + m.quarantine_s)
         for key in [k for k in self.armed if k[0] == "extent" and k[1] not in quarantined]:
             del self.armed[key]
         for h in m.writes.by_handle:
-            self.armed.setdefault(("write", h, ""), now)
+            self.armed.setdefault(("write", h, ""), now + m.write_timeout)
         for h, write in self.pump.handles().items():  # transport handle -> the core's write
             w = m.writes.by_handle[write]
             if h not in self.handle_room:
@@ -221,11 +257,7 @@ class Harness:
 
     def region(self, i: int, session: str) -> str:
         """The session's region, stepped through the region machine on every notice it got."""
-
-        class R:
-            state = REGION.initial
-
-        r = R()
+        r = SimpleNamespace(state=REGION.initial)
         steps = [("withdraw" if n.status == "withdraw" else NOTICE_EVENTS[n.status])
                  for n in self.transport.receivers[session].notices if n.room == self.room(i)]
         if (i, session) in self.withdrawn:
@@ -352,6 +384,56 @@ class Harness:
             out = sorted(out + self.manager.peers.beats.pending(), key=lambda e: e[0])
         return out
 
+    def deadline_key(self, kind: str, obj: Any) -> tuple[str, int]:
+        """A pending deadline as the spec's event names what it fires: a room's, a room's writes', an
+        extent's (by its first cell), a peer's contact or heartbeat (by its receivers' rank)."""
+        if kind in ("announce", "park"):
+            return ("room", obj.id - self.ROOM_BASE)
+        if kind == "write":
+            return ("write", obj.room - self.ROOM_BASE)
+        if kind == "quarantine":
+            return ("extent", self.cell(obj))
+        peer = obj.peer if kind == "probe" else obj
+        return (kind, int(peer.session.rsplit(".", 1)[1]))
+
+    def _armed_now(self) -> set[tuple]:
+        """Pending deadlines as (kind, key, due)."""
+        return {(kind, self.deadline_key(kind, obj), when) for when, kind, obj in self.pending()}
+
+    def _fired_at(self, key: tuple, j: int) -> int | None:
+        """The plan's event that fires the deadline `key` armed at event j (None: none, or it is armed again first)."""
+        for f in range(j + 1, len(self.plan)):
+            if key in fires(self.plan[f]):
+                return f
+            if f < len(self.arms) and any(k == key for _, k in self.arms[f]):
+                return None
+        return None
+
+    def _set_timeouts(self, j: int) -> None:
+        """Before the j-th event: each kind's timeout, so that a deadline it arms is due when the plan fires it."""
+        ev = self.plan[j] if j < len(self.plan) else None
+        now = self.clock.now()
+        if ev is not None and fires(ev):  # what such an event arms, it arms once the clock reached its deadline
+            keys = fires(ev)
+            pending = [(key, when) for _, key, when in self._armed_now()]
+            mine = [when for key, when in pending if key in keys]
+            if mine and all(key in keys for key, when in pending if when <= max(mine)):
+                now = max(mine)
+        want: dict[str, set] = {}
+        for kind, key in self.arms[j] if j < len(self.arms) else ():
+            want.setdefault(kind, set()).add(self._fired_at(key, j))
+        due = {}
+        for kind in OFFSET:
+            targets = want.get(kind, set())
+            f = next(iter(targets)) if len(targets) == 1 else None  # several, each its own: none can be exact
+            due[kind] = (STEP * (f + 1) + OFFSET[kind] - now) if f is not None else FAR + OFFSET[kind]
+        if ev is not None and ev[0] == "probe_expired":
+            due["connect"] = PROBE_CONTACT + OFFSET["connect"] / 1000
+        m = self.manager
+        m.park_timeout, m.announce_timeout = due["park"], due["announce"]
+        m.write_timeout, m.quarantine_s = due["write"], due["quarantine"]
+        m.peers.connect_timeout, m.peers.probe_interval = due["connect"], due["probe"]
+
     def pass_time(self) -> None:
         """Move the clock on before an event: a second, or less so that no pending deadline comes due
         (after a deadline fired the next may be a second away; each event then takes a slice of the gap)."""
@@ -389,6 +471,8 @@ class Harness:
         name, *args = event
         i = args[0] if args else None
         ex, m, t = self.executor, self.manager, self.transport
+        self._set_timeouts(len(self.arms_made))
+        before = self._armed_now()
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
         elif name in ("frame", "frame_after_backoff"):
@@ -481,6 +565,7 @@ class Harness:
             raise ValueError(f"unknown event {event}")
         self.pump.flush()
         self._observe()
+        self.arms_made.append(frozenset((kind, key) for kind, key, _ in self._armed_now() - before))
 
     def _session_for(self, i: int, k: int) -> str:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
@@ -516,7 +601,6 @@ def check_full_state(h: Harness) -> None:
     """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
     receivers. Raise AssertionError."""
     m, N = h.manager, h.cfg.receivers
-    timeout = {"announced": m.announce_timeout, "parked": m.park_timeout}
     for i in range(h.cfg.rooms):
         rid = h.room(i)
         room = m.rooms.get(rid)
@@ -524,10 +608,10 @@ def check_full_state(h: Harness) -> None:
             sent = {f.session: f for f in h.frames[i][:h.frames_sent[i]]}
             assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
             if room.timer:
-                assert room.state in timeout, f"room {i} has a deadline in state {room.state}"
-                want = h.armed[("room", rid, room.state)] + timeout[room.state]
+                assert room.state in ("announced", "parked"), f"room {i} has a deadline in state {room.state}"
+                want = h.armed[("room", rid, room.state)]
                 assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
-            elif room.state in timeout:
+            elif room.state in ("announced", "parked"):
                 raise AssertionError(f"room {i} is {room.state} without a deadline")
         for k in range(N):
             vals = set(h.buffers[(i, k)].unique().tolist())
@@ -535,12 +619,12 @@ def check_full_state(h: Harness) -> None:
             if k < h.frames_sent[i] and h.region(i, h.session(i, k)) == "written":
                 assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
     for write, w in m.writes.by_handle.items():
-        want = h.armed[("write", write, "")] + m.write_timeout
+        want = h.armed[("write", write, "")]
         # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
         assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.extents.values():
         if s.state == "quarantined":
-            want = h.armed[("extent", h.cell(s), "quarantine")] + m.quarantine_s
+            want = h.armed[("extent", h.cell(s), "quarantine")]
             assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
 
 

@@ -70,13 +70,20 @@ def _sizes(cfg: Config, path: list[tuple]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...]) -> Harness:
-    """A fresh harness brought along `path` (already walked and checked) without checking again."""
-    h = Harness(cfg, room_sizes=sizes)
-    for ev in path:
+# Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
+NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
+
+
+def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...], plan: list[tuple] | None = None,
+           arms: list[frozenset] = ()) -> Harness:
+    """A fresh harness brought along `path` (already walked and checked) without checking again; `plan`
+    (default: `path`) and `arms` as `Harness` takes them."""
+    h = Harness(cfg, room_sizes=sizes, plan=path if plan is None else plan, arms=arms)
+    for n, ev in enumerate(path):
         h.pass_time()
         h.apply(ev)
-        h.state = h.abstract()
+        if n + 1 == len(path) or path[n + 1][0] in NEEDS_STATE:
+            h.state = h.abstract()
     return h
 
 
@@ -152,31 +159,31 @@ def walk(cfg: Config, *, max_states: int | None = None,
     t0 = last = time.perf_counter()
     # node id -> (parent id, event from it); a node's path is read back through its parents
     parent: list[tuple[int, tuple | None]] = [(-1, None)]
+    armed: list[frozenset] = [frozenset()]  # node id -> the deadlines the event into it armed
+    reached: list[tuple] = [spec.initial()]  # node id -> its state as the implementation labels it
     seen = {canon(spec.initial()): 0}
     frontier = deque([0])
 
-    def path_of(n: int) -> list[tuple]:
-        evs = []
+    def path_of(n: int) -> tuple[list[tuple], list[frozenset]]:
+        """The events into node n, and the deadlines each armed."""
+        evs, arms = [], []
         while parent[n][0] >= 0:
+            arms.append(armed[n])
             n, ev = parent[n]
             evs.append(ev)
-        return evs[::-1]
+        return evs[::-1], arms[::-1]
 
     while frontier:
         node = frontier.popleft()
-        path = path_of(node)
-        h = replay(cfg, path, _sizes(cfg, path))
-        out.steps += len(path)
+        path, arms = path_of(node)
         events: list[tuple] = []
-        for st in spec.successors(h.state):
+        for st in spec.successors(reached[node]):
             if st.event not in events:
                 events.append(st.event)
         for ev in events:
-            sizes = _sizes(cfg, path + [ev])
-            if h is None or h.size != sizes:
-                h = replay(cfg, path, sizes)
-                out.steps += len(path)
-            out.steps += 1
+            # replayed with the event in its plan, so a deadline the event fires is the clock's next
+            h = replay(cfg, path, _sizes(cfg, path + [ev]), path + [ev], arms)
+            out.steps += len(path) + 1
             before = dict(h.fired)
             try:
                 got = h.step(ev)
@@ -191,6 +198,8 @@ def walk(cfg: Config, *, max_states: int | None = None,
             if target not in seen and (max_states is None or len(parent) < max_states):
                 seen[target] = len(parent)
                 parent.append((node, ev))
+                armed.append(h.arms_made[-1])
+                reached.append(got)
                 frontier.append(seen[target])
             h = None  # stepped: the next event starts from the node again
         if progress is not None and time.perf_counter() - last >= 5.0:

@@ -24,7 +24,8 @@ def test_the_implementation_walks_every_spec_edge(cfg):
     print(w.summary())
     assert w.failures == []
     assert w.spec_edges > 1000 and w.edge_coverage >= 0.95 and w.state_coverage >= 0.95
-    assert w.deadlines["clock"] > w.deadlines["hook"] > 0  # most deadlines fire through the clock and poll()
+    # every deadline fires through the clock and poll(): the walk knows the path, so each is the next due
+    assert w.deadlines["clock"] > 100 and w.deadlines["hook"] == 0
 
 
 def test_a_core_that_ignores_withdraws_is_caught_by_the_walk(monkeypatch):
