@@ -91,6 +91,16 @@ def fires(event: tuple) -> tuple[tuple[str, int], ...]:
     return ()
 
 
+# Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
+NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
+
+
+class NotByClock(Exception):
+    """A deadline an event fires is not the clock's next, even with the event in the harness's plan (one
+    event armed two deadlines of a kind, which the plan fires at different events: one timeout each
+    kind per event cannot tell them apart)."""
+
+
 class Fence:
     def __init__(self) -> None:
         self.done = False
@@ -126,10 +136,11 @@ class Harness:
         The spec lets the tower pick any size; receivers size their regions from the request, so here
         each room's size is fixed up front and the harness takes only that room's tower event.
 
-        `plan`: the events this harness will take, and `arms`: the deadlines (`deadline_key`s) each of
-        the first of them arms (what `arms_made` recorded on an earlier run of those events). With
-        them each deadline the plan fires is the clock's next when it fires; without, a deadline fires
-        through the clock only where it happens to be the next due, else through the core's hook."""
+        `plan`: the events this harness will take, and `arms`: the (kind, `deadline_key`) of the deadlines
+        each of the first of them arms (what `arms_made` recorded on an earlier run of those events). With
+        them each deadline the plan fires is the clock's next when it fires; without, `step` rebuilds the
+        harness along its own events with the one to take foreseen, when that one fires a deadline that
+        is not the clock's next (`_replan`)."""
         if config.variant != "project":
             raise ValueError("the implementation is the project variant")
         if (tokens * HIDDEN * 4) % 64:
@@ -181,10 +192,11 @@ class Harness:
         self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
         # (what, id, kind) -> when it is due: the time of the event that armed it plus the timeout then set
         self.armed: dict[tuple, float] = {}
-        # Deadline events fired through the clock and `poll()`, and out of the clock's order (by a `*_now` hook):
-        # the spec fires deadlines in any order, the clock in the order of their due times.
-        self.fired = {"clock": 0, "hook": 0}
+        # Deadline events fired, all through the clock and `poll()`.
+        self.fired = {"clock": 0}
+        self.replans = 0  # times it rebuilt itself to fire a deadline it had not foreseen (`_replan`)
         self.plan, self.arms = list(plan), list(arms)
+        self.foreseen = len(self.plan)  # the plan's first events, known before any was taken
         self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
 
     def room(self, i: int) -> int:
@@ -441,21 +453,43 @@ class Harness:
         pending = self.pending()
         self.clock.advance(min(1.0, (pending[0][0] - now) / 64) if pending else 1.0)
 
-    def fire(self, objs: list, hook) -> None:
-        """Fire the deadlines of `objs` (one spec event): through the clock and the pump's tick (which
-        polls) when they are the next due, with nothing else due by then; otherwise by `hook`, the core's
-        `*_now` call, since the spec lets deadlines fire in any order and this one is not the clock's next."""
+    def fire(self, objs: list) -> None:
+        """Fire the deadlines of `objs` (one spec event) through the clock and the pump's tick (which polls):
+        they are the next due, with nothing else due by then (`step` saw to it, see `_replan`)."""
         pending = self.pending()
         mine = [when for when, _, obj in pending if any(obj is o for o in objs)]
-        if objs and len(mine) == len(objs):
-            when = max(mine)
-            if all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
-                self.clock.advance(when - self.clock.now())
-                self.pump.tick()
-                self.fired["clock"] += 1
-                return
-        assert hook(), "the core had no such deadline to fire"
-        self.fired["hook"] += 1
+        if not objs or len(mine) != len(objs):
+            raise AssertionError(f"the core has no pending deadline for {objs}")
+        when = max(mine)
+        if not all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
+            raise NotByClock(f"{[o for w, _, o in pending if w <= when]} are due by {when}, not only {objs}")
+        self.clock.advance(when - self.clock.now())
+        self.pump.tick()
+        self.fired["clock"] += 1
+
+    def _clock_next(self, event: tuple) -> bool:
+        """Whether the deadlines `event` fires are pending and the clock's next, with nothing else due by then."""
+        keys = fires(event)
+        pending = [(key, when) for _, key, when in self._armed_now()]
+        mine = [when for key, when in pending if key in keys]
+        return bool(mine) and all(key in keys for key, when in pending if when <= max(mine))
+
+    def follow(self, events: Sequence[tuple]) -> None:
+        """Take `events` on the implementation without checking them (they were checked when first walked)."""
+        for n, ev in enumerate(events):
+            self.pass_time()
+            self.apply(ev)
+            if n + 1 == len(events) or events[n + 1][0] in NEEDS_STATE:
+                self.state = self.abstract()
+
+    def _replan(self, event: tuple) -> None:
+        """Become a harness that took the same events with `event` foreseen next: the deadlines it fires are
+        then the clock's next (the spec fires deadlines in any order; the clock fires the earliest)."""
+        j = len(self.arms_made)
+        new = Harness(self.cfg, self.tokens, self.size, plan=[*self.plan[:j], event], arms=self.arms_made)
+        new.follow(self.plan[:j])
+        new.fired, new.replans = self.fired, self.replans + 1
+        self.__dict__.update(new.__dict__)
 
     # -- events ----------------------------------------------------------------------
     def enabled(self) -> list[tuple]:
@@ -471,7 +505,11 @@ class Harness:
         name, *args = event
         i = args[0] if args else None
         ex, m, t = self.executor, self.manager, self.transport
-        self._set_timeouts(len(self.arms_made))
+        j = len(self.arms_made)
+        if self.plan[j:j + 1] != [event]:  # not the event planned (or none was): the plan is this from here on
+            self.plan[j:] = [event]
+            self.foreseen = min(self.foreseen, j)
+        self._set_timeouts(j)
         before = self._armed_now()
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
@@ -514,7 +552,7 @@ class Harness:
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
-            self.fire([m.rooms[self.room(i)]], lambda: m.expire_room_now(self.room(i)))
+            self.fire([m.rooms[self.room(i)]])
         elif name == "withdraw":
             session = self._session_for(i, args[1])
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
@@ -532,23 +570,23 @@ class Harness:
             self.pump.tick()
         elif name == "connect_expired":
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
+            self.fire([peer])
             self.faults -= 1
         elif name in ("probe_refused", "probe_expired"):
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer.beat], lambda: m.probe_peer_now(f"p.{i}"))
+            self.fire([peer.beat])
             self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
             if name == "probe_refused":
                 assert t.answer(f"p.{i}", ok=False)
                 self.pump.tick()
             else:
                 self.pass_time()
-                self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
+                self.fire([peer])
             self.faults -= 1
         elif name == "write_deadline":
             rid = self.room(i)
             due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
-            self.fire(due, lambda: m.expire_writes_now(rid))
+            self.fire(due)
             self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
@@ -557,7 +595,7 @@ class Harness:
             ex.reap_concluded_senders({rid for rid, s in ex.senders.items() if not s.offered})
         elif name == "release":
             slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
-            self.fire([slot], lambda: m.release_slot_now(slot))
+            self.fire([slot])
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
@@ -582,6 +620,13 @@ class Harness:
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
         self.pass_time()  # every event at its own time, before every pending deadline
+        j = len(self.arms_made)
+        foreseen = j < self.foreseen and self.plan[j] == event
+        # A probe left unanswered arms a contact and fires its deadline within the event: only a foreseen
+        # one is sure to be the clock's next.
+        if fires(event) and not foreseen and (event[0] == "probe_expired" or not self._clock_next(event)):
+            self._replan(event)
+            self.pass_time()
         self.apply(event)
         check_full_state(self)
         got = self.abstract()

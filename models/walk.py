@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import permutations
 
-from .conformance import Harness
+from .conformance import Harness, NotByClock
 from .explore import canonical, event_name
 from .spec import LEN, SIZE, SLOTI, Config, Spec
 
@@ -38,8 +38,9 @@ class Walk:
     edges: int = 0  # spec edges walked on the implementation
     steps: int = 0  # events applied, replays included
     seconds: float = 0.0
-    # deadline edges fired through the clock and poll(), and out of the clock's order (by a core hook)
-    deadlines: dict = field(default_factory=lambda: {"clock": 0, "hook": 0})
+    # edges whose deadlines fired through the clock and poll(); edges whose deadline could not be made the
+    # clock's next (`conformance.NotByClock`): not walked
+    deadlines: dict = field(default_factory=lambda: {"clock": 0, "not by clock": 0})
     failures: list = field(default_factory=list)  # (event path, message): the implementation left the spec
 
     @property
@@ -55,8 +56,8 @@ class Walk:
         return (f"({c.cells},{c.rooms},{c.receivers},{c.faults}) sizes {c.sizes}"
                 f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
                 f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
-                f"({100 * self.state_coverage:.1f}%); deadlines fired by the clock on {self.deadlines['clock']} "
-                f"edges, out of its order by a hook on {self.deadlines['hook']}; "
+                f"({100 * self.state_coverage:.1f}%); deadlines fired through the clock and poll() on "
+                f"{self.deadlines['clock']} edges, not the clock's next on {self.deadlines['not by clock']}; "
                 f"{self.steps} events in {self.seconds:.0f} s, "
                 f"{len(self.failures)} nonconforming")
 
@@ -70,20 +71,12 @@ def _sizes(cfg: Config, path: list[tuple]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-# Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
-NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
-
-
 def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...], plan: list[tuple] | None = None,
            arms: list[frozenset] = ()) -> Harness:
     """A fresh harness brought along `path` (already walked and checked) without checking again; `plan`
     (default: `path`) and `arms` as `Harness` takes them."""
     h = Harness(cfg, room_sizes=sizes, plan=path if plan is None else plan, arms=arms)
-    for n, ev in enumerate(path):
-        h.pass_time()
-        h.apply(ev)
-        if n + 1 == len(path) or path[n + 1][0] in NEEDS_STATE:
-            h.state = h.abstract()
+    h.follow(path)
     return h
 
 
@@ -191,9 +184,12 @@ def walk(cfg: Config, *, max_states: int | None = None,
                 out.failures.append((path + [ev], str(exc)))
                 h = None
                 continue
+            except NotByClock:
+                out.deadlines["not by clock"] += 1
+                h = None
+                continue
             out.edges += 1
-            for how, n in h.fired.items():
-                out.deadlines[how] += n - before[how]
+            out.deadlines["clock"] += h.fired["clock"] - before["clock"]
             target = canon(got)
             if target not in seen and (max_states is None or len(parent) < max_states):
                 seen[target] = len(parent)
