@@ -184,7 +184,6 @@ class Harness:
             self.frames.append(row)
         self.frames_sent = [0] * R  # the receivers' own moves: how many of each room's frames went
         self.faults = config.faults
-        self.content = [-1] * config.cells
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
@@ -236,10 +235,6 @@ class Harness:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
                 self.handle_slot[h] = self.cell(w.slot)
-        for e in extents:
-            if e.room is not None:
-                for c in self.span(e):
-                    self.content[c] = e.room - self.ROOM_BASE
 
     def cell(self, extent: Any) -> int:
         """The model's cell an extent starts at."""
@@ -331,7 +326,8 @@ class Harness:
         if any(w.room == rid and w.frame.session == session for w in self.manager.writes.by_handle.values()):
             return W_FLIGHT
         t = self.transport
-        if any(r == i and t.session_of(h) == session for h, r in self.ghosts.items()):
+        k = next(k for k in range(self.cfg.receivers) if self.session(i, k) == session)
+        if set(t.ghosts) & self._writes_into(i, k):  # reported failed or timed out, and may still land
             return W_GHOST
         if self.manager.regions.is_open(rid, session):
             return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
@@ -380,7 +376,7 @@ class Harness:
                           self.cell(slot) if uses else -1))
         # the spec forgets the bytes of cells no room's extent covers
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
-        slots = tuple((s.state, self.content[i] if i in used else -1, s.unsure,
+        slots = tuple((s.state, s.room - self.ROOM_BASE if i in used else -1, s.unsure,
                        len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
                       for i, s in enumerate(cells))
         peers = ()
