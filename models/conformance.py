@@ -420,13 +420,8 @@ class Harness:
     def _set_timeouts(self, j: int) -> None:
         """Before the j-th event: each kind's timeout, so that a deadline it arms is due when the plan fires it."""
         ev = self.plan[j] if j < len(self.plan) else None
-        now = self.clock.now()
-        if ev is not None and fires(ev):  # what such an event arms, it arms once the clock reached its deadline
-            keys = fires(ev)
-            pending = [(key, when) for _, key, when in self._armed_now()]
-            mine = [when for key, when in pending if key in keys]
-            if mine and all(key in keys for key, when in pending if when <= max(mine)):
-                now = max(mine)
+        # what an event that fires a deadline arms, it arms once the clock reached that deadline
+        now = (self._fire_time(ev) if ev is not None else None) or self.clock.now()
         want: dict[str, set] = {}
         for kind, key in self.arms[j] if j < len(self.arms) else ():
             want.setdefault(kind, set()).add(self._fired_at(key, j))
@@ -434,7 +429,9 @@ class Harness:
         for kind in OFFSET:
             targets = want.get(kind, set())
             f = next(iter(targets)) if len(targets) == 1 else None  # several, each its own: none can be exact
-            due[kind] = (STEP * (f + 1) + OFFSET[kind] - now) if f is not None else FAR + OFFSET[kind]
+            due[kind] = STEP * (f + 1) + OFFSET[kind] - now if f is not None else 0.0
+            if due[kind] <= 0:  # not foreseen (or past already: no plan has that many events)
+                due[kind] = FAR + OFFSET[kind]
         if ev is not None and ev[0] == "probe_expired":
             due["connect"] = PROBE_CONTACT + OFFSET["connect"] / 1000
         m = self.manager
@@ -463,12 +460,17 @@ class Harness:
         self.pump.tick()
         self.fired["clock"] += 1
 
-    def _clock_next(self, event: tuple) -> bool:
-        """Whether the deadlines `event` fires are pending and the clock's next, with nothing else due by then."""
+    def _fire_time(self, event: tuple) -> float | None:
+        """When the clock fires the deadlines `event` fires: the latest of them, if they are pending and nothing
+        else is due by then; else None."""
         keys = fires(event)
+        if not keys:
+            return None
         pending = [(key, when) for _, key, when in self._armed_now()]
         mine = [when for key, when in pending if key in keys]
-        return bool(mine) and all(key in keys for key, when in pending if when <= max(mine))
+        if mine and all(key in keys for key, when in pending if when <= max(mine)):
+            return max(mine)
+        return None
 
     def follow(self, events: Sequence[tuple]) -> None:
         """Take `events` on the implementation without checking them (they were checked when first walked)."""
@@ -504,6 +506,7 @@ class Harness:
         j = len(self.arms_made)
         if self.plan[j:j + 1] != [event]:  # not the event planned (or none was): the plan is this from here on
             self.plan[j:] = [event]
+            del self.arms[j:]  # what the planned events armed says nothing of this one
             self.foreseen = min(self.foreseen, j)
         self._set_timeouts(j)
         before = self._armed_now()
@@ -620,7 +623,7 @@ class Harness:
         foreseen = j < self.foreseen and self.plan[j] == event
         # A probe left unanswered arms a contact and fires its deadline within the event: only a foreseen
         # one is sure to be the clock's next.
-        if fires(event) and not foreseen and (event[0] == "probe_expired" or not self._clock_next(event)):
+        if fires(event) and not foreseen and (event[0] == "probe_expired" or self._fire_time(event) is None):
             self._replan(event)
             self.pass_time()
         self.apply(event)
