@@ -34,6 +34,23 @@ def test_a_core_that_ignores_withdraws_is_caught_by_the_walk(monkeypatch):
     assert w.failures and all(any(ev[0] == "withdraw" for ev in path) for path, _ in w.failures)
 
 
+@pytest.mark.parametrize("forget", ["reaped sender", "landed bytes"])
+def test_the_walk_reads_the_implementation_not_its_own_bookkeeping(monkeypatch, forget):
+    """abstract() takes the sender and the writes done from the core and the transport: a core whose
+    record forgets that a sender came, or a transport whose receivers forget what landed, leaves the spec."""
+    from epd_ring.executor.core.loopback import LoopbackReceiver
+
+    if forget == "reaped sender":
+        kept = EncodeManager.has_sender
+        monkeypatch.setattr(EncodeManager, "has_sender", lambda self, room: room in self.rooms and kept(self, room))
+        kind = "reap"
+    else:
+        monkeypatch.setattr(LoopbackReceiver, "landed", property(lambda self: [], lambda self, v: None), raising=False)
+        kind = "write_done"
+    w = walk(Config(1, 2, 1, 1, sizes=(1,)))
+    assert w.failures and all(any(ev[0] == kind for ev in path) for path, _ in w.failures)
+
+
 @pytest.mark.parametrize("cfg", [Config(2, 2, 1, 1), Config(3, 2, 1, 1), Config(3, 2, 1, 1, sizes=(1,))], ids=str)
 def test_the_walks_quotients_are_symmetries_of_the_spec(cfg):
     """Reading the arena from its other end (and, with items of one cell, any relabelling of cells) maps
