@@ -17,6 +17,7 @@ every receive buffer as room labels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,13 +57,48 @@ from .spec import (
 from .state import TOLD_NONE, told_after
 
 HIDDEN = 4
-# Distinct, so a deadline armed from the wrong setting shows; far above the clock of any run
-# (at most a second per event, and never past a pending deadline), so deadlines fire only when
-# the harness fires them: through the clock and `poll()` where the spec's deadline is the next due.
-TIMEOUTS = dict(park_timeout=101.0, announce_timeout=103.0, write_timeout=107.0, quarantine_s=109.0,
-                tombstone_ttl=1e6, connect_timeout=113.0, peer_backoff=127.0,
+# Deadlines fire through the clock and `poll()`. The spec fires them in any order, the clock in the order
+# of their due times, so the harness picks each deadline's duration when it is armed (through the
+# settings: a kind's timeout before each event): one its plan fires at event f is due at STEP * (f + 1),
+# one it does not fire is due FAR away; other events take at most a second each. Each kind adds its own
+# OFFSET, so a deadline armed from another kind's setting shows (`check_full_state`).
+STEP, FAR = 1000.0, 1e6
+OFFSET = {"park": 101.0, "announce": 103.0, "write": 107.0, "quarantine": 109.0, "connect": 113.0,
+          "probe": 131.0}
+# A probe's contact is armed and left unanswered within one event: its connect deadline this soon after.
+PROBE_CONTACT = 10.0
+TIMEOUTS = dict(park_timeout=FAR + OFFSET["park"], announce_timeout=FAR + OFFSET["announce"],
+                write_timeout=FAR + OFFSET["write"], quarantine_s=FAR + OFFSET["quarantine"],
+                tombstone_ttl=1e9, connect_timeout=FAR + OFFSET["connect"],
+                peer_probe_interval=FAR + OFFSET["probe"], peer_backoff=127.0,
                 # The model does not move peers on write failures: neither may the implementation here.
                 peer_fail_threshold=1 << 30)
+
+
+def fires(event: tuple) -> tuple[tuple[str, int], ...]:
+    """The deadlines (as `Harness.deadline_key`s) a spec event fires."""
+    name = event[0]
+    if name == "expire":
+        return (("room", event[1]),)
+    if name == "write_deadline":
+        return (("write", event[1]),)
+    if name == "release":
+        return (("extent", event[1]),)
+    if name == "connect_expired":
+        return (("connect", event[1]),)
+    if name in ("probe_refused", "probe_expired"):
+        return (("probe", event[1]),)
+    return ()
+
+
+# Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
+NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
+
+
+class NotByClock(Exception):
+    """A deadline an event fires is not the clock's next, even with the event in the harness's plan (one
+    event armed two deadlines of a kind, which the plan fires at different events: one timeout each
+    kind per event cannot tell them apart)."""
 
 
 class Fence:
@@ -93,11 +129,18 @@ class RoomTower:
 class Harness:
     ROOM_BASE = 500
 
-    def __init__(self, config: Config, tokens: int = 4, room_sizes: tuple[int, ...] | None = None):
+    def __init__(self, config: Config, tokens: int = 4, room_sizes: tuple[int, ...] | None = None,
+                 plan: Sequence[tuple] = (), arms: Sequence[frozenset] = ()):
         """`tokens` rows make one cell (64 B: the arena's alignment, so an item of z cells takes exactly
         z cells); room i's item has `room_sizes[i]` cells (default: the configuration's sizes in turn).
         The spec lets the tower pick any size; receivers size their regions from the request, so here
-        each room's size is fixed up front and the harness takes only that room's tower event."""
+        each room's size is fixed up front and the harness takes only that room's tower event.
+
+        `plan`: the events this harness will take, and `arms`: the (kind, `deadline_key`) of the deadlines
+        each of the first of them arms (what `arms_made` recorded on an earlier run of those events). With
+        them each deadline the plan fires is the clock's next when it fires; without, `step` rebuilds the
+        harness along its own events with the one to take foreseen, when that one fires a deadline that
+        is not the clock's next (`_replan`)."""
         if config.variant != "project":
             raise ValueError("the implementation is the project variant")
         if (tokens * HIDDEN * 4) % 64:
@@ -139,22 +182,21 @@ class Harness:
                 row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, rows, 0, rows, HIDDEN,
                                          "torch.float32", False, N))
             self.frames.append(row)
-        self.registered = [False] * R
-        self.tower_ran = [False] * R
-        self.sent = [False] * R
-        self.frames_sent = [0] * R
-        self.ok = [0] * R
+        self.frames_sent = [0] * R  # the receivers' own moves: how many of each room's frames went
         self.faults = config.faults
-        self.content = [-1] * config.cells
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
         self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
         self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
-        self.armed: dict[tuple, float] = {}  # (what, id, kind) -> when the event that armed it happened
-        # Deadline events fired through the clock and `poll()`, and out of the clock's order (by a `*_now` hook):
-        # the spec fires deadlines in any order, the clock in the order of their due times.
-        self.fired = {"clock": 0, "hook": 0}
+        # (what, id, kind) -> when it is due: the time of the event that armed it plus the timeout then set
+        self.armed: dict[tuple, float] = {}
+        # Deadline events fired, all through the clock and `poll()`.
+        self.fired = {"clock": 0}
+        self.replans = 0  # times it rebuilt itself to fire a deadline it had not foreseen (`_replan`)
+        self.plan, self.arms = list(plan), list(arms)
+        self.foreseen = len(self.plan)  # the plan's first events, known before any was taken
+        self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -177,26 +219,22 @@ class Harness:
         m = self.manager
         for rid, room in m.rooms.items():
             if room.timer:
-                self.armed.setdefault(("room", rid, room.state), now)
+                timeout = m.park_timeout if room.state == "parked" else m.announce_timeout
+                self.armed.setdefault(("room", rid, room.state), now + timeout)
         extents = list(self.executor.ring.extents.values())
         quarantined = {self.cell(e) for e in extents if e.state == "quarantined"}
         for c in quarantined:
-            self.armed.setdefault(("extent", c, "quarantine"), now)
+            self.armed.setdefault(("extent", c, "quarantine"), now + m.quarantine_s)
         for key in [k for k in self.armed if k[0] == "extent" and k[1] not in quarantined]:
             del self.armed[key]
         for h in m.writes.by_handle:
-            self.armed.setdefault(("write", h, ""), now)
+            self.armed.setdefault(("write", h, ""), now + m.write_timeout)
         for h, write in self.pump.handles().items():  # transport handle -> the core's write
             w = m.writes.by_handle[write]
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
                 self.handle_slot[h] = self.cell(w.slot)
-                self.sent[i] = True
-        for e in extents:
-            if e.room is not None:
-                for c in self.span(e):
-                    self.content[c] = e.room - self.ROOM_BASE
 
     def cell(self, extent: Any) -> int:
         """The model's cell an extent starts at."""
@@ -226,11 +264,7 @@ class Harness:
 
     def region(self, i: int, session: str) -> str:
         """The session's region, stepped through the region machine on every notice it got."""
-
-        class R:
-            state = REGION.initial
-
-        r = R()
+        r = SimpleNamespace(state=REGION.initial)
         steps = [("withdraw" if n.status == "withdraw" else NOTICE_EVENTS[n.status])
                  for n in self.transport.receivers[session].notices if n.room == self.room(i)]
         if (i, session) in self.withdrawn:
@@ -252,13 +286,48 @@ class Harness:
         got |= {s for s, r in self.transport.receivers.items() if any(n.room == rid for n in r.notices)}
         return sorted(got)
 
+    def sender(self, i: int) -> tuple[int, bool]:
+        """Room i's sender as the spec keeps it (none, registered, reaped), and whether its item was taken
+        (the tower ran on it, or it came from the cache): the executor's sender while it has one, then
+        the manager's record of the room, which keeps that one came (a sender is reaped only after its
+        item was taken)."""
+        sender = self.executor.senders.get(self.rid(i))
+        if sender is not None:
+            return 1, sender.offered
+        return (2, True) if self.manager.has_sender(self.room(i)) else (0, False)
+
+    def _writes_into(self, i: int, k: int) -> set[int]:
+        """Handles of the writes the transport was asked to make into room i's k-th receive buffer."""
+        buf = self.buffers[(i, k)]
+        lo = buf.data_ptr()
+        hi = lo + buf.numel() * buf.element_size()
+        return {h for h, ptr, _ in self.transport.receivers[self.session(i, k)].submitted if lo <= ptr < hi}
+
+    def sent(self, i: int) -> bool:
+        """Whether room i's chunk was written (its writes were submitted), as its receivers' side shows."""
+        return any(self._writes_into(i, k) for k in range(self.cfg.receivers))
+
+    def written(self, i: int) -> int:
+        """Receivers of room i whose bytes landed before they were told the room's outcome: the writes
+        that reported done while the room was transferring (a write done later, or one that lands after
+        reporting unsure, lands after the outcome notice)."""
+        n = 0
+        for k in range(self.cfg.receivers):
+            rcv = self.transport.receivers[self.session(i, k)]
+            mine = self._writes_into(i, k)
+            told = next((j for j, x in enumerate(rcv.notices)
+                         if x.room == self.room(i) and x.status in ("success", "failed")), len(rcv.notices))
+            n += any(h in mine and seen <= told for h, seen in rcv.landed)
+        return n
+
     def write_state(self, i: int, session: str) -> int:
         """Where the write into the session's region is, read from the manager and the transport."""
         rid = self.room(i)
         if any(w.room == rid and w.frame.session == session for w in self.manager.writes.by_handle.values()):
             return W_FLIGHT
         t = self.transport
-        if any(r == i and t.session_of(h) == session for h, r in self.ghosts.items()):
+        k = next(k for k in range(self.cfg.receivers) if self.session(i, k) == session)
+        if set(t.ghosts) & self._writes_into(i, k):  # reported failed or timed out, and may still land
             return W_GHOST
         if self.manager.regions.is_open(rid, session):
             return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
@@ -276,9 +345,10 @@ class Harness:
         for i in range(self.cfg.rooms):
             rid = self.room(i)
             rs = m.room_status(rid) or "new"
-            snd = 0 if not self.registered[i] else (1 if self.rid(i) in ex.senders else 2)
+            snd, taken = self.sender(i)
+            ok = self.written(i)
             slot = slot_of.get(i)
-            if not self.tower_ran[i]:
+            if not taken:
                 ch = CH_NONE
             elif i in deferred:
                 ch = CH_DEFERRED
@@ -286,7 +356,7 @@ class Harness:
                 ch = CH_COPYING
             elif slot is not None and slot.state in ("staged", "parked"):
                 ch = CH_HELD
-            elif self.sent[i]:
+            elif self.sent(i):
                 ch = CH_SENT
             else:
                 ch = CH_DROPPED
@@ -299,13 +369,14 @@ class Harness:
             ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
-                assert self.cfg.receivers - live.writes_left == self.ok[i], f"room {i}: writes left {live.writes_left}"
+                # the manager's count and the receivers' bytes agree
+                assert self.cfg.receivers - live.writes_left == ok, f"room {i}: writes left {live.writes_left}"
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
-            rooms.append((rs, snd, ch, len(sessions), told, self.ok[i], infl[i], ghosts, rcv, size,
+            rooms.append((rs, snd, ch, len(sessions), told, ok, infl[i], ghosts, rcv, size,
                           self.cell(slot) if uses else -1))
         # the spec forgets the bytes of cells no room's extent covers
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
-        slots = tuple((s.state, self.content[i] if i in used else -1, s.unsure,
+        slots = tuple((s.state, s.room - self.ROOM_BASE if i in used else -1, s.unsure,
                        len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
                       for i, s in enumerate(cells))
         peers = ()
@@ -321,6 +392,53 @@ class Harness:
             out = sorted(out + self.manager.peers.beats.pending(), key=lambda e: e[0])
         return out
 
+    def deadline_key(self, kind: str, obj: Any) -> tuple[str, int]:
+        """A pending deadline as the spec's event names what it fires: a room's, a room's writes', an
+        extent's (by its first cell), a peer's contact or heartbeat (by its receivers' rank)."""
+        if kind in ("announce", "park"):
+            return ("room", obj.id - self.ROOM_BASE)
+        if kind == "write":
+            return ("write", obj.room - self.ROOM_BASE)
+        if kind == "quarantine":
+            return ("extent", self.cell(obj))
+        peer = obj.peer if kind == "probe" else obj
+        return (kind, int(peer.session.rsplit(".", 1)[1]))
+
+    def _armed_now(self) -> set[tuple]:
+        """Pending deadlines as (kind, key, due)."""
+        return {(kind, self.deadline_key(kind, obj), when) for when, kind, obj in self.pending()}
+
+    def _fired_at(self, key: tuple, j: int) -> int | None:
+        """The plan's event that fires the deadline `key` armed at event j (None: none, or it is armed again first)."""
+        for f in range(j + 1, len(self.plan)):
+            if key in fires(self.plan[f]):
+                return f
+            if f < len(self.arms) and any(k == key for _, k in self.arms[f]):
+                return None
+        return None
+
+    def _set_timeouts(self, j: int) -> None:
+        """Before the j-th event: each kind's timeout, so that a deadline it arms is due when the plan fires it."""
+        ev = self.plan[j] if j < len(self.plan) else None
+        # what an event that fires a deadline arms, it arms once the clock reached that deadline
+        now = (self._fire_time(ev) if ev is not None else None) or self.clock.now()
+        want: dict[str, set] = {}
+        for kind, key in self.arms[j] if j < len(self.arms) else ():
+            want.setdefault(kind, set()).add(self._fired_at(key, j))
+        due = {}
+        for kind in OFFSET:
+            targets = want.get(kind, set())
+            f = next(iter(targets)) if len(targets) == 1 else None  # several, each its own: none can be exact
+            due[kind] = STEP * (f + 1) + OFFSET[kind] - now if f is not None else 0.0
+            if due[kind] <= 0:  # not foreseen (or past already: no plan has that many events)
+                due[kind] = FAR + OFFSET[kind]
+        if ev is not None and ev[0] == "probe_expired":
+            due["connect"] = PROBE_CONTACT + OFFSET["connect"] / 1000
+        m = self.manager
+        m.park_timeout, m.announce_timeout = due["park"], due["announce"]
+        m.write_timeout, m.quarantine_s = due["write"], due["quarantine"]
+        m.peers.connect_timeout, m.peers.probe_interval = due["connect"], due["probe"]
+
     def pass_time(self) -> None:
         """Move the clock on before an event: a second, or less so that no pending deadline comes due
         (after a deadline fired the next may be a second away; each event then takes a slice of the gap)."""
@@ -328,21 +446,48 @@ class Harness:
         pending = self.pending()
         self.clock.advance(min(1.0, (pending[0][0] - now) / 64) if pending else 1.0)
 
-    def fire(self, objs: list, hook) -> None:
-        """Fire the deadlines of `objs` (one spec event): through the clock and the pump's tick (which
-        polls) when they are the next due, with nothing else due by then; otherwise by `hook`, the core's
-        `*_now` call, since the spec lets deadlines fire in any order and this one is not the clock's next."""
+    def fire(self, objs: list) -> None:
+        """Fire the deadlines of `objs` (one spec event) through the clock and the pump's tick (which polls):
+        they are the next due, with nothing else due by then (`step` saw to it, see `_replan`)."""
         pending = self.pending()
         mine = [when for when, _, obj in pending if any(obj is o for o in objs)]
-        if objs and len(mine) == len(objs):
-            when = max(mine)
-            if all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
-                self.clock.advance(when - self.clock.now())
-                self.pump.tick()
-                self.fired["clock"] += 1
-                return
-        assert hook(), "the core had no such deadline to fire"
-        self.fired["hook"] += 1
+        if not objs or len(mine) != len(objs):
+            raise AssertionError(f"the core has no pending deadline for {objs}")
+        when = max(mine)
+        if not all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
+            raise NotByClock(f"{[o for w, _, o in pending if w <= when]} are due by {when}, not only {objs}")
+        self.clock.advance(when - self.clock.now())
+        self.pump.tick()
+        self.fired["clock"] += 1
+
+    def _fire_time(self, event: tuple) -> float | None:
+        """When the clock fires the deadlines `event` fires: the latest of them, if they are pending and nothing
+        else is due by then; else None."""
+        keys = fires(event)
+        if not keys:
+            return None
+        pending = [(key, when) for _, key, when in self._armed_now()]
+        mine = [when for key, when in pending if key in keys]
+        if mine and all(key in keys for key, when in pending if when <= max(mine)):
+            return max(mine)
+        return None
+
+    def follow(self, events: Sequence[tuple]) -> None:
+        """Take `events` on the implementation without checking them (they were checked when first walked)."""
+        for n, ev in enumerate(events):
+            self.pass_time()
+            self.apply(ev)
+            if n + 1 == len(events) or events[n + 1][0] in NEEDS_STATE:
+                self.state = self.abstract()
+
+    def _replan(self, event: tuple) -> None:
+        """Become a harness that took the same events with `event` foreseen next: the deadlines it fires are
+        then the clock's next (the spec fires deadlines in any order; the clock fires the earliest)."""
+        j = len(self.arms_made)
+        new = Harness(self.cfg, self.tokens, self.size, plan=[*self.plan[:j], event], arms=self.arms_made)
+        new.follow(self.plan[:j])
+        new.fired, new.replans = self.fired, self.replans + 1
+        self.__dict__.update(new.__dict__)
 
     # -- events ----------------------------------------------------------------------
     def enabled(self) -> list[tuple]:
@@ -358,9 +503,15 @@ class Harness:
         name, *args = event
         i = args[0] if args else None
         ex, m, t = self.executor, self.manager, self.transport
+        j = len(self.arms_made)
+        if self.plan[j:j + 1] != [event]:  # not the event planned (or none was): the plan is this from here on
+            self.plan[j:] = [event]
+            del self.arms[j:]  # what the planned events armed says nothing of this one
+            self.foreseen = min(self.foreseen, j)
+        self._set_timeouts(j)
+        before = self._armed_now()
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
-            self.registered[i] = True
         elif name in ("frame", "frame_after_backoff"):
             if name == "frame_after_backoff":
                 m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()  # the backoff passed
@@ -371,7 +522,6 @@ class Harness:
             if parked_timer is not None and room.state == "parked" and room.timer != parked_timer:
                 raise AssertionError(f"deadline-extended: a partial registration re-armed room {i}'s park deadline")
         elif name in ("tower", "tower_error", "stage_error"):
-            self.tower_ran[i] = True
             # an item of its room's size; a staging error: one larger than the whole arena
             n = self.tokens * (self.size[i] if name != "stage_error" else self.cfg.cells + 1)
             item = EncodeItem("image", n, meta={"room": self.room(i)})
@@ -388,11 +538,8 @@ class Harness:
         elif name in ("write_done", "write_unsure"):
             session = self._session_for(i, args[1])
             h = min(h for h in t.held if self.handle_room.get(h) == i and t.session_of(h) == session)
-            was = m.room_status(self.room(i))
             if name == "write_done":
                 t.complete(h, Outcome.DONE)
-                if was == "transferring":
-                    self.ok[i] += 1
             else:
                 t.complete(h, Outcome.TIMED_OUT, land=False, land_later=True)
                 self.ghosts[h] = i
@@ -404,7 +551,7 @@ class Harness:
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
-            self.fire([m.rooms[self.room(i)]], lambda: m.expire_room_now(self.room(i)))
+            self.fire([m.rooms[self.room(i)]])
         elif name == "withdraw":
             session = self._session_for(i, args[1])
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
@@ -422,32 +569,32 @@ class Harness:
             self.pump.tick()
         elif name == "connect_expired":
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
+            self.fire([peer])
             self.faults -= 1
         elif name in ("probe_refused", "probe_expired"):
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer.beat], lambda: m.probe_peer_now(f"p.{i}"))
+            self.fire([peer.beat])
             self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
             if name == "probe_refused":
                 assert t.answer(f"p.{i}", ok=False)
                 self.pump.tick()
             else:
                 self.pass_time()
-                self.fire([peer], lambda: m.expire_peer_now(f"p.{i}"))
+                self.fire([peer])
             self.faults -= 1
         elif name == "write_deadline":
             rid = self.room(i)
             due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
-            self.fire(due, lambda: m.expire_writes_now(rid))
+            self.fire(due)
             self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
         elif name == "reap":
-            pending = {self.rid(j) for j in range(self.cfg.rooms) if self.registered[j] and not self.tower_ran[j]}
-            ex.reap_concluded_senders(pending)
+            # as the engine does: requests whose item has not gone to the tower are still pending
+            ex.reap_concluded_senders({rid for rid, s in ex.senders.items() if not s.offered})
         elif name == "release":
             slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
-            self.fire([slot], lambda: m.release_slot_now(slot))
+            self.fire([slot])
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
@@ -455,6 +602,7 @@ class Harness:
             raise ValueError(f"unknown event {event}")
         self.pump.flush()
         self._observe()
+        self.arms_made.append(frozenset((kind, key) for kind, key, _ in self._armed_now() - before))
 
     def _session_for(self, i: int, k: int) -> str:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
@@ -471,6 +619,13 @@ class Harness:
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
         self.pass_time()  # every event at its own time, before every pending deadline
+        j = len(self.arms_made)
+        foreseen = j < self.foreseen and self.plan[j] == event
+        # A probe left unanswered arms a contact and fires its deadline within the event: only a foreseen
+        # one is sure to be the clock's next.
+        if fires(event) and not foreseen and (event[0] == "probe_expired" or self._fire_time(event) is None):
+            self._replan(event)
+            self.pass_time()
         self.apply(event)
         check_full_state(self)
         got = self.abstract()
@@ -490,7 +645,6 @@ def check_full_state(h: Harness) -> None:
     """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
     receivers. Raise AssertionError."""
     m, N = h.manager, h.cfg.receivers
-    timeout = {"announced": m.announce_timeout, "parked": m.park_timeout}
     for i in range(h.cfg.rooms):
         rid = h.room(i)
         room = m.rooms.get(rid)
@@ -498,10 +652,10 @@ def check_full_state(h: Harness) -> None:
             sent = {f.session: f for f in h.frames[i][:h.frames_sent[i]]}
             assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
             if room.timer:
-                assert room.state in timeout, f"room {i} has a deadline in state {room.state}"
-                want = h.armed[("room", rid, room.state)] + timeout[room.state]
+                assert room.state in ("announced", "parked"), f"room {i} has a deadline in state {room.state}"
+                want = h.armed[("room", rid, room.state)]
                 assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
-            elif room.state in timeout:
+            elif room.state in ("announced", "parked"):
                 raise AssertionError(f"room {i} is {room.state} without a deadline")
         for k in range(N):
             vals = set(h.buffers[(i, k)].unique().tolist())
@@ -509,12 +663,12 @@ def check_full_state(h: Harness) -> None:
             if k < h.frames_sent[i] and h.region(i, h.session(i, k)) == "written":
                 assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
     for write, w in m.writes.by_handle.items():
-        want = h.armed[("write", write, "")] + m.write_timeout
+        want = h.armed[("write", write, "")]
         # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
         assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.extents.values():
         if s.state == "quarantined":
-            want = h.armed[("extent", h.cell(s), "quarantine")] + m.quarantine_s
+            want = h.armed[("extent", h.cell(s), "quarantine")]
             assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
 
 

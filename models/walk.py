@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import permutations
 
-from .conformance import Harness
+from .conformance import Harness, NotByClock
 from .explore import canonical, event_name
 from .spec import LEN, SIZE, SLOTI, Config, Spec
 
@@ -38,8 +38,9 @@ class Walk:
     edges: int = 0  # spec edges walked on the implementation
     steps: int = 0  # events applied, replays included
     seconds: float = 0.0
-    # deadline edges fired through the clock and poll(), and out of the clock's order (by a core hook)
-    deadlines: dict = field(default_factory=lambda: {"clock": 0, "hook": 0})
+    # edges whose deadlines fired through the clock and poll(); edges whose deadline could not be made the
+    # clock's next (`conformance.NotByClock`): not walked
+    deadlines: dict = field(default_factory=lambda: {"clock": 0, "not by clock": 0})
     failures: list = field(default_factory=list)  # (event path, message): the implementation left the spec
 
     @property
@@ -55,8 +56,8 @@ class Walk:
         return (f"({c.cells},{c.rooms},{c.receivers},{c.faults}) sizes {c.sizes}"
                 f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
                 f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
-                f"({100 * self.state_coverage:.1f}%); deadlines fired by the clock on {self.deadlines['clock']} "
-                f"edges, out of its order by a hook on {self.deadlines['hook']}; "
+                f"({100 * self.state_coverage:.1f}%); deadlines fired through the clock and poll() on "
+                f"{self.deadlines['clock']} edges, not the clock's next on {self.deadlines['not by clock']}; "
                 f"{self.steps} events in {self.seconds:.0f} s, "
                 f"{len(self.failures)} nonconforming")
 
@@ -70,13 +71,12 @@ def _sizes(cfg: Config, path: list[tuple]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...]) -> Harness:
-    """A fresh harness brought along `path` (already walked and checked) without checking again."""
-    h = Harness(cfg, room_sizes=sizes)
-    for ev in path:
-        h.pass_time()
-        h.apply(ev)
-        h.state = h.abstract()
+def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...], plan: list[tuple] | None = None,
+           arms: list[frozenset] = ()) -> Harness:
+    """A fresh harness brought along `path` (already walked and checked) without checking again; `plan`
+    (default: `path`) and `arms` as `Harness` takes them."""
+    h = Harness(cfg, room_sizes=sizes, plan=path if plan is None else plan, arms=arms)
+    h.follow(path)
     return h
 
 
@@ -152,31 +152,31 @@ def walk(cfg: Config, *, max_states: int | None = None,
     t0 = last = time.perf_counter()
     # node id -> (parent id, event from it); a node's path is read back through its parents
     parent: list[tuple[int, tuple | None]] = [(-1, None)]
+    armed: list[frozenset] = [frozenset()]  # node id -> the deadlines the event into it armed
+    reached: list[tuple] = [spec.initial()]  # node id -> its state as the implementation labels it
     seen = {canon(spec.initial()): 0}
     frontier = deque([0])
 
-    def path_of(n: int) -> list[tuple]:
-        evs = []
+    def path_of(n: int) -> tuple[list[tuple], list[frozenset]]:
+        """The events into node n, and the deadlines each armed."""
+        evs, arms = [], []
         while parent[n][0] >= 0:
+            arms.append(armed[n])
             n, ev = parent[n]
             evs.append(ev)
-        return evs[::-1]
+        return evs[::-1], arms[::-1]
 
     while frontier:
         node = frontier.popleft()
-        path = path_of(node)
-        h = replay(cfg, path, _sizes(cfg, path))
-        out.steps += len(path)
+        path, arms = path_of(node)
         events: list[tuple] = []
-        for st in spec.successors(h.state):
+        for st in spec.successors(reached[node]):
             if st.event not in events:
                 events.append(st.event)
         for ev in events:
-            sizes = _sizes(cfg, path + [ev])
-            if h is None or h.size != sizes:
-                h = replay(cfg, path, sizes)
-                out.steps += len(path)
-            out.steps += 1
+            # replayed with the event in its plan, so a deadline the event fires is the clock's next
+            h = replay(cfg, path, _sizes(cfg, path + [ev]), path + [ev], arms)
+            out.steps += len(path) + 1
             before = dict(h.fired)
             try:
                 got = h.step(ev)
@@ -184,13 +184,18 @@ def walk(cfg: Config, *, max_states: int | None = None,
                 out.failures.append((path + [ev], str(exc)))
                 h = None
                 continue
+            except NotByClock:
+                out.deadlines["not by clock"] += 1
+                h = None
+                continue
             out.edges += 1
-            for how, n in h.fired.items():
-                out.deadlines[how] += n - before[how]
+            out.deadlines["clock"] += h.fired["clock"] - before["clock"]
             target = canon(got)
             if target not in seen and (max_states is None or len(parent) < max_states):
                 seen[target] = len(parent)
                 parent.append((node, ev))
+                armed.append(h.arms_made[-1])
+                reached.append(got)
                 frontier.append(seen[target])
             h = None  # stepped: the next event starts from the node again
         if progress is not None and time.perf_counter() - last >= 5.0:

@@ -28,8 +28,7 @@ from epd_ring.executor import (
 ENTRY_POINTS = frozenset((
     "register", "execute", "send_item", "fail_rooms", "reap_concluded_senders", "serve_deferred", "finish_copies",
     "begin_close", "bind_sender", "unbind_sender", "register_receiver", "withdraw", "submit_chunk", "fail_room",
-    "expire_room_now", "expire_peer_now", "probe_peer_now", "expire_writes_now", "release_slot_now", "writes_reported",
-    "contacts_reported"))
+    "writes_reported", "contacts_reported"))
 # The peer table's own steps (tests of the table drive it directly): each may decide a contact.
 PEER_ENTRY_POINTS = frozenset(("contact", "report", "expired", "write_ok", "write_failed"))
 # Parts of a driven core reached as attributes, driven too: attribute -> its entry points.

@@ -24,13 +24,31 @@ def test_the_implementation_walks_every_spec_edge(cfg):
     print(w.summary())
     assert w.failures == []
     assert w.spec_edges > 1000 and w.edge_coverage >= 0.95 and w.state_coverage >= 0.95
-    assert w.deadlines["clock"] > w.deadlines["hook"] > 0  # most deadlines fire through the clock and poll()
+    # every deadline fires through the clock and poll(): the walk knows the path, so each is the next due
+    assert w.deadlines["clock"] > 100 and w.deadlines["not by clock"] == 0
 
 
 def test_a_core_that_ignores_withdraws_is_caught_by_the_walk(monkeypatch):
     monkeypatch.setattr(EncodeManager, "withdraw", lambda self, room, session: None)
     w = walk(Config(1, 2, 1, 1, sizes=(1,)))
     assert w.failures and all(any(ev[0] == "withdraw" for ev in path) for path, _ in w.failures)
+
+
+@pytest.mark.parametrize("forget", ["reaped sender", "landed bytes"])
+def test_the_walk_reads_the_implementation_not_its_own_bookkeeping(monkeypatch, forget):
+    """abstract() takes the sender and the writes done from the core and the transport: a core whose
+    record forgets that a sender came, or a transport whose receivers forget what landed, leaves the spec."""
+    from epd_ring.executor.core.loopback import LoopbackReceiver
+
+    if forget == "reaped sender":
+        kept = EncodeManager.has_sender
+        monkeypatch.setattr(EncodeManager, "has_sender", lambda self, room: room in self.rooms and kept(self, room))
+        kind = "reap"
+    else:
+        monkeypatch.setattr(LoopbackReceiver, "landed", property(lambda self: [], lambda self, v: None), raising=False)
+        kind = "write_done"
+    w = walk(Config(1, 2, 1, 1, sizes=(1,)))
+    assert w.failures and all(any(ev[0] == kind for ev in path) for path, _ in w.failures)
 
 
 @pytest.mark.parametrize("cfg", [Config(2, 2, 1, 1), Config(3, 2, 1, 1), Config(3, 2, 1, 1, sizes=(1,))], ids=str)
@@ -74,3 +92,21 @@ def test_the_walk_command_prints_coverage_and_fails_below_its_floor(capsys):
     assert main(["1", "2", "1", "1", "--sizes", "1"]) == 0
     assert "edges (100.0%)" in capsys.readouterr().out
     assert main(["1", "2", "1", "1", "--sizes", "1", "--min-coverage", "1.01"]) == 1
+
+
+def test_a_deadline_fired_out_of_the_clocks_order_fires_through_the_clock_on_a_replanned_harness():
+    """Without a plan, the harness arms deadlines in the clock's order; when the spec fires a later one
+    first, the harness rebuilds itself along the same events with that one foreseen, so it still fires
+    through the clock and poll(), and the other stays pending."""
+    from epd_ring.models.conformance import Harness
+
+    h = Harness(Config(1, 2, 1, 1, sizes=(1,)))
+    for ev in [("frame", 0), ("frame", 1)]:  # both rooms announced: room 0's deadline is due first
+        h.step(ev)
+    first = {rid: room.due for rid, room in h.manager.rooms.items()}
+    assert first[h.room(0)] < first[h.room(1)]
+    h.step(("expire", 1))
+    assert (h.replans, h.fired["clock"]) == (1, 1)
+    assert h.manager.room_status(h.room(1)) == "failed" and h.manager.room_status(h.room(0)) == "announced"
+    assert h.manager.rooms[h.room(0)].timer  # still armed, and not yet due
+    assert h.manager.rooms[h.room(0)].due > h.clock.now()

@@ -66,6 +66,10 @@ def test_tower_error_without_a_message_is_named_by_its_type():
     assert ex.execute([("r3", rig.item(2, 3))]) == 0
     assert reason_kind(m, 3) is ReasonKind.TOWER
     assert (m.stats["tower_errors"], m.stats["failed"]) == (2, 3)
+    # The failed batch spent its requests' one item (an engine reaps them with the others), unlike a
+    # request whose item never went to the tower.
+    ex.register("r4", "prefill-host", 8998, 4)
+    assert [ex.senders[r].offered for r in ("r1", "r2", "r3", "r4")] == [True, True, True, False]
 
 
 class ReadOnlyItem:

@@ -357,3 +357,21 @@ def test_a_held_or_ghost_write_names_its_session_and_a_ghost_can_be_forgotten_un
     assert t.forget_ghost(held) is False  # forgotten once
     t.poll()
     assert not dst.any()  # a forgotten ghost never lands
+
+
+def test_a_receiver_keeps_the_writes_addressed_to_it_and_when_they_landed():
+    """`submitted` lists every write to the receiver; `landed` says, for those whose bytes landed, how
+    many notices it had got by then: bytes that came before an outcome tell apart from later ones."""
+    _, t, src, dst, rcv = setup()
+    bufs = [(src.data_ptr(), dst.data_ptr(), 64)]
+    t.inject("hold", count=3)
+    done, ghost, lost = (t.submit_write("r", bufs) for _ in range(3))
+    assert rcv.submitted == [(h, dst.data_ptr(), 64) for h in (done, ghost, lost)] and rcv.landed == []
+    t.complete(done, Outcome.DONE)
+    t.complete(ghost, Outcome.TIMED_OUT, land_later=True)
+    t.complete(lost, Outcome.FAILED)
+    t.notify(SimpleNamespace(session="r"), 1, "failed")
+    assert t.land_ghost(ghost)
+    assert rcv.landed == [(done, 0), (ghost, 1)]  # the lost write never landed
+    t.submit_write("nobody", bufs)  # no such receiver: nothing to keep
+    assert len(rcv.submitted) == 3

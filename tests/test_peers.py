@@ -353,23 +353,6 @@ def test_a_parked_room_does_not_write_when_its_peer_comes_up():
     assert rig.delivered_ok(1, "p", rig.item(2, 1)) and rig.delivered_ok(1, "q", rig.item(2, 1))
 
 
-def test_a_driver_fires_a_peers_connect_deadline_early():
-    rig = make_rig(connect_timeout=5.0)
-    m, t = rig.manager, rig.transport
-    t.inject_contact("hang", session="p")
-    m.register_receiver(rig.frame(1, "p", 2))
-    m.register_receiver(rig.frame(2, "a", 2))  # a answers at once: up, no deadline
-    assert not m.expire_peer_now("nobody")
-    assert not m.expire_peer_now("a")
-    assert m.expire_peer_now("p")
-    assert m.peers.get("p").state == "down"
-    assert reason_kind(m, 1) is ReasonKind.PEER_DOWN
-    assert m.room_status(2) == "announced"
-    assert not m.expire_peer_now("p")  # its deadline is spent
-    assert len(m.deadlines) == 1  # room 2's announce deadline only (probes are a schedule of their own)
-    assert len(m.peers.beats) == 1  # a has a room: its next probe is armed
-
-
 class _InProcess(Transport):
     """A transport with nothing to open: it overrides only what the seam requires."""
 

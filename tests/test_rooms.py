@@ -431,28 +431,6 @@ def test_announce_timeout_is_its_own_when_given():
     assert m.bind_sender(2) == "registered" and m.submit_chunk(2, b.chunk()) and m.deadline_of(2) == 53.0
 
 
-def test_a_driver_fires_room_deadlines_early_and_only_pending_ones():
-    rig = make_rig(park_timeout=10.0, announce_timeout=7.0)
-    m = rig.manager
-    assert not m.expire_room_now(99)  # no such room
-    m.register_receiver(rig.frame(1, "a", 2))  # announced
-    m.register_receiver(rig.frame(2, "b", 2, n=2))
-    rig.send(2)  # parked
-    rig.executor.register("req-3", "prefill-host", 8998, 3)  # registered: no deadline
-    assert not m.expire_room_now(3)
-    assert m.room_status(3) == "registered"
-    assert len(m.deadlines) == 2
-    assert m.expire_room_now(1)
-    assert m.expire_room_now(2)
-    assert len(m.deadlines) == 0  # both deadlines are gone: neither fires again
-    assert reason_kind(m, 1) is ReasonKind.ANNOUNCE_TIMEOUT
-    assert reason_kind(m, 2) is ReasonKind.PARK_TIMEOUT
-    assert rig.told("b", 2)[0] == ("failed", m.failure_reason(2))  # its receiver is told the same reason
-    assert m.stats["expired"] == 2
-    assert rig.executor.ring.live == 0
-    assert not m.expire_room_now(1)  # concluded
-
-
 # -- failing and concluding --------------------------------------------------------------------
 
 def test_fail_room_changes_nothing_once_concluded():

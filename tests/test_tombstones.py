@@ -130,3 +130,18 @@ def test_default_tombstone_lifetime():
     b.clock.advance(600.0)  # room 1 is 600.5 s old, room 2 exactly 600 s
     m.poll()
     assert m.room_status(1) is None and m.room_status(2) == "failed"
+
+
+def test_a_rooms_record_says_whether_a_sender_ever_came():
+    """`has_sender` outlives the executor's sender: a reaped one is still on its room's tombstone."""
+    b = ManagerRig()
+    m = b.m
+    assert not m.has_sender(7)  # no such room
+    b.announced_failed(1, "p1")  # only a receiver came
+    assert not m.has_sender(1)
+    assert m.bind_sender(1) == "failed" and m.has_sender(1)  # a sender bound to the failure
+    b.succeed(2, "p2")  # bound while open, then concluded
+    assert m.has_sender(2)
+    m.unbind_sender(2)  # reaped: the record lets go of it but remembers it came
+    assert m.has_sender(2) and m.room_status(2) == "success"
+    assert m.bind_sender(3) == "registered" and m.has_sender(3)  # live

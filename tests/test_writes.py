@@ -181,26 +181,6 @@ def test_oldest_write_age_counts_from_the_oldest_submit():
 
 # -- quarantine --------------------------------------------------------------------------------
 
-def test_a_driver_ends_an_extents_quarantine_early():
-    rig = make_rig(quarantine_s=5.0)
-    m, t = rig.manager, rig.transport
-    t.inject("fail", session="q")
-    m.register_receiver(rig.frame(1, "q", 2))
-    rig.send(1)
-    m.poll()
-    assert reason_kind(m, 1) is ReasonKind.WRITE_FAILED and "q" in reason_text(m, 1).split()
-    slot = rig.slot_of(1)
-    free = rig.executor.ring.lease(64)
-    rig.executor.ring.fire(free, "abandon")  # an extent whose bytes went back
-    assert slot.state == "quarantined"
-    assert rig.receiver("q").releases(1) == []  # the failed write may still land
-    assert not m.release_slot_now(free)
-    assert m.release_slot_now(slot)
-    assert slot.state == "free"
-    assert rig.receiver("q").releases(1) == ["released"]
-    assert not m.release_slot_now(slot)
-    assert len(m.deadlines) == 0
-
 
 def test_the_pump_maps_transport_handles_to_the_cores_write_ids_until_each_reports():
     rig = make_rig()

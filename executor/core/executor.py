@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,6 +261,10 @@ class EncodeExecutor(Staging):
                     output = self._feature_fn(modality)(items)
                     assign_encoded_embeddings(items, output, self.model)
         except Exception as exc:
+            for rid, _ in request_items:  # their one item is spent: a second is a protocol error
+                sender = self.senders.get(rid) if isinstance(rid, Hashable) else None
+                if sender is not None:
+                    sender.offered = True
             if self.manager.observer is not None:
                 self.manager.observer.tower_failed(
                     [self.senders[rid].room for rid, _ in request_items if rid in self.senders])

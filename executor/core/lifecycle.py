@@ -22,7 +22,7 @@ from .frames import FrameError, ReceiverFrame, check_tiling
 from .peers import Peer, down_reason
 from .reasons import Reason, ReasonKind
 from .ring import Extent
-from .rooms import EXPIRABLE, Room
+from .rooms import Room
 from .tombstones import Tombstone
 from .transport import Buf, Outcome
 
@@ -205,7 +205,7 @@ class Lifecycle:
         # re-sent for it meanwhile must find the room, not open a new one under the same id.
         pins = int(room.sender) + self.regions.room_open(room.id)
         self.tombs.keep(Tombstone(room.id, state, room.reason, self.clock.now(), frozenset(room.frames), pins,
-                                  room.owner))
+                                  room.owner, room.sender))
         self.outbox.append(Concluded(room.id, state))
         for cb in self.on_conclude:
             cb(room.id, state)
@@ -236,52 +236,6 @@ class Lifecycle:
             self.peers.expired(obj)
         else:  # a room's park or announce wait
             self._expire(obj, kind)
-
-    def expire_room_now(self, room_id: int) -> bool:
-        """Fire a room's pending deadline (park or announce) now, whatever the clock says.
-
-        For drivers that keep time themselves, such as the model's replay, which
-        fires deadlines in any order. False if the room has no pending deadline.
-        """
-        room = self.rooms.get(room_id)
-        if room is None or not room.timer or room.state not in EXPIRABLE:
-            return False
-        self.deadlines.cancel(room)
-        self._expire(room, "park" if room.state == "parked" else "announce")
-        return True
-
-    def expire_peer_now(self, session: str) -> bool:
-        """Fire a peer's connect deadline now (see `expire_room_now`); False if it has none."""
-        peer = self.peers.get(session)
-        if peer is None or not peer.waiting:
-            return False
-        self.deadlines.cancel(peer)
-        self.peers.expired(peer)
-        return True
-
-    def probe_peer_now(self, session: str) -> bool:
-        """Start the peer's heartbeat probe now (see `expire_room_now`); False if it is not up with work."""
-        peer = self.peers.get(session)
-        if peer is None or not self.peers.probe_due(peer):
-            return False
-        self.peers.beats.cancel(peer.beat)
-        return True
-
-    def expire_writes_now(self, room_id: int) -> bool:
-        """Fire the write deadline of every write of the room still in flight now (see `expire_room_now`)."""
-        due = [w for w in self.writes.values() if w.room == room_id and w.timer and not w.overdue]
-        for w in due:
-            self.deadlines.cancel(w)
-            self._write_overdue(w)
-        return bool(due)
-
-    def release_slot_now(self, slot: Extent) -> bool:
-        """End a slot's quarantine now (see `expire_room_now`)."""
-        if slot.state != "quarantined" or not slot.timer:
-            return False
-        self.deadlines.cancel(slot)
-        slot.ring.fire(slot, "release")
-        return True
 
     # write outcomes ------------------------------------------------------------
     def _write_overdue(self, w: Write) -> None:

@@ -100,12 +100,18 @@ class Notice:
 
 @dataclass
 class LoopbackReceiver:
-    """A prefill receiver living in this process: its buffers and the statuses it was told."""
+    """A prefill receiver living in this process: its buffers, the statuses it was told, and the
+    writes addressed to it."""
 
     session: str
     regions: Regions = field(default_factory=Regions)
     alive: bool = True
     notices: list[Notice] = field(default_factory=list)
+    # Each write addressed to it, when submitted: (handle, first destination byte, bytes).
+    submitted: list[tuple[int, int, int]] = field(default_factory=list)
+    # Each write whose bytes landed: (handle, how many notices it had got by then), so bytes that
+    # landed before an outcome notice tell apart from bytes that landed after it.
+    landed: list[tuple[int, int]] = field(default_factory=list)
 
     def register(self, tensor_or_ptr: Any, length: int | None = None) -> int:
         if length is None:
@@ -270,13 +276,15 @@ class LoopbackTransport(Transport):
         local, remote = self.local, r.regions
         return all(not n or (local.covers(s, n) and remote.covers(d, n)) for s, d, n in bufs)
 
-    def _land(self, session: str, bufs: Sequence[Buf]) -> bool:
+    def _land(self, handle: int, session: str, bufs: Sequence[Buf]) -> bool:
         if not self._valid(session, bufs):
             return False
         for src, dst, n in bufs:
             if n:
                 ctypes.memmove(dst, src, n)
                 self.bytes_landed += n
+        r = self.receivers[session]
+        r.landed.append((handle, len(r.notices)))
         return True
 
     def _later(self, when: float, handle: int, outcome: Outcome | None, land: Any) -> None:
@@ -289,9 +297,12 @@ class LoopbackTransport(Transport):
         self.submitted += 1
         if session not in self.reached:
             self.unreached_writes += 1
+        r = self.receivers.get(session)
+        if r is not None and bufs:
+            r.submitted.append((handle, bufs[0][1], sum(n for _, _, n in bufs)))
         fault = self._fault_for(session, bufs) if (self._rules or self.policy) else None
         if fault is None:
-            ok = self._land(session, bufs)
+            ok = self._land(handle, session, bufs)
             self._ready.append((handle, Outcome.DONE if ok else Outcome.FAILED))
             return handle
         now = self.clock.now()
@@ -320,7 +331,7 @@ class LoopbackTransport(Transport):
         session, bufs = self._held.pop(handle)
         if land is None:
             land = outcome is Outcome.DONE
-        landed = self._land(session, bufs) if land else False
+        landed = self._land(handle, session, bufs) if land else False
         if outcome is Outcome.DONE and not landed:
             outcome = Outcome.FAILED
         if land_later and outcome is not Outcome.DONE:
@@ -329,7 +340,7 @@ class LoopbackTransport(Transport):
 
     def land_ghost(self, handle: int) -> bool:
         """Land the bytes of a write that already reported failure; True if they landed."""
-        landed = self._land(*self._ghosts.pop(handle))
+        landed = self._land(handle, *self._ghosts.pop(handle))
         self.late_landings += landed
         return landed
 
@@ -360,7 +371,7 @@ class LoopbackTransport(Transport):
             while self._timed and self._timed[0][0] <= now:
                 _, _, handle, outcome, land = heapq.heappop(self._timed)
                 if land is not None:
-                    landed = self._land(*land)
+                    landed = self._land(handle, *land)
                     if outcome is None:
                         self.late_landings += landed
                     elif outcome is Outcome.DONE and not landed:

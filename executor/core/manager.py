@@ -153,6 +153,15 @@ class EncodeManager(Lifecycle):
     def tombstone(self, room_id: int) -> Tombstone | None:
         return self.tombs.get(room_id)
 
+    def has_sender(self, room_id: int) -> bool:
+        """Whether a sender was ever bound to the room, live or concluded: a reaped sender is gone
+        from the executor, but its room's record (while kept) still says one came."""
+        room = self.rooms.get(room_id)
+        if room is not None:
+            return room.sender
+        tomb = self.tombs.get(room_id)
+        return tomb is not None and tomb.sender
+
     def failure_reason(self, room_id: int) -> Reason | None:
         """Why the room failed (a `Reason`: its `kind` and detail text), or None."""
         tomb = self.tombs.failed(room_id)
@@ -216,6 +225,7 @@ class EncodeManager(Lifecycle):
                     # Its receivers already failed it (bad frame, expired wait): the
                     # sender binds to the failure and its chunk is never written.
                     self.tombs.pin(tomb)
+                    tomb.sender = True
                     return tomb.state
                 raise RoomConflict(f"room {room_id} already concluded {tomb.state}; room ids must not be reused")
             room = self.open_room(room_id)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .writes import Write
 
 # Derived from the declaration: where a chunk may be handed over, and where a room waits
-# with a deadline that a driver may fire early.
+# with a deadline (park or announce).
 ACCEPTS_CHUNK = ROOM.sources("stage")
 EXPIRABLE = ROOM.sources("expire")
 

@@ -62,7 +62,8 @@ class Sender:
     room: int
     bootstrap_host: str
     bootstrap_port: int
-    offered: bool = False  # its one item reached the ring path (staged, deferred or dropped)
+    # Its one item was taken: it reached the ring path (staged, deferred or dropped) or the tower failed on it.
+    offered: bool = False
 
 
 class Staging:

@@ -19,15 +19,17 @@ _FAILED = "failed"
 
 
 class Tombstone:
-    """A concluded room: its outcome, reason, receivers and owner (steps only on late frames)."""
+    """A concluded room: its outcome, reason, receivers and owner (steps only on late frames), and
+    whether a sender was ever bound to it (`sender`: before it concluded, or to its failure after)."""
 
-    __slots__ = ("room", "state", "reason", "at", "sessions", "pins", "owner")
+    __slots__ = ("room", "state", "reason", "at", "sessions", "pins", "owner", "sender")
 
     def __init__(self, room: int, state: str, reason: Reason | str, at: float, sessions: frozenset[str],
-                 pins: int, owner: str | None = None):
+                 pins: int, owner: str | None = None, sender: bool = False):
         self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
         self.pins = pins
         self.owner = owner
+        self.sender = sender
 
     def __repr__(self) -> str:
         return f"room {self.room} (concluded)"
