@@ -153,7 +153,7 @@ class Harness:
         self.state = self.spec.initial()
         self.tokens = tokens
         self.clock = FakeClock()
-        self.transport = LoopbackTransport(self.clock)
+        self.transport = LoopbackTransport(self.clock, record=True)
         self.transport.inject("hold", count=1 << 30)  # the harness decides every write's outcome
         self.manager = EncodeManager(self.transport, self.clock, **TIMEOUTS)
         if config.peers:

@@ -256,11 +256,11 @@ def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep:
     return Rig(clock, transport, executor.manager, executor, tower)
 
 
-def loopback_setup(at: float = 0.0):
+def loopback_setup(at: float = 0.0, record: bool = False):
     """A loopback transport at time `at` with one 64-byte source region and receiver "r" on a zeroed buffer."""
     clock = FakeClock()
     clock.advance(at)
-    t = LoopbackTransport(clock)
+    t = LoopbackTransport(clock, record=record)
     src = torch.arange(16, dtype=torch.float32)
     t.register_memory([(src.data_ptr(), 64)], owner=src)
     rcv = t.add_receiver("r")

@@ -362,7 +362,7 @@ def test_a_held_or_ghost_write_names_its_session_and_a_ghost_can_be_forgotten_un
 def test_a_receiver_keeps_the_writes_addressed_to_it_and_when_they_landed():
     """`submitted` lists every write to the receiver; `landed` says, for those whose bytes landed, how
     many notices it had got by then: bytes that came before an outcome tell apart from later ones."""
-    _, t, src, dst, rcv = setup()
+    _, t, src, dst, rcv = setup(record=True)
     bufs = [(src.data_ptr(), dst.data_ptr(), 64)]
     t.inject("hold", count=3)
     done, ghost, lost = (t.submit_write("r", bufs) for _ in range(3))
@@ -375,3 +375,11 @@ def test_a_receiver_keeps_the_writes_addressed_to_it_and_when_they_landed():
     assert rcv.landed == [(done, 0), (ghost, 1)]  # the lost write never landed
     t.submit_write("nobody", bufs)  # no such receiver: nothing to keep
     assert len(rcv.submitted) == 3
+
+
+def test_a_transport_not_made_to_record_keeps_nothing_per_write():
+    # A long run (the bench, a demo) must not grow a list per write.
+    _, t, src, dst, rcv = setup()
+    for _ in range(3):
+        t.submit_write("r", [(src.data_ptr(), dst.data_ptr(), 64)])
+    assert t.bytes_landed == 3 * 64 and rcv.submitted == [] and rcv.landed == []

@@ -107,7 +107,9 @@ class LoopbackReceiver:
     regions: Regions = field(default_factory=Regions)
     alive: bool = True
     notices: list[Notice] = field(default_factory=list)
-    # Each write addressed to it, when submitted: (handle, first destination byte, bytes).
+    # Kept only where the transport was made with `record=True` (the model's lockstep harness: a
+    # short run), so a long one does not grow them. Each write addressed to it, when submitted:
+    # (handle, first destination byte, bytes).
     submitted: list[tuple[int, int, int]] = field(default_factory=list)
     # Each write whose bytes landed: (handle, how many notices it had got by then), so bytes that
     # landed before an outcome notice tell apart from bytes that landed after it.
@@ -140,8 +142,9 @@ class LoopbackReceiver:
 
 
 class LoopbackTransport(Transport):
-    def __init__(self, clock: Clock | None = None):
+    def __init__(self, clock: Clock | None = None, record: bool = False):
         self.clock = clock or FakeClock()
+        self.record = record  # each receiver keeps the writes addressed to it and what landed
         self.local = Regions()
         self.receivers: dict[str, LoopbackReceiver] = {}
         self.policy: Callable[[str, Sequence[Buf]], Fault | None] | None = None
@@ -283,8 +286,9 @@ class LoopbackTransport(Transport):
             if n:
                 ctypes.memmove(dst, src, n)
                 self.bytes_landed += n
-        r = self.receivers[session]
-        r.landed.append((handle, len(r.notices)))
+        if self.record:
+            r = self.receivers[session]
+            r.landed.append((handle, len(r.notices)))
         return True
 
     def _later(self, when: float, handle: int, outcome: Outcome | None, land: Any) -> None:
@@ -297,9 +301,10 @@ class LoopbackTransport(Transport):
         self.submitted += 1
         if session not in self.reached:
             self.unreached_writes += 1
-        r = self.receivers.get(session)
-        if r is not None and bufs:
-            r.submitted.append((handle, bufs[0][1], sum(n for _, _, n in bufs)))
+        if self.record:
+            r = self.receivers.get(session)
+            if r is not None and bufs:
+                r.submitted.append((handle, bufs[0][1], sum(n for _, _, n in bufs)))
         fault = self._fault_for(session, bufs) if (self._rules or self.policy) else None
         if fault is None:
             ok = self._land(handle, session, bufs)
