@@ -48,7 +48,7 @@ from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
 from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, PEER_VARIANTS, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
-from .state import STAGEABLE, TOLD_NONE, TOLD_TWICE
+from .state import CHAN_CAP, NOTICE_CODE, STAGEABLE, TOLD_NONE, TOLD_TWICE, W_STRAY
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
@@ -71,7 +71,8 @@ assert list(TOLD_VALUES) == sorted(TOLD_VALUES)
 NONE = 255
 HALTS = {0: None, 1: "crash", 2: "spin"}
 EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
-          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS)
+          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS,
+          "deliver", "withdraw_seen")
 
 # Promela for each guard named in the declarations, given the stepped object.
 ROOM_GUARDS = {"all_receivers": "({allr})"}
@@ -157,7 +158,7 @@ _CONCLUDE = """if
         do
         :: gj < room[ax].reg ->
            if
-           :: room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->
+           :: CHANNELS || room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->
               if :: room[ax].rs == R_success -> notice_success(ax, gj) :: else -> notice_failed(ax, gj) fi
            :: else -> skip
            fi;
@@ -172,13 +173,15 @@ _CONCLUDE = """if
 
 _RELEASE_REGIONS = """k = 0;
   do
-  :: k < R -> if :: room[k].sl == ax && HOLDS(k) -> room[k].ghost = 0;
+  :: k < R -> if :: room[k].sl == ax && HOLDS(k) -> if :: !LATE_LANDING -> room[k].ghost = 0 :: else -> skip fi;
                     if
                     :: REGIONS ->
                        gj = 0;
                        do
                        :: gj < room[k].reg ->
-                          if :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE
+                          /* with late landings a ghost outlives the quarantine as a stray */
+                          if :: LATE_LANDING && room[k].rw[gj] == W_GHOST -> room[k].rw[gj] = W_STRAY
+                             :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE
                              :: else -> skip fi;
                           gj++
                        :: else -> break
@@ -291,10 +294,21 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(SLOT_STATES)]
     defs += [f"#define {_gs(s)} {n + 1}" for n, s in enumerate(REGION_STATES)]
     defs += [f"#define W_IDLE {W_IDLE}", f"#define W_FLIGHT {W_FLIGHT}", f"#define W_GHOST {W_GHOST}",
-             f"#define W_LANDED {W_LANDED}"]
+             f"#define W_LANDED {W_LANDED}", f"#define W_STRAY {W_STRAY}",
+             f"#define CHANNELS {int(cfg.channels)}", f"#define LATE_LANDING {int(cfg.late_landing)}",
+             "#define WD_NONE 0", "#define WD_SENT 1", "#define WD_SEEN 2", "#define WD_ACKED 3",
+             "#define CLEN(c) (((c) > 0) + ((c) >= 5) + ((c) >= 25))",
+             "#define ISOUT(d) ((d) == NC_SUCCESS || (d) == NC_FAILED)",
+             "#define OUTCOME_ON_WAY(c) (ISOUT((c) % 5) || ISOUT(((c) / 5) % 5) || ISOUT((c) / 25))"]
+    defs += [f"#define NC_{n.upper()} {c}" for n, c in NOTICE_CODE.items()]
+    assert CHAN_CAP == 3  # CLEN and the channel's pushes know three digits
     defs += [f"#define T_{(t or 'none').upper()} {n}" for n, t in enumerate(TOLD_VALUES)]
     # a receiver's sort code: region, write, then the outcome it was told (the spec's tuple order)
-    defs.append("#define RCVCODE(x, j) ((room[x].rg[j] * 4 + room[x].rw[j]) * 4 + room[x].rt[j])")
+    # (with channels then its FIFO, its withdraw's place and whether a release was sent: state.CHAN, WD, REL)
+    code = "(room[x].rg[j] * 5 + room[x].rw[j]) * 4 + room[x].rt[j]"
+    if cfg.channels:
+        code = f"(((({code}) * 125 + room[x].rc[j]) * 4 + room[x].rd[j]) * 2 + room[x].rr[j])"
+    defs.append(f"#define RCVCODE(x, j) ({code})")
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
     # what moved a room or slot, for the actions that depend on it
@@ -357,6 +371,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
                            f"room[{i}].snd == 2 && room[{i}].infl == 0 && room[{i}].ghost == 0" for i in range(R)]
                         + ([f"(room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released) && "
                             f"room[{i}].rw[{j}] == W_IDLE && room[{i}].rt[{j}] == TOLD_OF(room[{i}].rs)"
+                            + (f" && room[{i}].rc[{j}] == 0 && (room[{i}].rd[{j}] == WD_NONE || "
+                               f"room[{i}].rd[{j}] == WD_ACKED)" if cfg.channels else "")
                             for i in range(R) for j in range(N)]
                            if cfg.regions else []))
     defs = ["#define TOLD_OF(rs) ((rs) == R_success -> T_SUCCESS : ((rs) == R_failed -> T_FAILED : T_NONE))",
@@ -369,6 +385,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
         [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
          f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
         + [f"REGRANK(room[{i}].rg[{j}])" for i in range(R) for j in range(N) if cfg.regions]
+        + [f"(room[{i}].reg > {j}) * (2 * (CONCLUDED(room[{i}].rs) + room[{i}].rr[{j}] + (room[{i}].rd[{j}] == WD_ACKED))"
+           f" - CLEN(room[{i}].rc[{j}]) + room[{i}].rd[{j}])" for i in range(R) for j in range(N) if cfg.channels]
         + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
         + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")
@@ -383,8 +401,10 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
               ("room[KI].infl", _bits(N)), ("room[KI].ghost", _bits(N))]
     if cfg.regions:
-        fields += [(f"(RCVCODE(KI, {j}))", _bits((len(REGION_STATES) * 4 + 3) * 4 + 3))
-                   for j in range(N)]
+        top = (len(REGION_STATES) * 5 + 4) * 4 + 3
+        if cfg.channels:
+            top = ((top * 125 + 124) * 4 + 3) * 2 + 1
+        fields += [(f"(RCVCODE(KI, {j}))", _bits(top)) for j in range(N)]
     # then the item's size, and where its extent starts (0 none, else its first cell + 1)
     fields += [("room[KI].sz", _bits(max(cfg.sizes))), ("KPOS", _bits(cfg.cells)), ("KSAME", 1),
                ("KDPOS", _bits(R))]
@@ -412,7 +432,8 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
 def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
-               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N] }}
+               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N];
+               byte rc[N]; byte rd[N]; bit rr[N] }}
 typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
 Cell cell[C];
@@ -427,14 +448,15 @@ bit stop;      /* a violation already reported: a dead end, as in the explorer *
 hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
 """ + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
 hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
-hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N];
+hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N], t_rc[R * N], t_rd[R * N], t_rr[R * N];
 """
 
 
 def _rules(cfg: Config) -> str:
     """The event families' inlines, with the variant's and the region machine's names filled in."""
     choose = "\n".join(f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells))
-    rules = events.TEXT.replace("CHOOSE_PLACE", choose)
+    inl, arms = events.notices(cfg)
+    rules = events.TEXT.replace("CHOOSE_PLACE", choose).replace("NOTICE_INLINES", inl).replace("SETTLE_ARMS", arms)
     for notice, event in NOTICE_EVENTS.items():  # which region event each notice steps
         rules = rules.replace(f"region_NOTICE_{notice}(", f"region_{event}(")
     for notice, dest in SeedSpec.NOTICES.items():
@@ -526,6 +548,10 @@ def _parse_state(lines: list[str]) -> tuple:
             rcv = tuple((REGION_STATES[g - 1], w, TOLD_VALUES[t]) for g, w, t in zip(f[10::3], f[11::3], f[12::3])
                         if g)
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
+        elif tag == "RX":  # with channels: each receiver also has its FIFO, its withdraw and its release
+            rcv = tuple((REGION_STATES[x[0] - 1], x[1], TOLD_VALUES[x[2]], *x[3:]) for x in zip(*(f[10 + n::6]
+                        for n in range(6))) if x[0])
+            rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))
     return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
@@ -545,7 +571,7 @@ def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:
             flush()
             _, ev, arg = line.split()[:3]
             head, block = (EVENTS[int(ev)], int(arg)), []
-        elif line.startswith(("ST ", "RM ", "SL ", "PE")):
+        elif line.startswith(("ST ", "RM ", "RX ", "SL ", "PE")):
             block.append(line)
         elif line.startswith("VIOLATION "):
             kind = KINDS[int(line.split()[1]) - 1]
