@@ -17,11 +17,13 @@ from .state import (
     CH_DROPPED,
     CH_NONE,
     CH_SENT,
+    CHAN,
     CONCLUDED,
     CONTENT,
     GHOST,
     INFL,
     LEN,
+    NOTICE_OF,
     OK,
     RCV,
     REG,
@@ -37,12 +39,15 @@ from .state import (
     W_GHOST,
     W_IDLE,
     W_STRAY,
+    WD,
+    WD_NONE,
+    WD_SEEN,
+    WD_SENT,
     Draft,
     Step,
     first_of_each,
     receivers,
 )
-from .state import CHAN, NOTICE_OF, WD, WD_NONE, WD_SEEN, WD_SENT
 
 
 class Events(Rules):

@@ -385,8 +385,9 @@ def _final_and_rank(cfg: Config) -> list[str]:
         [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
          f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
         + [f"REGRANK(room[{i}].rg[{j}])" for i in range(R) for j in range(N) if cfg.regions]
-        + [f"(room[{i}].reg > {j}) * (2 * (CONCLUDED(room[{i}].rs) + room[{i}].rr[{j}] + (room[{i}].rd[{j}] == WD_ACKED))"
-           f" - CLEN(room[{i}].rc[{j}]) + room[{i}].rd[{j}])" for i in range(R) for j in range(N) if cfg.channels]
+        + [f"(room[{i}].reg > {j}) * (2 * (CONCLUDED(room[{i}].rs) + room[{i}].rr[{j}] + "
+           f"(room[{i}].rd[{j}] == WD_ACKED)) - CLEN(room[{i}].rc[{j}]) + room[{i}].rd[{j}])"
+           for i in range(R) for j in range(N) if cfg.channels]
         + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
         + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")

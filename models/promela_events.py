@@ -307,7 +307,9 @@ inline ev_late_landing(x, j) {
   fi;
   room[x].ghost--;
   /* the seed waits out no quarantine: a landed write is simply gone */
-  if :: REGIONS -> if :: SEED || room[x].rw[j] == W_STRAY -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi
+  /* a stray lands after its quarantine: nothing waits for it any more */
+  if :: REGIONS -> if :: SEED || room[x].rw[j] == W_STRAY -> room[x].rw[j] = W_IDLE
+                      :: else -> room[x].rw[j] = W_LANDED fi
      :: else -> skip fi;
   if :: !HOLDS(x) -> room[x].sl = NONE :: else -> skip fi
 }

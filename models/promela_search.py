@@ -140,7 +140,7 @@ inline show_state() {
   show_peers()
 }
 
-/* sort each room's registered receivers by (region, write, told[, channel, withdraw, release]): stable insertion sort */
+/* sort each room's registered receivers by (region, write, told[, channel, withdraw, release]): insertion sort */
 inline sort_receivers() {
   k = 0;
   do

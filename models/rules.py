@@ -22,6 +22,7 @@ from .state import (
     CH_DROPPED,
     CH_HELD,
     CH_SENT,
+    CHAN,
     CONCLUDED,
     CONTENT,
     GHOST,
@@ -29,6 +30,7 @@ from .state import (
     LEN,
     RCV,
     REG,
+    REL,
     RS,
     SIZE,
     SLOTI,
@@ -43,13 +45,16 @@ from .state import (
     W_IDLE,
     W_LANDED,
     W_STRAY,
+    WD,
+    WD_ACKED,
+    WD_SEEN,
     Draft,
+    chan_push,
     extent,
     first_of_each,
     receivers,
     told_after,
 )
-from .state import CHAN, REL, WD, WD_ACKED, WD_SEEN, chan_push
 
 Action = Callable[[Draft, int, str], None]
 
