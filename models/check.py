@@ -138,7 +138,8 @@ def _load_trace(path: str) -> dict:
 def _run_replay(args, out, report: dict) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k, None) is not None]
     given += [f for f, on in (("--no-symmetry", args.no_symmetry), ("--compare-symmetry", args.compare_symmetry),
-                              ("--save-traces", args.save_traces)) if on]
+                              ("--save-traces", args.save_traces), ("--channels", getattr(args, "channels", False)),
+                              ("--late-landing", getattr(args, "late_landing", False))) if on]
     if given:
         raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
                               f"cannot be combined with it")

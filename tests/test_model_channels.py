@@ -9,11 +9,13 @@ engines. Small bounds only: each test runs in seconds.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.executor.tools.cli import main as cli_main
-from epd_ring.models.explore import canonical
+from epd_ring.models.explore import canonical, replay, trace_to_json
 from epd_ring.models.spec import CONCLUDED, RCV, RS, Config, Spec
 from epd_ring.models.state import CHAN, WD, WD_SENT, chan_notices
 
@@ -106,3 +108,13 @@ def test_check_flags_reach_the_model(capsys):
     assert "notice channels" in capsys.readouterr().out
     assert cli_main([*common, "--late-landing"]) == 1
     assert "write-into-released-region" in capsys.readouterr().out
+
+
+def test_a_saved_late_landing_trace_replays_with_its_switch(explored):
+    # The trace file carries the switch: replayed without it, the stray could not land.
+    cfg = Config(**TWO_ROOMS, late_landing=True)
+    v = explored(cfg).violations["write-into-released-region"]
+    data = json.loads(trace_to_json(cfg, v))
+    assert data["config"]["late_landing"] is True
+    _, problem = replay(data)
+    assert problem is not None and problem[0] == "write-into-released-region"
