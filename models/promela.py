@@ -148,6 +148,7 @@ def _bits(n: int) -> int:
 # The machines whose moves run fsm/couplings.py's table here (peers: models/promela_peers.py).
 COUPLED = ("room", "extent", "peer")
 
+# With channels the encoder cannot see a region: it tells every receiver (none was told yet).
 _CONCLUDE = """if
   :: SEED && cause == C_expire -> skip  /* the seed tells nobody on expiry */
   :: else ->
@@ -158,7 +159,8 @@ _CONCLUDE = """if
         do
         :: gj < room[ax].reg ->
            if
-           :: CHANNELS || room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->
+           :: room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->  /* plain */
+           :: true ->  /* channels */
               if :: room[ax].rs == R_success -> notice_success(ax, gj) :: else -> notice_failed(ax, gj) fi
            :: else -> skip
            fi;
@@ -173,15 +175,18 @@ _CONCLUDE = """if
 
 _RELEASE_REGIONS = """k = 0;
   do
-  :: k < R -> if :: room[k].sl == ax && HOLDS(k) -> if :: !LATE_LANDING -> room[k].ghost = 0 :: else -> skip fi;
+  :: k < R -> if :: room[k].sl == ax && HOLDS(k) ->
+                    room[k].ghost = 0;  /* not late */
                     if
                     :: REGIONS ->
                        gj = 0;
                        do
                        :: gj < room[k].reg ->
-                          /* with late landings a ghost outlives the quarantine as a stray */
-                          if :: LATE_LANDING && room[k].rw[gj] == W_GHOST -> room[k].rw[gj] = W_STRAY
-                             :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE
+                          if :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED ->  /* not late */
+                                room[k].rw[gj] = W_IDLE  /* not late */
+                          /* with late landings a ghost outlives the quarantine as a stray */  /* late */
+                          if :: room[k].rw[gj] == W_GHOST -> room[k].rw[gj] = W_STRAY  /* late */
+                             :: room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE  /* late */
                              :: else -> skip fi;
                           gj++
                        :: else -> break
@@ -280,7 +285,23 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
     keys, nkeys = _key_defines(cfg)
     defs = _constants(cfg, frozenset(KINDS) if asserted is None else asserted) + _macros(cfg) + keys
     inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg), SEARCH)
-    return "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
+    text = "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
+    return _select_lines(text, cfg)
+
+
+# Lines that only one setting of a switch needs end in a tag; the others are left out, so a switch that
+# is off adds nothing to the generated model (SPIN caps how many jumps one d_step may hold).
+LINE_TAGS = {"/* channels */": lambda c: c.channels, "/* plain */": lambda c: not c.channels,
+             "/* late */": lambda c: c.late_landing, "/* not late */": lambda c: not c.late_landing}
+
+
+def _select_lines(text: str, cfg: Config) -> str:
+    out = []
+    for line in text.split("\n"):
+        tag = next((t for t in LINE_TAGS if line.endswith(t)), None)
+        if tag is None or LINE_TAGS[tag](cfg):
+            out.append(line)
+    return "\n".join(out)
 
 
 def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
@@ -297,9 +318,12 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
              f"#define W_LANDED {W_LANDED}", f"#define W_STRAY {W_STRAY}",
              f"#define CHANNELS {int(cfg.channels)}", f"#define LATE_LANDING {int(cfg.late_landing)}",
              "#define WD_NONE 0", "#define WD_SENT 1", "#define WD_SEEN 2", "#define WD_ACKED 3",
+             "#define SETTLED(w) ((w) == W_IDLE" + (" || (w) == W_STRAY)" if cfg.late_landing else ")"),
              "#define CLEN(c) (((c) > 0) + ((c) >= 5) + ((c) >= 25))",
              "#define ISOUT(d) ((d) == NC_SUCCESS || (d) == NC_FAILED)",
-             "#define OUTCOME_ON_WAY(c) (ISOUT((c) % 5) || ISOUT(((c) / 5) % 5) || ISOUT((c) / 25))"]
+             # an outcome is on its way to receiver j of room x (never, without channels)
+             "#define OUTCOME_ON_WAY(x, j) (" + ("ISOUT(room[x].rc[j] % 5) || ISOUT((room[x].rc[j] / 5) % 5) || "
+                                                "ISOUT(room[x].rc[j] / 25))" if cfg.channels else "0)")]
     defs += [f"#define NC_{n.upper()} {c}" for n, c in NOTICE_CODE.items()]
     assert CHAN_CAP == 3  # CLEN and the channel's pushes know three digits
     defs += [f"#define T_{(t or 'none').upper()} {n}" for n, t in enumerate(TOLD_VALUES)]
@@ -434,7 +458,8 @@ def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
                byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N];
-               byte rc[N]; byte rd[N]; bit rr[N] }}
+               byte rc[N]; byte rd[N]; bit rr[N];  /* channels */
+}}
 typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
 Cell cell[C];
@@ -449,7 +474,8 @@ bit stop;      /* a violation already reported: a dead end, as in the explorer *
 hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
 """ + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
 hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
-hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N], t_rc[R * N], t_rd[R * N], t_rr[R * N];
+hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N];
+hidden byte t_rc[R * N], t_rd[R * N], t_rr[R * N];  /* channels */
 """
 
 
@@ -458,6 +484,8 @@ def _rules(cfg: Config) -> str:
     choose = "\n".join(f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells))
     inl, arms = events.notices(cfg)
     rules = events.TEXT.replace("CHOOSE_PLACE", choose).replace("NOTICE_INLINES", inl).replace("SETTLE_ARMS", arms)
+    if not cfg.channels:  # a notice arrives as it is sent: delivering it is sending it
+        rules = rules.replace("inline deliver_", "inline notice_")
     for notice, event in NOTICE_EVENTS.items():  # which region event each notice steps
         rules = rules.replace(f"region_NOTICE_{notice}(", f"region_{event}(")
     for notice, dest in SeedSpec.NOTICES.items():

@@ -52,9 +52,8 @@ inline release_settled(gx) {
      do
      :: gq < room[gx].reg ->
         if
-        :: room[gx].rw[gq] != W_IDLE && room[gx].rw[gq] != W_STRAY -> skip  /* a write may land: wait */
 SETTLE_ARMS
-        :: else -> skip
+        :: else -> skip  /* a write may land: wait */
         fi;
         gq++
      :: else -> break
@@ -67,8 +66,7 @@ SETTLE_ARMS
 /* rules._offer: one more receiver registered; with regions it offers its receive region */
 inline offer(ox) {
   if :: REGIONS -> room[ox].rg[room[ox].reg] = G_offered; room[ox].rw[room[ox].reg] = W_IDLE;
-              room[ox].rt[room[ox].reg] = T_NONE; room[ox].rc[room[ox].reg] = 0; room[ox].rd[room[ox].reg] = 0;
-              room[ox].rr[room[ox].reg] = 0 :: else -> skip fi;
+              room[ox].rt[room[ox].reg] = T_NONE :: else -> skip fi;
   room[ox].reg++
 }
 """
@@ -307,10 +305,10 @@ inline ev_late_landing(x, j) {
   fi;
   room[x].ghost--;
   /* the seed waits out no quarantine: a landed write is simply gone */
-  /* a stray lands after its quarantine: nothing waits for it any more */
-  if :: REGIONS -> if :: SEED || room[x].rw[j] == W_STRAY -> room[x].rw[j] = W_IDLE
-                      :: else -> room[x].rw[j] = W_LANDED fi
-     :: else -> skip fi;
+  if :: REGIONS -> if :: SEED -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi  /* not late */
+     :: else -> skip fi;  /* not late */
+  /* a stray lands after its quarantine: nothing waits for it any more */  /* late */
+  if :: room[x].rw[j] == W_STRAY -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi;  /* late */
   if :: !HOLDS(x) -> room[x].sl = NONE :: else -> skip fi
 }
 """
@@ -389,14 +387,14 @@ def notices(cfg) -> str:
     if cfg.channels:
         inl = "\n".join(f"inline notice_{n}(gx, gk) {{ chan_push(gx, gk, NC_{n.upper()}) }}"
                          for n in ("success", "failed", "released", "withdrawn"))
-        arms = """        :: room[gx].rd[gq] == WD_SEEN -> room[gx].rd[gq] = WD_ACKED; notice_withdrawn(gx, gq)
-        :: room[gx].rd[gq] != WD_SEEN && room[gx].rs == R_failed && !room[gx].rr[gq] &&
-           room[gx].rd[gq] != WD_ACKED -> room[gx].rr[gq] = 1; notice_released(gx, gq)"""
-    else:
-        inl = "\n".join(f"inline notice_{n}(gx, gk) {{ deliver_{n}(gx, gk) }}"
-                         for n in ("success", "failed", "released", "withdrawn"))
-        arms = """        :: room[gx].rg[gq] == G_failed -> notice_released(gx, gq)
-        :: room[gx].rg[gq] == G_withdrawing -> notice_withdrawn(gx, gq)"""
+        arms = """        :: SETTLED(room[gx].rw[gq]) && room[gx].rd[gq] == WD_SEEN -> room[gx].rd[gq] = WD_ACKED;
+           notice_withdrawn(gx, gq)
+        :: SETTLED(room[gx].rw[gq]) && room[gx].rd[gq] != WD_SEEN && room[gx].rs == R_failed &&
+           !room[gx].rr[gq] && room[gx].rd[gq] != WD_ACKED -> room[gx].rr[gq] = 1; notice_released(gx, gq)"""
+    else:  # the deliver_ inlines are renamed notice_ (promela._rules): an inline calling one costs d_step room
+        inl = ""
+        arms = """        :: SETTLED(room[gx].rw[gq]) && room[gx].rg[gq] == G_failed -> notice_released(gx, gq)
+        :: SETTLED(room[gx].rw[gq]) && room[gx].rg[gq] == G_withdrawing -> notice_withdrawn(gx, gq)"""
     return inl, arms
 
 

@@ -98,7 +98,7 @@ inline post() {
           :: kind == 0 && room[k].rt[gj] != T_TWICE && room[k].rt[gj] != T_NONE &&
              room[k].rt[gj] != TOLD_OF(room[k].rs) -> kind = K_WRONG_OUTCOME
           :: kind == 0 && room[k].rt[gj] == T_NONE && CONCLUDED(room[k].rs) &&
-             !(CHANNELS && OUTCOME_ON_WAY(room[k].rc[gj])) -> kind = K_RECEIVER_NOT_TOLD
+             !OUTCOME_ON_WAY(k, gj) -> kind = K_RECEIVER_NOT_TOLD
           :: else -> skip
           fi;
           gj++
@@ -123,12 +123,14 @@ inline show_state() {
   printf("\n");
   k = 0;
   do
-  :: k < R -> if :: CHANNELS -> printf("RX") :: else -> printf("RM") fi;
+  :: k < R ->
+     printf("RX");  /* channels */
+     printf("RM");  /* plain */
      printf(" %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
                      room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sz, room[k].sl);
      gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]);
-                   if :: CHANNELS -> printf(" %d %d %d", room[k].rc[gj], room[k].rd[gj], room[k].rr[gj])
-                      :: else -> skip fi; gj++
+                   printf(" %d %d %d", room[k].rc[gj], room[k].rd[gj], room[k].rr[gj]);  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      printf("\n"); k++
   :: else -> break
@@ -154,9 +156,9 @@ inline sort_receivers() {
            gt = room[k].rg[gq]; room[k].rg[gq] = room[k].rg[gq - 1]; room[k].rg[gq - 1] = gt;
            gt = room[k].rw[gq]; room[k].rw[gq] = room[k].rw[gq - 1]; room[k].rw[gq - 1] = gt;
            gt = room[k].rt[gq]; room[k].rt[gq] = room[k].rt[gq - 1]; room[k].rt[gq - 1] = gt;
-           gt = room[k].rc[gq]; room[k].rc[gq] = room[k].rc[gq - 1]; room[k].rc[gq - 1] = gt;
-           gt = room[k].rd[gq]; room[k].rd[gq] = room[k].rd[gq - 1]; room[k].rd[gq - 1] = gt;
-           gt = room[k].rr[gq]; room[k].rr[gq] = room[k].rr[gq - 1]; room[k].rr[gq - 1] = gt;
+           gt = room[k].rc[gq]; room[k].rc[gq] = room[k].rc[gq - 1]; room[k].rc[gq - 1] = gt;  /* channels */
+           gt = room[k].rd[gq]; room[k].rd[gq] = room[k].rd[gq - 1]; room[k].rd[gq - 1] = gt;  /* channels */
+           gt = room[k].rr[gq]; room[k].rr[gq] = room[k].rr[gq - 1]; room[k].rr[gq - 1] = gt;  /* channels */
            gq--
         :: else -> break
         od;
@@ -201,8 +203,10 @@ inline canon() {
      t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
      t_sz[k] = room[k].sz; t_sl[k] = room[k].sl;
      gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj];
-                   t_rt[k * N + gj] = room[k].rt[gj]; t_rc[k * N + gj] = room[k].rc[gj];
-                   t_rd[k * N + gj] = room[k].rd[gj]; t_rr[k * N + gj] = room[k].rr[gj]; gj++
+                   t_rt[k * N + gj] = room[k].rt[gj];
+                   t_rc[k * N + gj] = room[k].rc[gj]; t_rd[k * N + gj] = room[k].rd[gj];  /* channels */
+                   t_rr[k * N + gj] = room[k].rr[gj];  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break
@@ -215,8 +219,10 @@ inline canon() {
      room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
      room[tmp].sz = t_sz[k]; room[tmp].sl = t_sl[k];
      gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj];
-                   room[tmp].rt[gj] = t_rt[k * N + gj]; room[tmp].rc[gj] = t_rc[k * N + gj];
-                   room[tmp].rd[gj] = t_rd[k * N + gj]; room[tmp].rr[gj] = t_rr[k * N + gj]; gj++
+                   room[tmp].rt[gj] = t_rt[k * N + gj];
+                   room[tmp].rc[gj] = t_rc[k * N + gj]; room[tmp].rd[gj] = t_rd[k * N + gj];  /* channels */
+                   room[tmp].rr[gj] = t_rr[k * N + gj];  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break
