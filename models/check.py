@@ -65,6 +65,12 @@ def add_arguments(p) -> None:
                    help=f"whose rules to explore (default: {d['variant']})")
     p.add_argument("--peers", action="store_true",
                    help="model the peer machine too (one peer per receiver rank; grows the state space)")
+    p.add_argument("--channels", action="store_true",
+                   help="notices travel in a FIFO per receiver and withdraws the other way, so they may cross "
+                        "(grows the state space)")
+    p.add_argument("--late-landing", action="store_true",
+                   help="a failed write may land after its quarantine ended: shows the hazard the quarantine's "
+                        "bound guards against (finds violations by design)")
     p.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true", help="run with and without symmetry reduction")
     p.add_argument("--save-traces", metavar="DIR", help="write each violation's trace as JSON")
@@ -133,7 +139,8 @@ def _load_trace(path: str) -> dict:
 def _run_replay(args, out, report: dict) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k, None) is not None]
     given += [f for f, on in (("--no-symmetry", args.no_symmetry), ("--compare-symmetry", args.compare_symmetry),
-                              ("--save-traces", args.save_traces)) if on]
+                              ("--save-traces", args.save_traces), ("--channels", getattr(args, "channels", False)),
+                              ("--late-landing", getattr(args, "late_landing", False))) if on]
     if given:
         raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
                               f"cannot be combined with it")
@@ -165,17 +172,20 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         return _run_replay(args, out, report)
     apply_defaults(args)
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
-                 peers=getattr(args, "peers", False), sizes=args.sizes)
+                 peers=getattr(args, "peers", False), sizes=args.sizes,
+                 channels=getattr(args, "channels", False), late_landing=getattr(args, "late_landing", False))
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
-    report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers}, runs=[])
+    report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers, "channels": cfg.channels,
+                          "late_landing": cfg.late_landing}, runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
         label = "with" if symmetry else "without"
         out(f"checking {cfg.variant}: {cfg.cells} cells, items of {'/'.join(map(str, cfg.sizes))} cells, "
             f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, "
-            f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{label} symmetry reduction")
+            f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{'notice channels, ' if cfg.channels else ''}"
+            f"{'late landings, ' if cfg.late_landing else ''}{label} symmetry reduction")
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 

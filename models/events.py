@@ -17,11 +17,13 @@ from .state import (
     CH_DROPPED,
     CH_NONE,
     CH_SENT,
+    CHAN,
     CONCLUDED,
     CONTENT,
     GHOST,
     INFL,
     LEN,
+    NOTICE_OF,
     OK,
     RCV,
     REG,
@@ -36,6 +38,11 @@ from .state import (
     W_FLIGHT,
     W_GHOST,
     W_IDLE,
+    W_STRAY,
+    WD,
+    WD_NONE,
+    WD_SEEN,
+    WD_SENT,
     Draft,
     Step,
     first_of_each,
@@ -47,7 +54,7 @@ class Events(Rules):
     """The event families; `Spec.successors` runs them, each room's in turn, then the encoder's."""
 
     ROOM_FAMILIES = ("_register", "_frame", "_tower", "_copied", "_write_outcomes", "_late_landings", "_deadlines",
-                     "_withdraws", "_abort", "_write_deadlines")
+                     "_withdraws", "_abort", "_write_deadlines", "_deliveries", "_withdraws_seen")
     GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends", "_probe_outcomes")
 
     def __init__(self, config) -> None:
@@ -225,7 +232,7 @@ class Events(Rules):
             if not unsure and rc[k][0] == "released":
                 d.flag("write-into-released-region",
                        f"room {i}'s write landed in a region its receiver had released (and may reuse)")
-            rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE, rc[k][2])
+            rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE, *rc[k][2:])
         if unsure:
             ro[GHOST] += 1
             d.cells[ro[SLOTI]][UNSURE] = True
@@ -246,7 +253,10 @@ class Events(Rules):
     def _late_landings(self, state: tuple, i: int, out: list) -> None:
         """A write reported unsure lands after all."""
         r = state[0][i]
-        for k in self._choices(r, W_GHOST, r[GHOST]):
+        ks = self._choices(r, W_GHOST, r[GHOST])
+        if self.late_landing:
+            ks = sorted({*ks, *self._choices(r, W_STRAY, r[GHOST])})
+        for k in ks:
             d = Draft.of(state)
             ro = d.rooms[i]
             s = ro[SLOTI]
@@ -259,7 +269,8 @@ class Events(Rules):
             ro[GHOST] -= 1
             if k is not None:
                 rc = receivers(ro)
-                rc[k] = (rc[k][0], self.LANDED, rc[k][2])
+                # a stray lands after its quarantine: nothing waits for it any more
+                rc[k] = (rc[k][0], W_IDLE if rc[k][1] == W_STRAY else self.LANDED, *rc[k][2:])
             if not self._holds_slot(ro):
                 ro[SLOTI] = -1
             self._emit(out, d, ("late_landing", i) if k is None else ("late_landing", i, k))
@@ -275,6 +286,9 @@ class Events(Rules):
     def _withdraws(self, state: tuple, i: int, out: list) -> None:
         """A receiver's request is aborted: it withdraws its region."""
         r = state[0][i]
+        if self.channels:
+            self._withdraws_sent(state, i, out)
+            return
         if not state[3] or r[RS] in CONCLUDED:
             return
         for k in sorted({k_ for k_, x in first_of_each(r[RCV]) if x[0] == "offered"}):
@@ -282,6 +296,48 @@ class Events(Rules):
             d.faults -= 1
             self._withdraw(d, i, k)
             self._emit(out, d, ("withdraw", i, k))
+
+    def _withdraws_sent(self, state: tuple, i: int, out: list) -> None:
+        """With channels: the receiver withdraws an offered region and tells the encoder, which hears it
+        later (`_withdraws_seen`); an outcome may already be on its way (the two cross)."""
+        r = state[0][i]
+        if not state[3]:
+            return
+        for k in sorted({k_ for k_, x in first_of_each(r[RCV]) if x[0] == "offered" and x[WD] == WD_NONE}):
+            d = Draft.of(state)
+            d.faults -= 1
+            rc = receivers(d.rooms[i])
+            x = rc[k]
+            rc[k] = (self._region_step(x[0], "withdraw"), *x[1:WD], WD_SENT, *x[WD + 1:])
+            self._emit(out, d, ("withdraw", i, k))
+
+    def _deliveries(self, state: tuple, i: int, out: list) -> None:
+        """With channels: the notice at the head of a receiver's FIFO reaches it."""
+        if not self.channels:
+            return
+        for k, x in first_of_each(state[0][i][RCV]):
+            if x[CHAN]:
+                d = Draft.of(state)
+                rc = receivers(d.rooms[i])
+                ch = rc[k][CHAN]
+                rc[k] = (*rc[k][:CHAN], ch // 5, *rc[k][CHAN + 1:])
+                self._deliver(d.rooms[i], k, NOTICE_OF[ch % 5])
+                self._emit(out, d, ("deliver", i, k))
+
+    def _withdraws_seen(self, state: tuple, i: int, out: list) -> None:
+        """With channels: a receiver's withdraw reaches the encoder; a live room fails (its outcome goes
+        out), and the withdraw is acked once no write into the region can land."""
+        if not self.channels:
+            return
+        for k, x in first_of_each(state[0][i][RCV]):
+            if x[WD] == WD_SENT:
+                d = Draft.of(state)
+                rc = receivers(d.rooms[i])
+                rc[k] = (*rc[k][:WD], WD_SEEN, *rc[k][WD + 1:])
+                if d.rooms[i][RS] not in CONCLUDED:
+                    self._move_room(d, i, "fail")
+                self._release_settled(d.rooms[i])
+                self._emit(out, d, ("withdraw_seen", i, k))
 
     def _withdraw(self, d: Draft, i: int, k: int) -> None:
         rc = receivers(d.rooms[i])

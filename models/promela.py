@@ -48,7 +48,7 @@ from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
 from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, PEER_VARIANTS, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
-from .state import STAGEABLE, TOLD_NONE, TOLD_TWICE
+from .state import CHAN_CAP, NOTICE_CODE, STAGEABLE, TOLD_NONE, TOLD_TWICE, W_STRAY
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
@@ -71,7 +71,8 @@ assert list(TOLD_VALUES) == sorted(TOLD_VALUES)
 NONE = 255
 HALTS = {0: None, 1: "crash", 2: "spin"}
 EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
-          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS)
+          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS,
+          "deliver", "withdraw_seen")
 
 # Promela for each guard named in the declarations, given the stepped object.
 ROOM_GUARDS = {"all_receivers": "({allr})"}
@@ -147,6 +148,7 @@ def _bits(n: int) -> int:
 # The machines whose moves run fsm/couplings.py's table here (peers: models/promela_peers.py).
 COUPLED = ("room", "extent", "peer")
 
+# With channels the encoder cannot see a region: it tells every receiver (none was told yet).
 _CONCLUDE = """if
   :: SEED && cause == C_expire -> skip  /* the seed tells nobody on expiry */
   :: else ->
@@ -157,7 +159,8 @@ _CONCLUDE = """if
         do
         :: gj < room[ax].reg ->
            if
-           :: room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->
+           :: room[ax].rg[gj] == G_offered || room[ax].rg[gj] == G_withdrawing ->  /* plain */
+           :: true ->  /* channels */
               if :: room[ax].rs == R_success -> notice_success(ax, gj) :: else -> notice_failed(ax, gj) fi
            :: else -> skip
            fi;
@@ -172,13 +175,18 @@ _CONCLUDE = """if
 
 _RELEASE_REGIONS = """k = 0;
   do
-  :: k < R -> if :: room[k].sl == ax && HOLDS(k) -> room[k].ghost = 0;
+  :: k < R -> if :: room[k].sl == ax && HOLDS(k) ->
+                    room[k].ghost = 0;  /* not late */
                     if
                     :: REGIONS ->
                        gj = 0;
                        do
                        :: gj < room[k].reg ->
-                          if :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE
+                          if :: room[k].rw[gj] == W_GHOST || room[k].rw[gj] == W_LANDED ->  /* not late */
+                                room[k].rw[gj] = W_IDLE  /* not late */
+                          /* with late landings a ghost outlives the quarantine as a stray */  /* late */
+                          if :: room[k].rw[gj] == W_GHOST -> room[k].rw[gj] = W_STRAY  /* late */
+                             :: room[k].rw[gj] == W_LANDED -> room[k].rw[gj] = W_IDLE  /* late */
                              :: else -> skip fi;
                           gj++
                        :: else -> break
@@ -277,7 +285,23 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
     keys, nkeys = _key_defines(cfg)
     defs = _constants(cfg, frozenset(KINDS) if asserted is None else asserted) + _macros(cfg) + keys
     inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg), SEARCH)
-    return "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
+    text = "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
+    return _select_lines(text, cfg)
+
+
+# Lines that only one setting of a switch needs end in a tag; the others are left out, so a switch that
+# is off adds nothing to the generated model (SPIN caps how many jumps one d_step may hold).
+LINE_TAGS = {"/* channels */": lambda c: c.channels, "/* plain */": lambda c: not c.channels,
+             "/* late */": lambda c: c.late_landing, "/* not late */": lambda c: not c.late_landing}
+
+
+def _select_lines(text: str, cfg: Config) -> str:
+    out = []
+    for line in text.split("\n"):
+        tag = next((t for t in LINE_TAGS if line.endswith(t)), None)
+        if tag is None or LINE_TAGS[tag](cfg):
+            out.append(line)
+    return "\n".join(out)
 
 
 def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
@@ -292,10 +316,24 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(SLOT_STATES)]
     defs += [f"#define {_gs(s)} {n + 1}" for n, s in enumerate(REGION_STATES)]
     defs += [f"#define W_IDLE {W_IDLE}", f"#define W_FLIGHT {W_FLIGHT}", f"#define W_GHOST {W_GHOST}",
-             f"#define W_LANDED {W_LANDED}"]
+             f"#define W_LANDED {W_LANDED}", f"#define W_STRAY {W_STRAY}",
+             f"#define CHANNELS {int(cfg.channels)}", f"#define LATE_LANDING {int(cfg.late_landing)}",
+             "#define WD_NONE 0", "#define WD_SENT 1", "#define WD_SEEN 2", "#define WD_ACKED 3",
+             "#define SETTLED(w) ((w) == W_IDLE" + (" || (w) == W_STRAY)" if cfg.late_landing else ")"),
+             "#define CLEN(c) (((c) > 0) + ((c) >= 5) + ((c) >= 25))",
+             "#define ISOUT(d) ((d) == NC_SUCCESS || (d) == NC_FAILED)",
+             # an outcome is on its way to receiver j of room x (never, without channels)
+             "#define OUTCOME_ON_WAY(x, j) (" + ("ISOUT(room[x].rc[j] % 5) || ISOUT((room[x].rc[j] / 5) % 5) || "
+                                                "ISOUT(room[x].rc[j] / 25))" if cfg.channels else "0)")]
+    defs += [f"#define NC_{n.upper()} {c}" for n, c in NOTICE_CODE.items()]
+    assert CHAN_CAP == 3  # CLEN and the channel's pushes know three digits
     defs += [f"#define T_{(t or 'none').upper()} {n}" for n, t in enumerate(TOLD_VALUES)]
     # a receiver's sort code: region, write, then the outcome it was told (the spec's tuple order)
-    defs.append("#define RCVCODE(x, j) ((room[x].rg[j] * 4 + room[x].rw[j]) * 4 + room[x].rt[j])")
+    # (with channels then its FIFO, its withdraw's place and whether a release was sent: state.CHAN, WD, REL)
+    code = "(room[x].rg[j] * 5 + room[x].rw[j]) * 4 + room[x].rt[j]"
+    if cfg.channels:
+        code = f"(((({code}) * 125 + room[x].rc[j]) * 4 + room[x].rd[j]) * 2 + room[x].rr[j])"
+    defs.append(f"#define RCVCODE(x, j) ({code})")
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
     # what moved a room or slot, for the actions that depend on it
@@ -367,6 +405,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
                            f"room[{i}].snd == 2 && room[{i}].infl == 0 && room[{i}].ghost == 0" for i in range(R)]
                         + ([f"(room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released) && "
                             f"room[{i}].rw[{j}] == W_IDLE && room[{i}].rt[{j}] == TOLD_OF(room[{i}].rs)"
+                            + (f" && room[{i}].rc[{j}] == 0 && (room[{i}].rd[{j}] == WD_NONE || "
+                               f"room[{i}].rd[{j}] == WD_ACKED)" if cfg.channels else "")
                             for i in range(R) for j in range(N)]
                            if cfg.regions else []))
     defs = ["#define TOLD_OF(rs) ((rs) == R_success -> T_SUCCESS : ((rs) == R_failed -> T_FAILED : T_NONE))",
@@ -379,6 +419,9 @@ def _final_and_rank(cfg: Config) -> list[str]:
         [f"{m} * (room[{i}].ch + room[{i}].snd + room[{i}].reg + room[{i}].told + CONCLUDED(room[{i}].rs))"
          f" - 3 * room[{i}].infl - room[{i}].ghost" for i in range(R)]
         + [f"REGRANK(room[{i}].rg[{j}])" for i in range(R) for j in range(N) if cfg.regions]
+        + [f"(room[{i}].reg > {j}) * (2 * (CONCLUDED(room[{i}].rs) + room[{i}].rr[{j}] + "
+           f"(room[{i}].rd[{j}] == WD_ACKED)) - CLEN(room[{i}].rc[{j}]) + room[{i}].rd[{j}])"
+           for i in range(R) for j in range(N) if cfg.channels]
         + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
         + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")
@@ -393,8 +436,10 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
               ("room[KI].infl", _bits(N)), ("room[KI].ghost", _bits(N))]
     if cfg.regions:
-        fields += [(f"(RCVCODE(KI, {j}))", _bits((len(REGION_STATES) * 4 + 3) * 4 + 3))
-                   for j in range(N)]
+        top = (len(REGION_STATES) * 5 + 4) * 4 + 3
+        if cfg.channels:
+            top = ((top * 125 + 124) * 4 + 3) * 2 + 1
+        fields += [(f"(RCVCODE(KI, {j}))", _bits(top)) for j in range(N)]
     # then the item's size, and where its extent starts (0 none, else its first cell + 1)
     fields += [("room[KI].sz", _bits(max(cfg.sizes))), ("KPOS", _bits(cfg.cells)), ("KSAME", 1),
                ("KDPOS", _bits(R))]
@@ -422,7 +467,9 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
 def _declarations(nkeys: int) -> str:
     return f"""
 typedef Room {{ byte rs = {_rs(ROOM.initial)}; byte snd; byte ch = CH_AWAITING_TOWER; byte reg; byte told; byte ok;
-               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N] }}
+               byte infl; byte ghost; byte sz; byte sl = NONE; byte rg[N]; byte rw[N]; byte rt[N];
+               byte rc[N]; byte rd[N]; bit rr[N];  /* channels */
+}}
 typedef Cell {{ byte ss = {_ss(EXTENT.initial)}; byte content = NONE; bit unsure; byte span = 1 }}
 Room room[R];
 Cell cell[C];
@@ -438,13 +485,17 @@ hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
 """ + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
 hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
 hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N];
+hidden byte t_rc[R * N], t_rd[R * N], t_rr[R * N];  /* channels */
 """
 
 
 def _rules(cfg: Config) -> str:
     """The event families' inlines, with the variant's and the region machine's names filled in."""
     choose = "\n".join(f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells))
-    rules = events.TEXT.replace("CHOOSE_PLACE", choose)
+    inl, arms = events.notices(cfg)
+    rules = events.TEXT.replace("CHOOSE_PLACE", choose).replace("NOTICE_INLINES", inl).replace("SETTLE_ARMS", arms)
+    if not cfg.channels:  # a notice arrives as it is sent: delivering it is sending it
+        rules = rules.replace("inline deliver_", "inline notice_")
     for notice, event in NOTICE_EVENTS.items():  # which region event each notice steps
         rules = rules.replace(f"region_NOTICE_{notice}(", f"region_{event}(")
     for notice, dest in SeedSpec.NOTICES.items():
@@ -554,6 +605,10 @@ def _parse_state(lines: list[str]) -> tuple:
             rcv = tuple((REGION_STATES[g - 1], w, TOLD_VALUES[t]) for g, w, t in zip(f[10::3], f[11::3], f[12::3])
                         if g)
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
+        elif tag == "RX":  # with channels: each receiver also has its FIFO, its withdraw and its release
+            rcv = tuple((REGION_STATES[x[0] - 1], x[1], TOLD_VALUES[x[2]], *x[3:]) for x in zip(*(f[10 + n::6]
+                        for n in range(6))) if x[0])
+            rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))
     return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
@@ -573,7 +628,7 @@ def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:
             flush()
             _, ev, arg = line.split()[:3]
             head, block = (EVENTS[int(ev)], int(arg)), []
-        elif line.startswith(("ST ", "RM ", "SL ", "PE")):
+        elif line.startswith(("ST ", "RM ", "RX ", "SL ", "PE")):
             block.append(line)
         elif line.startswith("VIOLATION "):
             kind = KINDS[int(line.split()[1]) - 1]

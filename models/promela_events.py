@@ -18,19 +18,31 @@ Arm = tuple[str, str, str, bool]  # (event, guard, statement, about one receiver
 
 # -- the regions and the ring: the rules the event families share -------------------------------
 REGIONS = r"""
-/* the encoder sends receiver gk of room gx a notice (rules._notice); the seed's receiver frees on Failed */
-inline notice_success(gx, gk) {
+/* receiver gk of room gx takes a notice (rules._deliver); the seed's receiver frees on Failed */
+inline deliver_success(gx, gk) {
   if :: SEED -> room[gx].rg[gk] = SEED_SUCCESS
      :: else -> region_NOTICE_success(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi;
   room[gx].rt[gk] = (room[gx].rt[gk] == T_NONE -> T_SUCCESS : T_TWICE)  /* state.told_after */
 }
-inline notice_failed(gx, gk) {
+inline deliver_failed(gx, gk) {
   if :: SEED -> room[gx].rg[gk] = SEED_FAILED
      :: else -> region_NOTICE_failed(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 fi;
   room[gx].rt[gk] = (room[gx].rt[gk] == T_NONE -> T_FAILED : T_TWICE)
 }
-inline notice_released(gx, gk) { region_NOTICE_released(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
-inline notice_withdrawn(gx, gk) { region_NOTICE_withdrawn(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
+inline deliver_released(gx, gk) { region_NOTICE_released(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
+inline deliver_withdrawn(gx, gk) { region_NOTICE_withdrawn(room[gx].rg[gk], gt); room[gx].rg[gk] = gt; gt = 0 }
+
+/* the encoder sends a notice (rules._notice): with channels it joins the receiver's FIFO (base-5 digits, the
+   head lowest: state.chan_push), else it arrives at once */
+inline chan_push(gx, gk, code) {
+  if
+  :: room[gx].rc[gk] == 0 -> room[gx].rc[gk] = code
+  :: room[gx].rc[gk] > 0 && room[gx].rc[gk] < 5 -> room[gx].rc[gk] = room[gx].rc[gk] + code * 5
+  :: room[gx].rc[gk] >= 5 && room[gx].rc[gk] < 25 -> room[gx].rc[gk] = room[gx].rc[gk] + code * 25
+  :: else -> printf("MODELBUG channel full\n"); assert(false)
+  fi
+}
+NOTICE_INLINES
 
 /* rules._release_settled: a Failed room's region is released (its withdraw acked) once no write can land */
 inline release_settled(gx) {
@@ -40,9 +52,8 @@ inline release_settled(gx) {
      do
      :: gq < room[gx].reg ->
         if
-        :: room[gx].rw[gq] == W_IDLE && room[gx].rg[gq] == G_failed -> notice_released(gx, gq)
-        :: room[gx].rw[gq] == W_IDLE && room[gx].rg[gq] == G_withdrawing -> notice_withdrawn(gx, gq)
-        :: else -> skip
+SETTLE_ARMS
+        :: else -> skip  /* a write may land: wait */
         fi;
         gq++
      :: else -> break
@@ -280,6 +291,8 @@ inline ev_write(x, j, UNSURE) {
 
 def late_landings(r: str, i: str, j: str, cfg) -> list[Arm]:
     ghost = f" && {r}.rw[{j}] == W_GHOST" if cfg.regions else ""
+    if cfg.late_landing:  # a stray (its quarantine over) may land too
+        ghost = f" && ({r}.rw[{j}] == W_GHOST || {r}.rw[{j}] == W_STRAY)"
     return [("late_landing", f"{r}.ghost > 0{ghost}", f"ev_late_landing({i}, {j})", True)]
 
 
@@ -292,7 +305,10 @@ inline ev_late_landing(x, j) {
   fi;
   room[x].ghost--;
   /* the seed waits out no quarantine: a landed write is simply gone */
-  if :: REGIONS -> if :: SEED -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi :: else -> skip fi;
+  if :: REGIONS -> if :: SEED -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi  /* not late */
+     :: else -> skip fi;  /* not late */
+  /* a stray lands after its quarantine: nothing waits for it any more */  /* late */
+  if :: room[x].rw[j] == W_STRAY -> room[x].rw[j] = W_IDLE :: else -> room[x].rw[j] = W_LANDED fi;  /* late */
   if :: !HOLDS(x) -> room[x].sl = NONE :: else -> skip fi
 }
 """
@@ -306,12 +322,18 @@ def deadlines(r: str, i: str, j: str, cfg) -> list[Arm]:
 def withdraws(r: str, i: str, j: str, cfg) -> list[Arm]:
     if not cfg.regions:  # no receivers modelled: nothing to withdraw
         return []
+    if cfg.channels:  # the receiver withdraws; the encoder hears it later (withdraws_seen)
+        return [("withdraw", f"faults > 0 && {r}.rg[{j}] == G_offered && {r}.rd[{j}] == WD_NONE",
+                 f"ev_withdraw_sent({i}, {j})", True)]
     return [("withdraw", f"faults > 0 && !CONCLUDED({r}.rs) && {r}.rg[{j}] == G_offered", f"ev_withdraw({i}, {j})",
              True)]
 
 
 WITHDRAWS = r"""
 /* a receiver withdraws an offered region; the seed's receiver frees it, the encoder never hears */
+inline ev_withdraw_sent(x, j) {
+  region_withdraw(room[x].rg[j], gt); room[x].rg[j] = gt; gt = 0; room[x].rd[j] = WD_SENT; faults--
+}
 inline ev_withdraw(x, j) {
   if
   :: SEED -> room[x].rg[j] = G_released
@@ -326,11 +348,61 @@ def abort(r: str, i: str, j: str, cfg) -> list[Arm]:
     return [("abort", f"faults > 0 && {r}.snd == 1 && !CONCLUDED({r}.rs)", f"move_room_fail({i}); faults--", False)]
 
 
+def deliveries(r: str, i: str, j: str, cfg) -> list[Arm]:
+    if not cfg.channels:
+        return []
+    return [("deliver", f"{r}.rc[{j}] != 0", f"ev_deliver({i}, {j})", True)]
+
+
+def withdraws_seen(r: str, i: str, j: str, cfg) -> list[Arm]:
+    if not cfg.channels:
+        return []
+    return [("withdraw_seen", f"{r}.rd[{j}] == WD_SENT", f"ev_withdraw_seen({i}, {j})", True)]
+
+
+CHANNELS = r"""
+/* the notice at the head of a receiver's FIFO reaches it (events._deliveries) */
+inline ev_deliver(x, j) {
+  lc = room[x].rc[j] % 5; room[x].rc[j] = room[x].rc[j] / 5;
+  if
+  :: lc == NC_SUCCESS -> deliver_success(x, j)
+  :: lc == NC_FAILED -> deliver_failed(x, j)
+  :: lc == NC_RELEASED -> deliver_released(x, j)
+  :: lc == NC_WITHDRAWN -> deliver_withdrawn(x, j)
+  fi;
+  lc = 0
+}
+/* a receiver's withdraw reaches the encoder: a live room fails, the withdraw is acked once settled */
+inline ev_withdraw_seen(x, j) {
+  room[x].rd[j] = WD_SEEN;
+  if :: !CONCLUDED(room[x].rs) -> move_room_fail(x) :: else -> skip fi;
+  release_settled(x)
+}
+"""
+
+
+def notices(cfg) -> str:
+    """The notice inlines and release_settled's arms: with channels a notice joins the FIFO and the encoder
+    acts on what it knows (rules._release_settled_by_encoder); without, a notice arrives at once."""
+    if cfg.channels:
+        inl = "\n".join(f"inline notice_{n}(gx, gk) {{ chan_push(gx, gk, NC_{n.upper()}) }}"
+                         for n in ("success", "failed", "released", "withdrawn"))
+        arms = """        :: SETTLED(room[gx].rw[gq]) && room[gx].rd[gq] == WD_SEEN -> room[gx].rd[gq] = WD_ACKED;
+           notice_withdrawn(gx, gq)
+        :: SETTLED(room[gx].rw[gq]) && room[gx].rd[gq] != WD_SEEN && room[gx].rs == R_failed &&
+           !room[gx].rr[gq] && room[gx].rd[gq] != WD_ACKED -> room[gx].rr[gq] = 1; notice_released(gx, gq)"""
+    else:  # the deliver_ inlines are renamed notice_ (promela._rules): an inline calling one costs d_step room
+        inl = ""
+        arms = """        :: SETTLED(room[gx].rw[gq]) && room[gx].rg[gq] == G_failed -> notice_released(gx, gq)
+        :: SETTLED(room[gx].rw[gq]) && room[gx].rg[gq] == G_withdrawing -> notice_withdrawn(gx, gq)"""
+    return inl, arms
+
+
 Family = Callable[[str, str, str, Any], list[Arm]]
 ROOM_FAMILIES: tuple[tuple[Family, str], ...] = (
     (register, REGISTER), (frame, FRAME), (tower, TOWER), (copied, COPIED), (write_outcomes, WRITE_OUTCOMES),
     (late_landings, LATE_LANDINGS), (deadlines, ""), (withdraws, WITHDRAWS), (abort, ""),
-    (promela_peers.write_deadline, promela_peers.TEXT))
+    (promela_peers.write_deadline, promela_peers.TEXT), (deliveries, CHANNELS), (withdraws_seen, ""))
 
 
 def room_arms(i: str, j: str, cfg) -> list[Arm]:

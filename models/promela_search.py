@@ -97,7 +97,8 @@ inline post() {
           :: kind == 0 && room[k].rt[gj] == T_TWICE -> kind = K_TOLD_TWICE
           :: kind == 0 && room[k].rt[gj] != T_TWICE && room[k].rt[gj] != T_NONE &&
              room[k].rt[gj] != TOLD_OF(room[k].rs) -> kind = K_WRONG_OUTCOME
-          :: kind == 0 && room[k].rt[gj] == T_NONE && CONCLUDED(room[k].rs) -> kind = K_RECEIVER_NOT_TOLD
+          :: kind == 0 && room[k].rt[gj] == T_NONE && CONCLUDED(room[k].rs) &&
+             !OUTCOME_ON_WAY(k, gj) -> kind = K_RECEIVER_NOT_TOLD
           :: else -> skip
           fi;
           gj++
@@ -122,9 +123,14 @@ inline show_state() {
   printf("\n");
   k = 0;
   do
-  :: k < R -> printf("RM %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
+  :: k < R ->
+     printf("RX");  /* channels */
+     printf("RM");  /* plain */
+     printf(" %d %d %d %d %d %d %d %d %d %d", room[k].rs, room[k].snd, room[k].ch, room[k].reg,
                      room[k].told, room[k].ok, room[k].infl, room[k].ghost, room[k].sz, room[k].sl);
-     gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]); gj++
+     gj = 0; do :: gj < N -> printf(" %d %d %d", room[k].rg[gj], room[k].rw[gj], room[k].rt[gj]);
+                   printf(" %d %d %d", room[k].rc[gj], room[k].rd[gj], room[k].rr[gj]);  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      printf("\n"); k++
   :: else -> break
@@ -136,7 +142,7 @@ inline show_state() {
   show_peers()
 }
 
-/* sort each room's registered receivers by (region, write, told): stable insertion sort */
+/* sort each room's registered receivers by (region, write, told[, channel, withdraw, release]): insertion sort */
 inline sort_receivers() {
   k = 0;
   do
@@ -150,6 +156,9 @@ inline sort_receivers() {
            gt = room[k].rg[gq]; room[k].rg[gq] = room[k].rg[gq - 1]; room[k].rg[gq - 1] = gt;
            gt = room[k].rw[gq]; room[k].rw[gq] = room[k].rw[gq - 1]; room[k].rw[gq - 1] = gt;
            gt = room[k].rt[gq]; room[k].rt[gq] = room[k].rt[gq - 1]; room[k].rt[gq - 1] = gt;
+           gt = room[k].rc[gq]; room[k].rc[gq] = room[k].rc[gq - 1]; room[k].rc[gq - 1] = gt;  /* channels */
+           gt = room[k].rd[gq]; room[k].rd[gq] = room[k].rd[gq - 1]; room[k].rd[gq - 1] = gt;  /* channels */
+           gt = room[k].rr[gq]; room[k].rr[gq] = room[k].rr[gq - 1]; room[k].rr[gq - 1] = gt;  /* channels */
            gq--
         :: else -> break
         od;
@@ -194,7 +203,10 @@ inline canon() {
      t_told[k] = room[k].told; t_ok[k] = room[k].ok; t_infl[k] = room[k].infl; t_ghost[k] = room[k].ghost;
      t_sz[k] = room[k].sz; t_sl[k] = room[k].sl;
      gj = 0; do :: gj < N -> t_rg[k * N + gj] = room[k].rg[gj]; t_rw[k * N + gj] = room[k].rw[gj];
-                   t_rt[k * N + gj] = room[k].rt[gj]; gj++
+                   t_rt[k * N + gj] = room[k].rt[gj];
+                   t_rc[k * N + gj] = room[k].rc[gj]; t_rd[k * N + gj] = room[k].rd[gj];  /* channels */
+                   t_rr[k * N + gj] = room[k].rr[gj];  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break
@@ -207,7 +219,10 @@ inline canon() {
      room[tmp].told = t_told[k]; room[tmp].ok = t_ok[k]; room[tmp].infl = t_infl[k]; room[tmp].ghost = t_ghost[k];
      room[tmp].sz = t_sz[k]; room[tmp].sl = t_sl[k];
      gj = 0; do :: gj < N -> room[tmp].rg[gj] = t_rg[k * N + gj]; room[tmp].rw[gj] = t_rw[k * N + gj];
-                   room[tmp].rt[gj] = t_rt[k * N + gj]; gj++
+                   room[tmp].rt[gj] = t_rt[k * N + gj];
+                   room[tmp].rc[gj] = t_rc[k * N + gj]; room[tmp].rd[gj] = t_rd[k * N + gj];  /* channels */
+                   room[tmp].rr[gj] = t_rr[k * N + gj];  /* channels */
+                   gj++
                 :: else -> break od; gj = 0;
      k++
   :: else -> break

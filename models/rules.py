@@ -22,6 +22,7 @@ from .state import (
     CH_DROPPED,
     CH_HELD,
     CH_SENT,
+    CHAN,
     CONCLUDED,
     CONTENT,
     GHOST,
@@ -29,6 +30,7 @@ from .state import (
     LEN,
     RCV,
     REG,
+    REL,
     RS,
     SIZE,
     SLOTI,
@@ -42,7 +44,12 @@ from .state import (
     W_GHOST,
     W_IDLE,
     W_LANDED,
+    W_STRAY,
+    WD,
+    WD_ACKED,
+    WD_SEEN,
     Draft,
+    chan_push,
     extent,
     first_of_each,
     receivers,
@@ -76,6 +83,8 @@ class Rules:
         self.N = config.receivers
         self.regions = config.regions
         self.peers = config.peers
+        self.channels = config.channels
+        self.late_landing = config.late_landing
         self._read_couplings()
 
     def _read_couplings(self) -> None:
@@ -184,8 +193,9 @@ class Rules:
         ro = d.rooms[i]
         ro[TOLD] = ro[REG]
         outcome = "success" if ro[RS] == "success" else "failed"
-        for k, (g, _, _) in enumerate(receivers(ro)):
-            if g in ("offered", "withdrawing"):
+        for k, x in enumerate(receivers(ro)):
+            # with channels the encoder cannot see a region: it tells every receiver (none was told yet)
+            if self.channels or x[0] in ("offered", "withdrawing"):
                 self._notice(ro, k, outcome)
         if outcome == "failed":
             self._release_settled(ro)
@@ -210,11 +220,17 @@ class Rules:
         """Writes from slot s that could land have landed: its rooms' failed regions are released."""
         for ro in d.rooms:
             if ro[SLOTI] == s and self._holds_slot(ro):
-                ro[GHOST] = 0
                 rc = receivers(ro)
-                for k, (g, w, t) in enumerate(rc):
-                    if w in (W_GHOST, W_LANDED):
-                        rc[k] = (g, W_IDLE, t)
+                if self.late_landing:
+                    # the transport outlived the quarantine: a ghost stays, a stray the encoder no longer waits for
+                    for k, x in enumerate(rc):
+                        if x[1] in (W_GHOST, W_LANDED):
+                            rc[k] = (x[0], W_STRAY if x[1] == W_GHOST else W_IDLE, *x[2:])
+                else:
+                    ro[GHOST] = 0
+                    for k, x in enumerate(rc):
+                        if x[1] in (W_GHOST, W_LANDED):
+                            rc[k] = (x[0], W_IDLE, *x[2:])
                 self._release_settled(ro)
                 if not self._holds_slot(ro):
                     ro[SLOTI] = -1
@@ -232,7 +248,7 @@ class Rules:
             d.flag("write-to-peer-not-up")
         self._move_slot(d, r[SLOTI], "send")
         r[CH], r[INFL] = CH_SENT, self.N
-        r[RCV] = [(g, W_FLIGHT, t) for g, _, t in r[RCV]]
+        r[RCV] = [(x[0], W_FLIGHT, *x[2:]) for x in r[RCV]]
 
     def _drop_chunk(self, d: Draft, i: int) -> None:
         """The room's chunk will never be sent: its extent goes back free."""
@@ -264,11 +280,21 @@ class Rules:
 
     # -- the receivers' regions ------------------------------------------------------------
     def _notice(self, ro: list, k: int, notice: str) -> None:
-        """The encoder tells receiver k `notice`; its region moves by the region machine, and an outcome
-        is kept as a value (a second one marks the receiver told twice)."""
+        """The encoder tells receiver k `notice`: with channels it joins the receiver's FIFO (`_deliver`
+        takes it off), else it arrives at once."""
+        if self.channels:
+            rc = receivers(ro)
+            x = rc[k]
+            rc[k] = (*x[:CHAN], chan_push(x[CHAN], notice), *x[CHAN + 1:])
+        else:
+            self._deliver(ro, k, notice)
+
+    def _deliver(self, ro: list, k: int, notice: str) -> None:
+        """Receiver k takes `notice`: its region moves by the region machine, and an outcome is kept as a
+        value (a second one marks the receiver told twice)."""
         rc = receivers(ro)
-        g, w, t = rc[k]
-        rc[k] = (self._region_step(g, NOTICE_EVENTS[notice]), w, told_after(t, notice))
+        x = rc[k]
+        rc[k] = (self._region_step(x[0], NOTICE_EVENTS[notice]), x[1], told_after(x[2], notice), *x[3:])
 
     _region_moves: ClassVar[dict] = {}
 
@@ -282,17 +308,35 @@ class Rules:
         return dest
 
     def _release_settled(self, ro: list) -> None:
-        """A failed room's region is released (or its withdraw acked) once no write into it can land."""
+        """A failed room's region is released (or its withdraw acked) once no write into it can land
+        (as far as the encoder knows: a stray is not waited for)."""
         rc = receivers(ro)
-        for k, (g, w, _) in enumerate(rc):
-            if w == W_IDLE and g in ("failed", "withdrawing"):
-                self._notice(ro, k, "released" if g == "failed" else "withdrawn")
+        if self.channels:
+            self._release_settled_by_encoder(ro, rc)
+            return
+        for k, x in enumerate(rc):
+            if x[1] in (W_IDLE, W_STRAY) and x[0] in ("failed", "withdrawing"):
+                self._notice(ro, k, "released" if x[0] == "failed" else "withdrawn")
+
+    def _release_settled_by_encoder(self, ro: list, rc: list) -> None:
+        """With channels the encoder acts on what it knows: a withdraw it saw is acked, else a failed
+        room's region is released; a withdraw seen after the release is acked too (they crossed)."""
+        for k, x in enumerate(rc):
+            if x[1] not in (W_IDLE, W_STRAY):
+                continue
+            if x[WD] == WD_SEEN:
+                rc[k] = (*x[:WD], WD_ACKED, x[REL])
+                self._notice(ro, k, "withdrawn")
+            elif ro[RS] == "failed" and not x[REL] and x[WD] != WD_ACKED:
+                rc[k] = (*x[:REL], 1)
+                self._notice(ro, k, "released")
 
     def _offer(self, ro: list) -> None:
         """One more receiver registered (and, with regions, offered its receive region)."""
         ro[REG] += 1
         if self.regions:
-            receivers(ro).append(("offered", W_IDLE, TOLD_NONE))
+            receivers(ro).append(("offered", W_IDLE, TOLD_NONE, 0, 0, 0) if self.channels
+                                 else ("offered", W_IDLE, TOLD_NONE))
 
     # -- the ring: an arena of cells ------------------------------------------------------------
     def _leasable(self, rooms, cells) -> list[bool]:

@@ -64,15 +64,18 @@ from .state import (  # noqa: F401
     CH_NAMES,
     CH_NONE,
     CH_SENT,
+    CHAN,
     CONCLUDED,
     CONTENT,
     GHOST,
     INFL,
     LEN,
+    NOTICE_CODE,
     OK,
     RCV,
     REG,
     REGION_MARK,
+    REL,
     RS,
     SIZE,
     SLOTI,
@@ -88,7 +91,13 @@ from .state import (  # noqa: F401
     W_IDLE,
     W_LANDED,
     W_MARK,
+    W_STRAY,
+    WD,
+    WD_ACKED,
+    WD_NONE,
     Step,
+    chan_len,
+    chan_notices,
     extent,
 )
 
@@ -143,6 +152,13 @@ class Config:
     peers: bool = False  # model the peer machine (one peer per receiver rank)
     # The sizes, in cells, an item may have (the tower picks one); one larger than the arena fails its room.
     sizes: tuple[int, ...] = (1, 2)
+    # Notices travel: a FIFO per receiver carries the encoder's notices (outcome, release, withdraw ack)
+    # and the receiver's withdraw travels the other way, so a withdraw may cross an outcome or a release.
+    # Off: a notice reaches its receiver in the step that sends it.
+    channels: bool = False
+    # A ghost write may land after its extent's quarantine ended (the transport broke the bound the
+    # quarantine relies on): a hazard switch, not a design. Off: the quarantine outlasts every write.
+    late_landing: bool = False
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -152,7 +168,22 @@ class Config:
         sizes = tuple(self.sizes)
         if not sizes or min(sizes) < 1 or max(sizes) > 15 or list(sizes) != sorted(set(sizes)):
             raise ValueError(f"sizes must be distinct cell counts from 1 to 15, ascending; got {self.sizes!r}")
-        object.__setattr__(self, "sizes", sizes)  # a list from a trace file reads back as a tuple
+        object.__setattr__(self, "sizes", sizes)
+        if (self.channels or self.late_landing) and (not self.regions or self.variant == "seed"):
+            raise ValueError("channels and late_landing model the receivers' regions: they need regions=True "
+                             "and a variant other than seed")  # a list from a trace file reads back as a tuple
+
+
+def _outcome_on_way(ch: int) -> bool:
+    return any(n in ("success", "failed") for n in chan_notices(ch))
+
+
+def _channel_mark(x: tuple) -> str:
+    """With channels: the notices on the way (<...), the withdraw's place and whether a release was sent."""
+    if len(x) == 3:
+        return ""
+    way = "".join("+-RA"[NOTICE_CODE[n] - 1] for n in chan_notices(x[CHAN]))
+    return (f"<{way}" if way else "") + ("", "w>", "w", "wA")[x[WD]] + ("r" if x[REL] else "")
 
 
 class Spec(Events):
@@ -186,7 +217,9 @@ class Spec(Events):
                 and all(s[SS] == "free" for s in slots)
                 and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
                         and r[INFL] == 0 and r[GHOST] == 0
-                        and all(g in ("written", "released") and w == W_IDLE and t == r[RS] for g, w, t in r[RCV])
+                        and all(x[0] in ("written", "released") and x[1] == W_IDLE and x[2] == r[RS]
+                                and (len(x) == 3 or (x[CHAN] == 0 and x[WD] in (WD_NONE, WD_ACKED)))
+                                for x in r[RCV])
                         for r in rooms))
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
@@ -223,7 +256,8 @@ class Spec(Events):
                 return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
             if r[RS] == "success" and r[OK] < self.N:
                 return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
-            for g, w, t in r[RCV]:
+            for x in r[RCV]:
+                g, w, t = x[0], x[1], x[2]
                 if g == "written" and w in (W_FLIGHT, W_GHOST):
                     return ("success-under-write",
                             f"room {i}: a receiver was told success while a write into it may land")
@@ -235,7 +269,7 @@ class Spec(Events):
                     return "told-twice", f"room {i}: a receiver ({g}) was told an outcome twice"
                 if t != TOLD_NONE and t != r[RS]:
                     return "wrong-outcome", f"room {i} is {r[RS]} but a receiver ({g}) was told {t}"
-                if t == TOLD_NONE and r[RS] in CONCLUDED:
+                if t == TOLD_NONE and r[RS] in CONCLUDED and not (len(x) > 3 and _outcome_on_way(x[CHAN])):
                     return "receiver-not-told", f"room {i} is {r[RS]} but a receiver ({g}) was told nothing"
         return None
 
@@ -263,6 +297,12 @@ class Spec(Events):
                 m = 3 * self.N + 4
                 v = cache[r] = (m * (r[CH] + r[SND] + r[REG] + r[TOLD] + (r[RS] in CONCLUDED)) - 3 * r[INFL] - r[GHOST]
                                 + sum(_REGION_RANK[x[0]] for x in r[RCV]))
+                if self.channels:
+                    # every notice counts twice once sent (sent, then delivered) and once per step the
+                    # withdraw takes: sending or delivering anything raises the rank
+                    done = r[RS] in CONCLUDED
+                    v += sum(2 * (done + x[REL] + (x[WD] == WD_ACKED)) - chan_len(x[CHAN]) + x[WD] for x in r[RCV])
+                    cache[r] = v
             total += v
         for sl in state[1]:  # once per extent: its first cell (a continuation cell counts 1 in every state)
             total += sl[SS] != "quarantined" or not sl[LEN]
@@ -280,7 +320,7 @@ class Spec(Events):
             extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
-            rx = ",".join(REGION_MARK[a] + W_MARK[b] + TOLD_MARK[t] for a, b, t in r[RCV])
+            rx = ",".join(REGION_MARK[x[0]] + W_MARK[x[1]] + TOLD_MARK[x[2]] + _channel_mark(x) for x in r[RCV])
             rx = f" rx={rx}" if rx else ""
             parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):

@@ -15,8 +15,18 @@ RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
 # The write into one receiver's region: none that can land (never issued, or done), in
 # flight, reported failed or timed out but may still land, or landed late (the encoder
 # cannot tell: it waits out the quarantine either way).
-W_IDLE, W_FLIGHT, W_GHOST, W_LANDED = range(4)
-W_MARK = ("", "~", "?", ".")
+# With `Config.late_landing`, a ghost whose quarantine ended is a stray: the encoder released its
+# extent and regions believing nothing could land, yet it may.
+W_IDLE, W_FLIGHT, W_GHOST, W_LANDED, W_STRAY = range(5)
+W_MARK = ("", "~", "?", ".", "!")
+# With `Config.channels`, a receiver is `(region, write, told, chan, wd, rel)`: the notices on the way to it
+# (a FIFO coded as base-5 digits, head in the lowest, so both engines sort it alike), where its withdraw is
+# (WD_*: the encoder's view of it), and whether the encoder sent it a release notice.
+NOTICE_CODE = {"success": 1, "failed": 2, "released": 3, "withdrawn": 4}
+NOTICE_OF = {c: n for n, c in NOTICE_CODE.items()}
+CHAN_CAP = 3  # most notices one region is ever sent: an outcome, a release and a withdraw's ack
+CHAN, WD, REL = 3, 4, 5
+WD_NONE, WD_SENT, WD_SEEN, WD_ACKED = range(4)
 # The outcome a receiver was told (a value kept after its region is released): none yet, one of the
 # room outcomes, or TOLD_TWICE once a second outcome reached it. Sorted as SPIN codes them (0..3).
 TOLD_NONE, TOLD_TWICE = "", "twice"
@@ -77,6 +87,26 @@ def receivers(ro: list) -> list:
     if type(ro[RCV]) is tuple:
         ro[RCV] = list(ro[RCV])
     return ro[RCV]
+
+
+def chan_len(ch: int) -> int:
+    return (ch > 0) + (ch >= 5) + (ch >= 25)
+
+
+def chan_push(ch: int, notice: str) -> int:
+    """The channel with `notice` appended at its tail; it never holds more than CHAN_CAP."""
+    n = chan_len(ch)
+    if n >= CHAN_CAP:
+        raise AssertionError(f"model bug: a notice channel holds more than {CHAN_CAP}")
+    return ch + NOTICE_CODE[notice] * 5 ** n
+
+
+def chan_notices(ch: int) -> list[str]:
+    out = []
+    while ch:
+        out.append(NOTICE_OF[ch % 5])
+        ch //= 5
+    return out
 
 
 def told_after(told: str, notice: str) -> str:

@@ -108,14 +108,19 @@ def run(args, out=print) -> int:
         return 2
     # Both ends by default, as the explorer; --spin-no-regions checks the encode side alone (bigger bounds).
     regions = not getattr(args, "spin_no_regions", False)
+    channels, late = bool(getattr(args, "channels", False)), bool(getattr(args, "late_landing", False))
+    if (channels or late) and not regions:
+        out("--channels and --late-landing model the receivers' regions: drop --spin-no-regions")
+        return 2
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes,
-                 peers=peers)
+                 peers=peers, channels=channels, late_landing=late)
     big = cfg.cells * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
     out(f"checking {cfg.variant} with SPIN: {cfg.cells} cells, items of {'/'.join(map(str, cfg.sizes))} cells, "
         f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, {cfg.faults} fault(s); "
         + ("both ends (receivers' regions too)" if regions else "encode side only (no receivers' regions)")
+        + (", notice channels" if channels else "") + (", late landings" if late else "")
         + "; exhaustive, "
         "symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
