@@ -31,6 +31,8 @@ FAIRNESS = {
            ("drain", "reap")),
     "F5": ("with peers: a first contact or a suspect's re-check is eventually answered or its connect deadline fires",
            ("connected", "refused", "connect_expired")),
+    "F6": ("with channels: each notice on its way to a receiver is eventually delivered, and each withdraw a "
+           "receiver sent eventually reaches the encoder", ("deliver", "withdraw_seen")),
 }
 
 # The kinds of liveness violation, in the order a state is judged.
@@ -63,7 +65,8 @@ def judge(state: tuple) -> tuple[str, str] | None:
         if began(r) and r[RS] not in CONCLUDED:
             return "room-never-concludes", f"room {i} stays {r[RS]}"
     for i, r in enumerate(rooms):
-        for g, _, _ in r[RCV]:
+        for rcv in r[RCV]:  # (region, write, told), and with channels what is on the way to it
+            g = rcv[0]
             if g not in ("written", "released"):
                 return "region-never-released", f"room {i} is {r[RS]} but a receiver's region stays {g}"
     return None

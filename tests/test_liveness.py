@@ -37,6 +37,14 @@ def test_every_fair_behaviour_concludes_every_room_in_spin():
     assert r.states == explore(CFG).states  # the liveness arm adds no state
 
 
+@pytest.mark.parametrize("engine", ["explorer", pytest.param("spin", marks=needs_spin)])
+def test_with_notice_channels_every_fair_behaviour_still_concludes_and_releases(engine):
+    """Notices and withdraws in flight (Config.channels) are delivered under F6: nothing is left stuck."""
+    cfg = Config(cells=1, rooms=1, receivers=2, faults=1, sizes=(1,), channels=True)
+    r = explore(cfg) if engine == "explorer" else spin_tool.check(cfg)
+    assert r.violations == {}
+
+
 def test_without_a_write_deadline_the_explorer_shows_a_room_that_never_concludes():
     r = explore(NO_DEADLINE)
     assert sorted(r.violations) == ["room-never-concludes"]
@@ -67,6 +75,7 @@ def test_with_peers_the_variant_arms_no_write_deadline():
 @pytest.mark.parametrize("name, cfg", [
     ("F1", CFG), ("F2", CFG), ("F3", CFG), ("F4", CFG),
     ("F5", Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,), peers=True)),
+    ("F6", Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,), channels=True)),
 ])
 def test_each_named_assumption_is_needed(name, cfg, monkeypatch):
     """No assumption is idle: without any one of them some fair behaviour leaves a room or a region stuck."""
