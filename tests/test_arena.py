@@ -202,7 +202,7 @@ def test_within_one_size_class_a_larger_extent_that_fits_beats_one_of_a_larger_c
 
 def test_a_freed_extent_is_taken_back_by_a_lease_of_its_exact_size():
     a = Arena(64 * 100)
-    x, y, z = (a.alloc(64 * n) for n in (3, 5, 3))
+    x, _, z = (a.alloc(64 * n) for n in (3, 5, 3))
     a.free(z)
     a.free(x)
     # x is an exact fit between live extents; z merged with the free space at the end.

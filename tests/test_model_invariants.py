@@ -121,14 +121,15 @@ WITNESS_CFG = Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,))
 # A notice reordered: a failed room releases its settled regions before it sends their outcome. A withdrawing
 # receiver gets its ack and is never told; an offered one is told Failed after the release pass, so nothing
 # releases its region (the liveness check, models/liveness.py, names it). One room, one receiver, one fault.
-REORDER_PY = ("""        for k, (g, _, _) in enumerate(receivers(ro)):
-            if g in ("offered", "withdrawing"):
+REORDER_PY = ("""        for k, x in enumerate(receivers(ro)):
+            # with channels the encoder cannot see a region: it tells every receiver (none was told yet)
+            if self.channels or x[0] in ("offered", "withdrawing"):
                 self._notice(ro, k, outcome)
         if outcome == "failed":
             self._release_settled(ro)""", """        if outcome == "failed":
             self._release_settled(ro)
-        for k, (g, _, _) in enumerate(receivers(ro)):
-            if g in ("offered", "withdrawing"):
+        for k, x in enumerate(receivers(ro)):
+            if self.channels or x[0] in ("offered", "withdrawing"):
                 self._notice(ro, k, outcome)""")
 REORDER_PML = ("""     :: REGIONS ->
         gj = 0;
