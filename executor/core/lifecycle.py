@@ -186,18 +186,20 @@ class Lifecycle:
         state = room.state
         self.stats[state] += 1
         peers = self.peers.by_session
-        # Ring bytes held for its receivers' peers go, but for writes that may still read the slot.
-        self.peers.let_go_room(room.id, room.frames, self.writes.of_room(room.id) if room.writes_left else ())
+        in_flight = self.writes.of_room(room.id) if room.writes_left else {}
         for f in room.frames.values():
             peer = peers.get(f.session)
             if peer is not None:
                 peer.rooms.discard(room.id)
+                # Ring bytes held for it go, but for a write that may still read the extent.
+                if peer.holds and f.session not in in_flight:
+                    self.peers.let_go(peer, room.id)
             self.tell(f, room.id, state, room.reason)
-        self.held_since.pop(room.id, None)
+        if self.held_since:
+            self.held_since.pop(room.id, None)
         if state == "failed" and room.frames:
             cause = room.cause
-            self.regions.room_failed(room.id, room.frames.values(),
-                                     self.writes.of_room(room.id) if room.writes_left else {},
+            self.regions.room_failed(room.id, room.frames.values(), in_flight,
                                      {cause.frame.session: cause.slot} if cause is not None else {},
                                      room.withdrawn)
         del self.rooms[room.id]
@@ -268,9 +270,10 @@ class Lifecycle:
         if outcome is not Outcome.DONE:
             slot.unsure = True
         slot.ring.fire(slot, "settle")
-        self.peers.let_go(w.room, w.frame.session)
         peer = self.peers.by_session.get(w.frame.session)
         if peer is not None:
+            if peer.holds:
+                self.peers.let_go(peer, w.room)
             if outcome is Outcome.DONE:
                 if peer.fails or peer.state != "up":
                     self.peers.write_ok(peer)

@@ -54,7 +54,7 @@ class Beat:
 
 class Peer:
     __slots__ = ("session", "state", "fails", "attempt", "timer", "due", "retry_at", "rooms", "reason", "table",
-                 "waiting", "held", "beat", "identity", "owner")
+                 "waiting", "held", "holds", "beat", "identity", "owner")
 
     def __init__(self, session: str, table: PeerTable, identity: str = ""):
         self.session = session
@@ -73,6 +73,7 @@ class Peer:
         self.waiting = False
         self.beat = Beat(self)
         self.held = 0  # ring bytes held for this peer's receivers (see `PeerTable.hold`)
+        self.holds: dict[int, int] = {}  # room id -> the bytes of `held` that room's chunk holds
 
     # guards named in the peer declaration
     def backing_off(self) -> bool:
@@ -113,8 +114,6 @@ class PeerTable:
         self.max_bytes = None if max_bytes is None else settings.count("max_peer_bytes", max_bytes, 1)
         # The heartbeat's schedule: when each up peer with work pending is next probed.
         self.beats = Deadlines()
-        # (room id, session) -> (bytes the room's chunk holds, the session's peer holding them)
-        self.holds: dict[tuple[int, str], tuple[int, Peer]] = {}
         self.held_total = 0  # the sum of every peer's `held`: below the bound, no peer can pass it
         self.max_peers_per_identity = settings.count("max_peers_per_identity", max_peers_per_identity, 1)
         self.per_identity: Counter[str] = Counter()  # peers made by each identity
@@ -304,33 +303,20 @@ class PeerTable:
 
     def hold(self, room: int, nbytes: int, sessions: Iterable[str]) -> None:
         """Room `room`'s chunk holds `nbytes` of the ring for each of these sessions' peers."""
-        by_session, holds = self.by_session, self.holds
+        by_session = self.by_session
         for session in sessions:
             peer = by_session.get(session)
             if peer is not None:
                 peer.held += nbytes
+                peer.holds[room] = nbytes
                 self.held_total += nbytes
-                holds[room, session] = (nbytes, peer)
 
-    def let_go(self, room: int, session: str) -> None:
-        """The write of `room` to `session` reported: its peer no longer holds the room's bytes."""
-        entry = self.holds.pop((room, session), None)
-        if entry is not None:
-            nbytes, peer = entry
+    def let_go(self, peer: Peer, room: int) -> None:
+        """The peer no longer holds `room`'s bytes: its write reported, or the room ended with none in flight."""
+        nbytes = peer.holds.pop(room, 0)
+        if nbytes:
             peer.held -= nbytes
             self.held_total -= nbytes
-
-    def let_go_room(self, room: int, sessions: Iterable[str], keep: Iterable[str] = ()) -> None:
-        """`room` concluded: the peers of its `sessions` let its bytes go but those of `keep` (writes
-        still in flight, let go when they report)."""
-        holds = self.holds
-        for session in sessions:
-            if session not in keep:
-                entry = holds.pop((room, session), None)  # `let_go`, written out: once per room
-                if entry is not None:
-                    nbytes, peer = entry
-                    peer.held -= nbytes
-                    self.held_total -= nbytes
 
 
 def down_reason(peer: Peer) -> str:
