@@ -95,6 +95,9 @@ USAGE_ERRORS = [
     (["bench", "--transport", "mooncake", "--seed", "x.py"], "--seed"),
     (["bench", "--transport", "mooncake", "--sizes", "2048"], "--sizes"),
     (["bench", "--seed", "/no/such/seed.py"], "no such file"),
+    (["bench", "--blocks", "3"], "--blocks applies only to --against"),
+    (["bench", "--against", "/no/such/python"], "not an executable Python"),
+    (["bench", "--against", sys.executable, "--sizes", "64", "1024"], "one ring size"),
     (["demo", "--requests", "4"], "apply only to --model qwen3-vl-tiny"),
     (["demo", "--model", "qwen3-vl-tiny", "--fault-rate", "0.1"], "--fault-rate apply to the tiny-tower demo"),
     (["demo", "--timeline", "/no/such/folder/t.svg"], "no such folder"),
@@ -258,6 +261,11 @@ def test_json_outputs_parse(epd):
     assert p.returncode == 0, p.stderr
     figures = json.loads(p.stdout)["us_per_item"]
     assert set(figures) == {"1", "8"} and all(v["ours"] > 0 for v in figures.values())
+    # this tree against itself: both sides ran their blocks and checked the bytes they wrote
+    p = epd("bench", "--against", sys.executable, "--blocks", "2", "--items", "50", "--json")
+    assert p.returncode == 0, p.stderr
+    ab = json.loads(p.stdout)
+    assert ab["this_min"] > 0 and ab["other_min"] > 0 and ab["ratio_min"] > 0
     p = epd("demo", "--rooms", "60", "--slots", "3", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)

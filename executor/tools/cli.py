@@ -183,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="qwen3-vl-tiny only (default: float32)")
     bench.add_argument("--seed", metavar="PATH", default=None,
                        help="also run the seed's executor from this file on the same cycle (loopback only)")
+    bench.add_argument("--against", metavar="PYTHON", default=None,
+                       help="another checkout's Python (its .venv/bin/python): run both trees' cycles at once in "
+                            "interleaved blocks and print their ratio (loopback, one ring size)")
+    bench.add_argument("--blocks", type=positive_int, default=None,
+                       help="--against only: rounds of one block per tree (default: 60)")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
     arena = command("bench-arena", "ring bytes each allocation policy needs for one seeded trace of images and videos",
@@ -363,6 +368,20 @@ def _dispatch(args: argparse.Namespace) -> int:
             if args.json:
                 _emit_json({"transport": "mooncake", "sizes_mib": {str(k >> 20): {"ctrl_gb_s": c, "raw_gb_s": r}
                                                                    for k, (c, r) in out.items()}})
+            return EXIT_OK
+        if args.blocks is not None and args.against is None:
+            raise UsageError("--blocks applies only to --against")
+        if args.against is not None:
+            if args.transport != "loopback" or args.seed is not None or len(args.sizes or [64]) != 1:
+                raise UsageError("--against compares the loopback cycle at one ring size, without --seed")
+            if not os.access(args.against, os.X_OK):
+                raise UsageError(f"--against: not an executable Python: {args.against}")
+            from .bench_ab import run as ab_run
+
+            ab = ab_run(args.against, blocks=args.blocks or 60, items=args.items or 2000,
+                        slots=(args.sizes or [64])[0], echo=_silent if args.json else print)
+            if args.json:
+                _emit_json({"transport": "loopback", "against": args.against, **ab})
             return EXIT_OK
         if args.seed is not None and not os.path.isfile(args.seed):
             raise UsageError(f"--seed: no such file: {args.seed}")
