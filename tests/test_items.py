@@ -58,7 +58,10 @@ def test_tower_error_without_a_message_is_named_by_its_type():
     for r in (1, 2, 3):
         ex.register(f"r{r}", "prefill-host", 8998, r)
     rig.tower.raise_next = RuntimeError()
-    batch = [("r1", rig.item(2, 1)), ("r2", rig.item(2, 2)), ("r1", rig.item(2, 1)), ("ghost", rig.item(2, 9))]
+    # A request id that cannot be hashed (a tuple holding a list) names no room: the failed batch
+    # must still fail the others and return, not raise while it looks that id up.
+    batch = [("r1", rig.item(2, 1)), ("r2", rig.item(2, 2)), ("r1", rig.item(2, 1)), ("ghost", rig.item(2, 9)),
+             (("bad", ["id"]), rig.item(2, 8))]
     assert ex.execute(batch) == 0
     assert [reason_text(m, r) for r in (1, 2)] == ["RuntimeError", "RuntimeError"]
     assert obs.calls == [("tower_failed", [1, 2, 1])]  # the registered requests' rooms, as batched

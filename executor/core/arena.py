@@ -45,7 +45,8 @@ Cost per call: O(1) for the extent freed last, the class
 search and the coalescing, O(log k) for the heaps of the classes touched (k:
 free extents in a class); stale heap entries are dropped lazily and a class's
 heaps are rebuilt when one holds more than twice its live entries, so memory
-stays proportional to the free extents. No lease or free scans the free
+stays proportional to the free extents (a class that empties keeps its old heaps,
+no larger than they ever were, until an extent is filed into it again). No lease or free scans the free
 extents. A ring whose items come back in about the order they went out mostly
 carves from and frees onto one large extent, whose heap entries are replaced in
 place. The gauges (`largest_free`, `free_extents`) are not on that path: they
@@ -171,15 +172,19 @@ class Arena:
         return start << self._shift
 
     def free(self, offset: int) -> None:
-        """The extent at `offset` becomes free (merged with its free neighbours by the next call)."""
+        """The extent at `offset` becomes free: merged with its free neighbours at the next call, unless
+        that is a lease of its size that best fit would place there anyway (`alloc`)."""
         start = offset >> self._shift
         u = self._live.pop(start, 0) if not offset & (self.align - 1) else 0
         if not u:
             raise ValueError(f"no live extent at offset {offset}")
         self.in_use -= u << self._shift
-        if self._last >= 0:
-            self._merge(self._last, self._last_u)
-        self._last, self._last_u = start, u
+        last = self._last
+        if last >= 0:
+            self._last = -1  # a gauge read meanwhile must not see it both merged and pending
+            self._merge(last, self._last_u)
+        self._last_u = u
+        self._last = start
 
     def _best_is(self, start: int, u: int) -> bool:
         """Whether best fit over the merged free space would place a `u`-unit item at `start`, the
@@ -250,20 +255,20 @@ class Arena:
     def largest_free(self) -> int:
         """Bytes of the largest free extent, the one freed last merged with its free neighbours.
 
-        Reads only (the metrics thread reads it while the loop allocates): no heap is tidied."""
-        if self._last >= 0:
+        Reads only, and copies what it walks: the metrics thread reads it while the loop allocates
+        (a figure a step stale is fine; an exception would fail the scrape)."""
+        if self._last >= 0 or not self._bitmap:
             return max((n for _, n in self.free_extents()), default=0)
-        if not self._bitmap:
-            return 0
-        c = self._bitmap.bit_length() - 1
         free = self._free
-        return max(-n for n, s in self._large[c] if free.get(s) == -n) << self._shift
+        top = list(self._large[self._bitmap.bit_length() - 1])
+        found = max((-n for n, s in top if free.get(s) == -n), default=0)
+        return (found << self._shift) or max((n for _, n in self.free_extents()), default=0)
 
     @property
     def fragmentation(self) -> float:
         """1 - largest free extent / free bytes: 0 when free space is one extent (or none)."""
         free = self.free_bytes
-        return 1.0 - self.largest_free / free if free else 0.0
+        return max(0.0, 1.0 - self.largest_free / free) if free else 0.0
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, bytes) of every free extent, by address, the one freed last merged with its free

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,13 +261,11 @@ class EncodeExecutor(Staging):
                     output = self._feature_fn(modality)(items)
                     assign_encoded_embeddings(items, output, self.model)
         except Exception as exc:
-            for rid, _ in request_items:  # their one item is spent: a second is a protocol error
-                sender = self.senders.get(rid) if isinstance(rid, Hashable) else None
-                if sender is not None:
-                    sender.offered = True
+            senders = [s for s in (self._sender_of(rid) for rid, _ in request_items) if s is not None]
+            for sender in senders:  # their one item is spent: a second is a protocol error
+                sender.offered = True
             if self.manager.observer is not None:
-                self.manager.observer.tower_failed(
-                    [self.senders[rid].room for rid, _ in request_items if rid in self.senders])
+                self.manager.observer.tower_failed([s.room for s in senders])
             n = self.fail_rooms([rid for rid, _ in request_items],
                                 Reason(ReasonKind.TOWER, str(exc) or type(exc).__name__))
             self.stats["tower_errors"] += 1
@@ -287,11 +285,14 @@ class EncodeExecutor(Staging):
         self._fail_request(rid, Reason(ReasonKind.ITEM,
                                        f"bad item {type(item).__name__}: unsupported modality {modality!r}"))
 
-    def _fail_request(self, rid: Any, reason: Reason) -> None:
+    def _sender_of(self, rid: Any) -> Sender | None:
         try:
-            sender = self.senders.get(rid)
-        except TypeError:  # an unhashable request id names no room
-            sender = None
+            return self.senders.get(rid)
+        except TypeError:  # an unhashable request id (a tuple holding a list, say) names no room
+            return None
+
+    def _fail_request(self, rid: Any, reason: Reason) -> None:
+        sender = self._sender_of(rid)
         if sender is None:
             self.stats["items_without_sender"] += 1
             log.error("dropping item for unregistered request %r: %s", rid, reason)
@@ -350,7 +351,7 @@ class EncodeExecutor(Staging):
         rooms = []
         seen = set()
         for rid in request_ids:
-            sender = self.senders.get(rid)
+            sender = self._sender_of(rid)
             if sender is not None and sender.room not in seen:
                 seen.add(sender.room)
                 rooms.append(sender.room)

@@ -246,7 +246,8 @@ class EncodeManager(Lifecycle):
 
     def hold(self, room_id: int, nbytes: int) -> None:
         """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: once its writes
-        start, for its receivers' peers, until each one's write reports (`start_writes`)."""
+        start, for its receivers' peers, until each one's write reports or the room ends with none in flight
+        (`_start_writes`, `_conclude`)."""
         room = self.rooms.get(room_id)
         if room is not None:
             room.ring_bytes = nbytes

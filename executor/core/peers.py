@@ -218,7 +218,8 @@ class PeerTable:
         return n
 
     def probe_due(self, peer: Peer) -> int:
-        """The probe interval passed: probe the peer at the edge if it still has work (else rest)."""
+        """The probe interval passed: probe the peer at the edge if it still has work; an idle peer's
+        heartbeat just ends here (its next room arms it again, `schedule`)."""
         if peer.state != "up" or peer.waiting or not self.busy(peer):
             return 0
         self.stats["probes"] += 1
@@ -308,7 +309,8 @@ class PeerTable:
             peer = by_session.get(session)
             if peer is not None:
                 peer.held += nbytes
-                peer.holds[room] = nbytes
+                # Added to, not set: `let_go` must give back all that was ever held for the room.
+                peer.holds[room] = peer.holds.get(room, 0) + nbytes
                 self.held_total += nbytes
 
     def let_go(self, peer: Peer, room: int) -> None:

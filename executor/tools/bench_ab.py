@@ -22,7 +22,7 @@ from collections.abc import Callable
 # Run by each side's Python: build the bench's cycle with the API that tree has, then time
 # one block per line read from stdin (the items in it) and print microseconds per item.
 SERVE = r"""
-import gc, sys, time, torch
+import gc, inspect, sys, time, torch
 torch.set_num_threads(1)
 from epd_ring.executor.tools import bench
 from epd_ring.executor.core.clock import FakeClock
@@ -35,10 +35,11 @@ T, H, SLOTS, FREE = bench.TOKENS, bench.HIDDEN, int(sys.argv[1]), 4
 clock = FakeClock()
 transport = LoopbackTransport(clock)
 manager = EncodeManager(transport, clock, max_tombstones=4096)
-try:
-    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=SLOTS * bench._slot_bytes(),
-                              peer_ring_share=1.0)
-except TypeError:  # a tree from before the arena
+params = inspect.signature(EncodeExecutor).parameters
+if "arena_bytes" in params:  # held writes fill the arena on purpose: no per-peer share where there is one
+    share = {"peer_ring_share": 1.0} if "peer_ring_share" in params else {}
+    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=SLOTS * bench._slot_bytes(), **share)
+else:  # a tree from before the arena
     executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", ring_slots=SLOTS, ring_bytes=bench._slot_bytes())
 pump = Pump(executor)
 dst = torch.empty(T, H)
@@ -93,6 +94,7 @@ def run(against: str, blocks: int = 60, items: int = 2000, slots: int = 64,
     procs = {name: subprocess.Popen([py, "-c", SERVE, str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     text=True) for name, py in sides.items()}
     times: dict[str, list[float]] = {name: [] for name in sides}
+    ok = False
     try:
         for name, p in procs.items():
             if p.stdout is None or p.stdout.readline().strip() != "ready":
@@ -107,13 +109,17 @@ def run(against: str, blocks: int = 60, items: int = 2000, slots: int = 64,
                 if not line:
                     raise RuntimeError(f"the {name} tree's cycle stopped ({sides[name]})")
                 times[name].append(float(line))
+        ok = True
     finally:
         for p in procs.values():
             if p.stdin is not None:
                 p.stdin.close()
-        for name, p in procs.items():
-            if p.wait(timeout=60) != 0:
-                raise RuntimeError(f"the {name} tree's cycle failed its check ({sides[name]})")
+            if not ok:
+                p.kill()  # neither side outlives a failed run
+        failed = [name for name, p in procs.items() if p.wait(timeout=60) != 0]
+    if failed:
+        where = ", ".join(sides[n] for n in failed)
+        raise RuntimeError(f"the cycle of {' and '.join(failed)} failed its check ({where})")
     this, other = times["this"], times["other"]
     out = {"this_min": min(this), "this_median": statistics.median(this),
            "other_min": min(other), "other_median": statistics.median(other)}
