@@ -143,9 +143,9 @@ class Lifecycle:
                 return
         if room.timer:
             self.deadlines.cancel(room)
-        nbytes = room.ring_bytes
+        nbytes = room.uncharged_bytes
         if nbytes:  # its ring bytes are held for its receivers' peers from now on
-            room.ring_bytes = 0
+            room.uncharged_bytes = 0
             self.peers.hold(room.id, nbytes, room.frames)
         peers = self.peers.by_session
         for session in room.frames:

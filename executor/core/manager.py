@@ -250,7 +250,7 @@ class EncodeManager(Lifecycle):
         (`_start_writes`, `_conclude`)."""
         room = self.rooms.get(room_id)
         if room is not None:
-            room.ring_bytes = nbytes
+            room.uncharged_bytes = nbytes
 
     def held_back(self, room_id: int, nbytes: int) -> bool:
         """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer

@@ -47,7 +47,7 @@ class Chunk:
 
 class Room:
     __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
-                 "sender", "announced", "cause", "withdrawn", "owner", "ring_bytes")
+                 "sender", "announced", "cause", "withdrawn", "owner", "uncharged_bytes")
 
     def __init__(self, room_id: int):
         self.id = room_id
@@ -68,7 +68,7 @@ class Room:
         self.owner: str | None = None
         # Ring bytes its leased chunk holds, not yet charged to its receivers' peers (they are
         # when its writes start).
-        self.ring_bytes = 0
+        self.uncharged_bytes = 0
 
     # guard named in the room declaration
     def all_receivers(self) -> bool:
