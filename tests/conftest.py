@@ -74,3 +74,20 @@ def explored():
         return explore(cfg, symmetry=symmetry)
 
     return run
+
+
+@pytest.fixture
+def side():
+    """`side(**kw)`: a control plane with its own sockets (test_control_edges.Side), closed after the
+    test; used by the control plane's edge tests and the hostile-edge tests."""
+    from test_control_edges import Side
+
+    sides = []
+
+    def make(**kw):
+        sides.append(Side(**kw))
+        return sides[-1]
+
+    yield make
+    for s in sides:
+        s.close()

@@ -90,19 +90,6 @@ class Side:
         self.control.close()
 
 
-@pytest.fixture
-def side():
-    sides = []
-
-    def make(**kw):
-        sides.append(Side(**kw))
-        return sides[-1]
-
-    yield make
-    for s in sides:
-        s.close()
-
-
 def test_running_without_authentication_needs_a_flag_and_warns(caplog):
     with pytest.raises(ValueError, match="insecure=True"):
         ZmqControlPlane()

@@ -21,24 +21,11 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
 import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_control_edges import FRAME, Side
+from test_control_edges import FRAME
 
 from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport
 from epd_ring.executor.core.frames import frame_to_parts, numeric_endpoint
 from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair
-
-
-@pytest.fixture
-def side():
-    sides = []
-
-    def make(**kw):
-        sides.append(Side(**kw))
-        return sides[-1]
-
-    yield make
-    for s in sides:
-        s.close()
 
 
 def open_fds() -> int:
