@@ -193,18 +193,7 @@ class Arena:
         if start in self._end:
             return False  # merged, it would start lower down
         r = self._free.get(start + u, 0)
-        m = u + r
-        # _cls(u) and _cls(m), written out: this is on the per-item path
-        if u < 32:
-            lo = u
-        else:
-            f = u.bit_length() - 5
-            lo = ((f + 1) << 4) + (u >> f) - _SUB
-        if m < 32:
-            hi = m
-        else:
-            f = m.bit_length() - 5
-            hi = ((f + 1) << 4) + (m >> f) - _SUB
+        lo, hi = _cls(u), _cls(u + r)
         others = self._bitmap & ((2 << hi) - (1 << lo))
         if others and r:
             cr = _cls(r)
@@ -339,13 +328,7 @@ class Arena:
         count = self._count[c] = self._count[c] - 1  # _unfile(c), written out
         if not count:
             self._bitmap &= ~(1 << c)
-        if self._count[cu]:
-            self._file(start, u, cu)
-        else:  # _file into an empty class, written out
-            self._small[cu] = [(u, start)]
-            self._large[cu] = [(-u, start)]
-            self._count[cu] = 1
-            self._bitmap |= 1 << cu
+        self._file(start, u, cu)
 
     def _unfile(self, c: int) -> None:
         # The heaps keep the old entry; `_smallest_in`/`_largest_in` drop it when it reaches the top.
