@@ -196,9 +196,6 @@ class EncodeExecutor(Staging):
         self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
 
-    # Ring bytes a chunk holds, what a peer's bound counts: its extents in both arenas.
-    _ring_cost = staticmethod(Ring.extent_cost)
-
     # registration ----------------------------------------------------------
     def register(self, request_id: Any, bootstrap_host: str, bootstrap_port: int, bootstrap_room: int,
                  receiver: str | None = None) -> None:

@@ -76,7 +76,6 @@ class Staging:
     _copies: deque[tuple[Any, Sender, Chunk]]
     _copy_fence: Callable[[], Any] | None
     _host_copy: bool
-    _ring_cost: Callable[[int, int], int]  # ring bytes a chunk of (main, deepstack) bytes holds
     _head_waits: bool  # the deferred queue's head waits for bytes (set by serve_deferred)
 
     def _offer(self, rid: Any, item: Any) -> None:
@@ -107,7 +106,7 @@ class Staging:
         # Deferred sends that serve_deferred passed over wait on their receivers' peers' bound, not the
         # bytes; only a head that waits for bytes keeps this item behind it.
         extent = None
-        cost = self._ring_cost(checked[1], checked[3])
+        cost = self.ring.extent_cost(checked[1], checked[3])  # what a peer's bound counts
         if not (self._deferred and self._head_waits) and not manager.held_back(room, cost):
             extent = self.ring.lease(checked[1], checked[3])
         if extent is None:
@@ -145,7 +144,7 @@ class Staging:
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
             room = sender.room
-            cost = self._ring_cost(*_sizes(item))
+            cost = self.ring.extent_cost(*_sizes(item))
             if manager.held_back(room, cost):
                 passed.append(dq.popleft())
                 continue
