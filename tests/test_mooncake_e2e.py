@@ -50,6 +50,27 @@ def wait_stopped(pid: int, guard: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict, int, list]:
+    """`items` (room -> item, in order): the first 4 rooms to receiver b, the rest to a, every frame
+    registered. b's first room is written while b answers (Mooncake's first write to a peer opens its
+    segment with a handshake inside the submit call, which a stopped peer would hold for 60 s), then b
+    is stopped. Returns {room: (item, receiver)}, b's first room and b's other rooms, not yet run."""
+    rooms = {}
+    for k, (room, item) in enumerate(items.items()):
+        rcv = b if k < 4 else a
+        rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+        rooms[room] = (item, rcv)
+    for rcv in (a, b):
+        rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
+    time.sleep(0.3)  # frames in flight to the encode side
+    to_b = [(r, item) for r, (item, x) in rooms.items() if x is b]
+    enc.run(to_b[:1])
+    enc.settle([to_b[0][0]])
+    b.proc.send_signal(signal.SIGSTOP)
+    wait_stopped(b.proc.pid)  # a signal is delivered when the kernel gets to it: not before the writes
+    return rooms, to_b[0][0], to_b[1:]
+
+
 class SkippingClock(MonotonicClock):
     """Wall time, plus whatever the test skipped: a deadline set far beyond the run fires when
     the test moves past it, after what must happen before it, however slow the machine is."""
@@ -369,8 +390,8 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     # deadlines are further still, so neither skip fires them.
     quarantine_s, write_timeout = 300.0, 3000.0
     tower = TinyVisionTower(seed=7)
-    items = [image(rng, 50_000 + k, tower) for k in range(13)]
-    extent = [64 * -(-it.n_tokens * 64 * 4 // 64) for it in items]
+    items = {50_000 + k: image(rng, 50_000 + k, tower) for k in range(13)}
+    extent = [64 * -(-it.n_tokens * 64 * 4 // 64) for it in items.values()]
     # The arena holds the three stopped rooms' extents (they will be quarantined) and room for the
     # largest of the others: no more, so the others queue for the quarantines' bytes. The write
     # deadline's path, alone: no heartbeat (it would find the stopped peer first, see
@@ -382,24 +403,8 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
                      peer_probe_interval=100 * write_timeout)
     a, b = enc.receiver(), enc.receiver()
     try:
-        rooms = {}
-        for k, item in enumerate(items):
-            room = 50_000 + k
-            rcv = b if k < 4 else a
-            rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
-            rooms[room] = (item, rcv)
-        for rcv in (a, b):
-            rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
-        time.sleep(0.3)  # frames in flight to the encode side
-        # One room to b first: Mooncake's first write to a peer opens its segment with a
-        # handshake inside the submit call, which a stopped peer would hold for 60 s.
-        warm = [(r, item) for r, (item, x) in rooms.items() if x is b][:1]
-        enc.run(warm)
-        enc.settle([r for r, _ in warm])
-        assert enc.manager.room_status(warm[0][0]) == "success"
-        b.proc.send_signal(signal.SIGSTOP)
-        wait_stopped(b.proc.pid)  # a signal is delivered when the kernel gets to it: not before the writes
-        stopped = [(r, item) for r, (item, x) in rooms.items() if x is b][1:]
+        rooms, warm, stopped = rooms_with_b_stopped(enc, a, b, items)
+        assert enc.manager.room_status(warm) == "success"
         enc.run(stopped)
         # Our own write deadline fails them, whenever the engine gives up (14-78 s seen under load).
         enc.clock.skip(write_timeout)
@@ -458,22 +463,8 @@ def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat():
     connect = enc.manager.peers.connect_timeout
     a, b = enc.receiver(), enc.receiver()
     try:
-        rooms = {}
-        for k in range(12):
-            room = 70_000 + k
-            item = image(rng, room, enc.model.tower)
-            rcv = b if k < 4 else a
-            rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
-            rooms[room] = (item, rcv)
-        for rcv in (a, b):
-            rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
-        time.sleep(0.3)  # frames in flight to the encode side
-        warm = [(r, item) for r, (item, x) in rooms.items() if x is b][:1]
-        enc.run(warm)  # opens b's segment while it answers
-        enc.settle([r for r, _ in warm])
-        b.proc.send_signal(signal.SIGSTOP)
-        wait_stopped(b.proc.pid)
-        stopped = [(r, item) for r, (item, x) in rooms.items() if x is b][1:]
+        rooms, _, stopped = rooms_with_b_stopped(enc, a, b, {70_000 + k: image(rng, 70_000 + k, enc.model.tower)
+                                                          for k in range(12)})
         enc.run(stopped[:1])  # one write in flight to b: work pending, and it never reports
         stopped_at = time.monotonic()
         peer = enc.manager.peers.get(b.session)
