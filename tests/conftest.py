@@ -91,3 +91,17 @@ def side():
     yield make
     for s in sides:
         s.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under mutmut (tests/mutation/run_mutmut.sh), which runs each mutant's tests with -x: the model's
+    suites run after the unit tests for a mutant outside models/, and SPIN (seconds to compile) after
+    the explorer for every mutant, so a mutant killed early never pays for them."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST")
+    if mutant:
+        models = mutant.startswith("epd_ring.models.")
+        items.sort(key=lambda item: (not models and item.path.name in _MODEL_SUITES, "spin" in item.nodeid.lower()))
+
+
+_MODEL_SUITES = frozenset({"test_model.py", "test_model_pins.py", "test_model_channels.py", "test_model_invariants.py",
+                           "test_liveness.py", "test_conformance.py", "test_couplings.py"})

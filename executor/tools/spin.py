@@ -6,6 +6,9 @@ reading trails, replaying them on the spec) is in `models/promela.py`.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import resource
 import shutil
@@ -55,12 +58,20 @@ def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: i
     try:
         while True:
             asserted = frozenset(KINDS) - set(result.violations)
-            (work / "model.pml").write_text(generate(cfg, asserted, drop_guard))
-            _run(["spin", "-a", "model.pml"], work, timeout)
-            _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
-            before = _children_cpu()
-            out = _run(["./pan", f"-m{depth}", f"-w{hash_bits}", "-c1"], work, timeout)
-            result.search_cpu += _children_cpu() - before
+            text = generate(cfg, asserted, drop_guard)
+            pan_args = [f"-m{depth}", f"-w{hash_bits}", "-c1"]
+            cached = _cache_read(text, flags, pan_args)
+            if cached is None:
+                (work / "model.pml").write_text(text)
+                _run(["spin", "-a", "model.pml"], work, timeout)
+                _run(["gcc", *flags, "-o", "pan", "pan.c"], work, timeout)
+                before = _children_cpu()
+                out = _run(["./pan", *pan_args], work, timeout)
+                result.search_cpu += _children_cpu() - before
+                replay = _run(["spin", "-t", "model.pml"], work, timeout) if pan_figure(r"errors: (\d+)", out) else ""
+                _cache_write(text, flags, pan_args, out, replay)
+            else:
+                out, replay = cached
             result.runs += 1
             if "max search depth too small" in out:
                 raise RuntimeError(f"pan: raise the depth bound (-m{depth})")
@@ -76,7 +87,6 @@ def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: i
                 result.depth = pan_figure(r"depth reached (\d+)", out)
                 result.memory_mb = pan_figure(r"([\d.]+)\s+total actual memory usage", out, float, 0.0)
                 break
-            replay = _run(["spin", "-t", "model.pml"], work, timeout)
             steps, kind = parse_trail(replay)
             if kind is None:
                 raise RuntimeError(f"pan reported an error SPIN's replay does not name:\n{out[-1500:]}")
@@ -93,6 +103,37 @@ def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: i
     result.wall = time.perf_counter() - t0
     result.cpu = _children_cpu() - cpu0
     return result
+
+
+def _cache_path(text: str, flags: list[str], pan_args: list[str]) -> Path | None:
+    """Where SPIN's verdict on exactly this Promela text, these gcc flags and pan options is kept,
+    when EPD_RING_SPIN_CACHE names a folder (the mutation runs: most mutants of the generator leave
+    its text as it was, and compiling pan is seconds); None otherwise. Only SPIN's raw output is
+    kept: reading it (figures, trails, the replay on the spec) still runs every time."""
+    folder = os.environ.get("EPD_RING_SPIN_CACHE")
+    if not folder:
+        return None
+    key = hashlib.sha256("\0".join([text, *flags, *pan_args]).encode()).hexdigest()
+    return Path(folder) / f"{key}.json"
+
+
+def _cache_read(text: str, flags: list[str], pan_args: list[str]) -> tuple[str, str] | None:
+    path = _cache_path(text, flags, pan_args)
+    if path is None or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return data["pan"], data["replay"]
+
+
+def _cache_write(text: str, flags: list[str], pan_args: list[str], out: str, replay: str) -> None:
+    path = _cache_path(text, flags, pan_args)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # written whole, then renamed: two workers may verify the same text at once
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pan": out, "replay": replay}))
+    os.replace(tmp, path)
 
 
 def _children_cpu() -> float:

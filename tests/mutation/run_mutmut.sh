@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of fsm/ and executor/core/ with mutmut 3 and a fast test selection.
+# Mutation testing of fsm/, executor/core/ and models/ with mutmut 3 and a fast test selection.
 #
 #   tests/mutation/run_mutmut.sh            # build the staging tree, run every mutant, print the survivors
 #   MUTMUT_CHILDREN=1 tests/mutation/run_mutmut.sh
@@ -25,20 +25,25 @@ find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
 : > "$WORK/src/epd_ring/__init__.py"
 cat > "$WORK/pyproject.toml" <<'TOML'
 [tool.mutmut]
-source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core"]
+source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core", "src/epd_ring/models"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
-             "src/epd_ring/executor/tools", "src/epd_ring/models", "docs/diagrams"]
+             "src/epd_ring/executor/tools", "docs/diagrams"]
 # the unit tests by topic (machines, frames, rooms, tombstones, writes, peers, regions, drain, the
-# executor and its items, the ring, the loopback transport, settings, ownership), and the two stateful
-# suites on a small hypothesis profile (EPD_RING_HYPOTHESIS=mutmut below); the model suites are too
-# slow per mutant. mutmut runs, per mutant, only the selected tests that reach the mutated function.
+# executor and its items, the ring, the loopback transport, settings, ownership), the two stateful
+# suites on a small hypothesis profile (EPD_RING_HYPOTHESIS=mutmut below), and the model's suites at
+# their small bounds (the pinned spaces, couplings, liveness, value invariants, channels, the walk; the
+# large bounds deselected below). mutmut runs, per mutant, only the selected tests that reach the
+# mutated function; tests/conftest.py runs the model's suites last for a mutant outside models/.
 pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compile.py", "tests/test_diagrams.py",
                                       "tests/test_frames.py", "tests/test_rooms.py", "tests/test_late_frames.py",
                                       "tests/test_trust.py", "tests/test_tombstones.py", "tests/test_writes.py",
                                       "tests/test_peers.py", "tests/test_regions.py", "tests/test_drain.py",
                                       "tests/test_executor.py", "tests/test_items.py", "tests/test_ring.py",
                                       "tests/test_loopback.py", "tests/test_core_edges.py", "tests/test_settings.py",
-                                      "tests/test_defects.py", "tests/test_stateful.py"]
+                                      "tests/test_defects.py", "tests/test_stateful.py",
+                                      "tests/test_model_pins.py", "tests/test_couplings.py", "tests/test_liveness.py",
+                                      "tests/test_model_invariants.py", "tests/test_model_channels.py",
+                                      "tests/test_model.py", "tests/test_conformance.py"]
 # deselected: a subprocess demo (no mutant reaches it), the 10,000-room bound (2.5 s, and it runs
 # for every surviving mutant of the manager) and two graphviz renderings (the freshness check
 # below them catches a wrong diagram)
@@ -46,7 +51,20 @@ pytest_add_cli_args = ["-p", "no:cacheprovider",
                        "--deselect", "tests/test_drain.py::test_demo_drains_on_sigterm_and_ctrl_c",
                        "--deselect", "tests/test_executor.py::test_senders_and_tombstones_stay_bounded_over_10000_rooms",
                        "--deselect", "tests/test_diagrams.py::test_check_names_stale_files",
-                       "--deselect", "tests/test_diagrams.py::test_rendering_is_deterministic"]
+                       "--deselect", "tests/test_diagrams.py::test_rendering_is_deterministic",
+                       # the model's large bounds (seconds to a minute each; test_model_pins.py pins the small ones)
+                       "--deselect", "tests/test_model.py::test_project_has_no_violation_and_symmetry_shrinks_the_space",
+                       "--deselect", "tests/test_model.py::test_reduced_states_stand_for_exactly_the_unreduced_space",
+                       "--deselect", "tests/test_model.py::test_symmetry_reduction_finds_the_same_violations",
+                       "--deselect", "tests/test_model.py::test_project_with_peers_is_clean_and_reaches_every_peer_state",
+                       "--deselect", "tests/test_model.py::test_one_cell_per_item_has_the_slot_models_state_count",
+                       "--deselect", "tests/test_model.py::TestLockstep",
+                       "--deselect", "tests/test_model.py::test_suspect_and_probes_step_in_lockstep_with_the_implementation",
+                       "--deselect", "tests/test_model_channels.py::test_with_channels_the_invariants_hold_in_a_larger_space",
+                       "--deselect", "tests/test_model_channels.py::test_with_channels_spin_stores_exactly_the_explorers_states",
+                       "--deselect", "tests/test_model_channels.py::test_late_landing_finds_the_overwrite_and_the_write_into_a_released_region",
+                       "--deselect", "tests/test_conformance.py::test_the_implementation_walks_every_spec_edge",
+                       "--deselect", "tests/test_conformance.py::test_the_walk_command_prints_coverage_and_fails_below_its_floor"]
 # log lines: their wording is not behaviour
 do_not_mutate_patterns = ["^\\s*(\\w+\\.)*log\\.(debug|info|warning|error)\\("]
 # torch is not fork-safe after import in every setup
@@ -57,6 +75,8 @@ use_git_change_detection = false
 testpaths = ["tests"]
 TOML
 cd "$WORK"
-export EPD_RING_HYPOTHESIS=mutmut OMP_NUM_THREADS=1
+# SPIN's verdict on a Promela text it has already checked is read back (executor/tools/spin.py): most
+# mutants of the generator leave its text as it was, and compiling pan takes seconds
+export EPD_RING_HYPOTHESIS=mutmut OMP_NUM_THREADS=1 EPD_RING_SPIN_CACHE="$WORK/spin-cache"
 nice -n 10 "$PY" -m mutmut run --max-children "$CHILDREN"
 "$PY" "$ROOT/tests/mutation/score.py" --list
