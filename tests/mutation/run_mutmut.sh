@@ -63,6 +63,9 @@ pytest_add_cli_args = ["-p", "no:cacheprovider",
                        "--deselect", "tests/test_model_channels.py::test_with_channels_the_invariants_hold_in_a_larger_space",
                        "--deselect", "tests/test_model_channels.py::test_with_channels_spin_stores_exactly_the_explorers_states",
                        "--deselect", "tests/test_model_channels.py::test_late_landing_finds_the_overwrite_and_the_write_into_a_released_region",
+                       # these two rewrite a model function from its source text, which mutmut has replaced by a trampoline
+                       "--deselect", "tests/test_model_invariants.py::test_a_weakened_told_outcome_invariant_is_killed_by_the_explorer",
+                       "--deselect", "tests/test_model_invariants.py::test_a_release_notice_before_the_outcome_is_caught_by_the_explorer",
                        "--deselect", "tests/test_conformance.py::test_the_implementation_walks_every_spec_edge",
                        "--deselect", "tests/test_conformance.py::test_the_walk_command_prints_coverage_and_fails_below_its_floor"]
 # log lines: their wording is not behaviour
