@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_rig, reason_kind, run, untouched
 
@@ -295,3 +297,87 @@ def test_a_heartbeat_answers_while_another_keys_open_holds_the_engine(monkeypatc
     # A full contact (a suspect peer's re-check, or one after down) reads the page afresh.
     assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
 
+
+
+@pytest.mark.parametrize("kw, setting", [
+    (dict(stall_penalty_s=float("nan")), "stall_penalty_s"),  # compared false: the penalty was off
+    (dict(stall_penalty_s=-1.0), "stall_penalty_s"),
+    (dict(open_stall_s=-1), "open_stall_s"),
+    (dict(open_stall_s=float("nan")), "open_stall_s"),
+    (dict(open_stall_s=0), "open_stall_s"),  # every open would hold its key off
+    (dict(max_respellings=-5), "max_respellings"),
+    (dict(max_respellings=1.5), "max_respellings"),
+    (dict(connector_threads=0), "connector_threads"),
+    (dict(contacts_per_identity=0), "contacts_per_identity"),
+    (dict(contacts_per_identity=True), "contacts_per_identity"),
+    (dict(hostname=None), "hostname"),
+    (dict(protocol=b"tcp"), "protocol"),
+])
+def test_mooncake_transport_settings_are_refused_before_the_engine_starts_naming_the_setting(monkeypatch, kw,
+                                                                                              setting):
+    # Before: stall_penalty_s=nan, open_stall_s=-1 and max_respellings=-5 were taken.
+    from epd_ring.executor.drivers import mooncake
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started before the settings were checked")
+
+    monkeypatch.setattr(mooncake, "load_engine", no_engine)
+    with pytest.raises((ValueError, TypeError), match=setting):
+        mooncake.MooncakeTransport(**kw)
+
+
+@pytest.mark.parametrize("kw, setting", [(dict(max_wait_s=float("nan")), "max_wait_s"),
+                                         (dict(threads=0), "threads"), (dict(waiting_per_identity=-1),
+                                                                        "waiting_per_identity")])
+def test_connector_settings_are_refused_naming_the_setting(kw, setting):
+    from epd_ring.executor.drivers.mooncake import Connector
+
+    with pytest.raises(ValueError, match=setting):
+        Connector(lambda session, identity: (True, "", None), **kw)
+
+
+class Stalling(CachingEngine):
+    """A first open of a spelling takes `open_s` on the transport's (fake) clock, not in real time."""
+
+    def __init__(self, hosts, now: list, open_s: float):
+        super().__init__(hosts)
+        self.now, self.stall = now, open_s
+
+    def transfer_sync_read(self, name, local, remote, n):
+        if name not in self.cached:
+            self.now[0] += self.stall
+        return super().transfer_sync_read(name, local, remote, n)
+
+
+def test_a_keys_stall_penalty_ends_after_stall_penalty_s(monkeypatch):
+    from epd_ring.executor.drivers.mooncake import owner_page
+
+    now = [0.0]
+    engine = Stalling({"10.0.0.2:15000": (0x1000, owner_page(ATTACKER)),
+                       "10.0.0.2:15001": (0x2000, owner_page(ATTACKER))}, now, open_s=5.0)
+    t = caching_transport(monkeypatch, engine, clock=lambda: now[0], open_stall_s=2.0, stall_penalty_s=300.0)
+    assert t._contact("10.0.0.2:15000", ATTACKER) == (True, "", ATTACKER)  # the open stalled 5 s
+    assert t.stats["opens_stalled"] == 1
+    now[0] += 299.0  # within the penalty: refused without an open
+    assert t._contact("10.0.0.2:15001", ATTACKER)[0] is False
+    assert "10.0.0.2:15001" not in engine.cached
+    now[0] += 2.0  # past it: the key opens again
+    assert t._contact("10.0.0.2:15001", ATTACKER) == (True, "", ATTACKER)
+    assert t.stats["opens_refused_stalled"] == 1
+
+
+def test_a_session_is_opened_afresh_at_most_max_respellings_times(monkeypatch):
+    from epd_ring.executor.drivers.mooncake import owner_page
+
+    session = "10.0.0.2:15000"
+    engine = CachingEngine({session: (0x1000, owner_page(VICTIM))})
+    t = caching_transport(monkeypatch, engine, max_respellings=2)
+    assert t._contact(session, VICTIM) == (True, "", VICTIM)
+    for k in range(2):  # each restart at new buffers costs one spelling
+        engine.hosts[session] = (0x2000 + 0x1000 * k, owner_page(VICTIM))
+        assert t._contact(session, VICTIM) == (True, "", VICTIM)
+    engine.hosts[session] = (0x9000, owner_page(VICTIM))  # the third restart: the spellings are spent
+    ok, _detail, owner = t._contact(session, VICTIM)
+    assert not ok and owner is None
+    assert t.stats["segments_opened_afresh"] == 2 and t.stats["respellings_refused"] == 1
+    assert len(engine.cached) == 3  # the engine holds one descriptor per spelling, no more

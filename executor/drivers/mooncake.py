@@ -31,6 +31,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core import settings
 from ..core.transport import Buf, Outcome, Transport, TransportError
 
 log = logging.getLogger("epd_ring.mooncake")
@@ -132,15 +133,13 @@ class Connector:
     def __init__(self, contact: Callable[[str, str], tuple[bool, str, str | None]], *, threads: int = 32,
                  max_queued: int = 1024, per_identity: int = 2, waiting_per_identity: int = 64,
                  max_wait_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        if threads < 1 or max_queued < 1 or per_identity < 1 or waiting_per_identity < 0:
-            raise ValueError(f"threads, max_queued and per_identity must be >= 1 and waiting_per_identity >= 0, got "
-                             f"{threads}, {max_queued}, {per_identity}, {waiting_per_identity}")
+        # A NaN max_wait_s compares false, so a contact would wait behind its key's others forever.
         self._contact = contact
-        self._threads = threads
-        self.max_queued = max_queued
-        self.per_identity = per_identity
-        self.waiting_per_identity = waiting_per_identity
-        self.max_wait_s = max_wait_s
+        self._threads = settings.count("threads", threads, 1)
+        self.max_queued = settings.count("max_queued", max_queued, 1)
+        self.per_identity = settings.count("per_identity", per_identity, 1)
+        self.waiting_per_identity = settings.count("waiting_per_identity", waiting_per_identity)
+        self.max_wait_s = settings.seconds("max_wait_s", max_wait_s)
         self._clock = clock
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -268,7 +267,22 @@ class MooncakeTransport(Transport):
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
                  expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
                  prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0,
-                 max_respellings: int = 64):
+                 max_respellings: int = 64, clock: Callable[[], float] = time.monotonic):
+        # Checked before the engine starts, naming the setting, like the control plane's and the
+        # manager's: a NaN stall_penalty_s compares false and turns the penalty off, a negative
+        # max_respellings never respells, 0 threads could never contact a peer.
+        for name, value in (("hostname", hostname), ("metadata_server", metadata_server), ("protocol", protocol),
+                            ("device", device)):
+            settings.text(name, value)
+        connector_threads = settings.count("connector_threads", connector_threads, 1)
+        contacts_per_identity = settings.count("contacts_per_identity", contacts_per_identity, 1)
+        open_stall_s = settings.seconds("open_stall_s", open_stall_s)
+        if open_stall_s == 0:  # every open takes some time: each key would be held off after its first
+            raise ValueError("open_stall_s must be more than 0 seconds (0 would hold off every key after its "
+                             "first segment open)")
+        stall_penalty_s = settings.seconds("stall_penalty_s", stall_penalty_s)
+        max_respellings = settings.count("max_respellings", max_respellings)
+        self.clock = clock
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
         # source need not be registered, so the ring is not (no peer can read a parked
@@ -280,7 +294,8 @@ class MooncakeTransport(Transport):
         # With `prove_ownership` a session's owner is the identity its engine's ownership page
         # names (receivers register one first: `owner_page`), not whoever named it first.
         self.proves_ownership = prove_ownership
-        self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity)
+        self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity,
+                                   clock=clock)
         # The engine opens a segment (its handshake: up to 60 s against a peer that answers the
         # probe and then goes silent) under a lock of its own that `transfer_submit_write` also
         # takes, whatever the segment written to (measured: a submit to an open segment waited
@@ -468,18 +483,18 @@ class MooncakeTransport(Transport):
         """Open `name`'s segment under `_opening`; None once open, else the failed contact."""
         engine = self.engine
         with self._opening:
-            if time.monotonic() < self._stalled_until.get(identity, 0.0):
+            if self.clock() < self._stalled_until.get(identity, 0.0):
                 self.stats["opens_refused_stalled"] += 1
                 return False, "this receiver key stalled a segment open recently", None
-            started = time.monotonic()
+            started = self.clock()
             # A 0-byte read is not checked against the peer's buffers: it only opens the segment
             # (here, not on the loop's first write).
             rc = engine.transfer_sync_read(name, local, local, 0)
-            if time.monotonic() - started > self.open_stall_s:
+            if self.clock() - started > self.open_stall_s:
                 # Whatever the probe took: the peer answers its own probe, so an attacker would
                 # answer it late to go unpunished.
                 self.stats["opens_stalled"] += 1
-                self._stalled_until[identity] = time.monotonic() + self.stall_penalty_s
+                self._stalled_until[identity] = self.clock() + self.stall_penalty_s
                 if len(self._stalled_until) > 4096:  # bounded: the oldest penalties go first
                     self._stalled_until.pop(next(iter(self._stalled_until)))
         if rc != 0:
