@@ -1,5 +1,5 @@
 """The control plane's edges against keyless clients, host-name endpoints, wrong types and bad
-settings (issue 21, attacks 5, 7 and 9; attack 8 is in test_control_edges.py).
+settings, and one message of many parts (issue 21, attacks 5, 7, 8 and 9).
 
 Each test names what it did before the fix. Figures (the longest poll under the attack, how long
 an honest receiver waited) are printed with `-s`, never asserted.
@@ -238,6 +238,19 @@ def test_manager_calls_refuse_wrong_types_naming_the_argument(call, args, name):
     with pytest.raises((TypeError, ValueError), match=name):
         getattr(m, call)(*args)
     assert m.outbox == []
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "http", "-1", "\uff15"])
+def test_the_reference_receiver_refuses_a_status_port_out_of_range_before_its_engine_starts(monkeypatch, port):
+    # Before: libzmq refused it at bind, after the engine had started, with "Invalid argument".
+    from epd_ring.executor.drivers import receiver
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started before the status address was checked")
+
+    monkeypatch.setattr(receiver, "load_engine", no_engine)
+    with pytest.raises(ValueError, match="status_address"):
+        receiver.ReferenceReceiver("tcp://127.0.0.1:9", status_address=f"127.0.0.1:{port}", insecure=True)
 
 
 def _receiver(*args, env_keys: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

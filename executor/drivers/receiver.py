@@ -108,6 +108,10 @@ class ReferenceReceiver:
         # The encoder dials our status endpoint and refuses host names (a lookup would block its I/O
         # thread): resolved here, once, at start-up.
         status_host, _, status_port = (status_address or hostname).partition(":")
+        # Checked before the engine starts: libzmq would refuse a bad port only at bind, with
+        # "Invalid argument" and no word of which setting.
+        if status_port and not (status_port.isdecimal() and status_port.isascii() and 0 < int(status_port) < 65536):
+            raise ValueError(f"status_address: the port must be a number from 1 to 65535, got {status_port!r}")
         status_host = numeric_host(status_host)
         import zmq  # the mooncake extra; imported here so `--help` works without it
 
