@@ -227,3 +227,84 @@ def test_status_socket_pool_evicts_below_the_contexts_socket_limit(side):
     assert s.control.stats["status_sent"] + s.control.stats["status_dropped"] == 2000
     assert len(s.control._push) <= 256 < s.control.ctx.MAX_SOCKETS
     assert s.control.stats["status_sockets_evicted"] == 2000 - 256
+
+
+def test_a_poll_answers_at_most_max_zap_per_poll_handshakes(side):
+    s = side(max_zap_per_poll=3)
+    for _ in range(10):
+        s.client(allow=False)  # valid CURVE keys, not on the list: each handshake asks ZAP (and retries)
+    time.sleep(0.3)  # the handshakes queue up first (not needed for the checks: it only makes the case harder)
+    answered = lambda: s.control.stats["zap_allowed"] + s.control.stats["zap_denied"]  # noqa: E731
+    most = 0
+    deadline = time.monotonic() + 30  # only keeps a broken build from hanging
+    while answered() < 10 and time.monotonic() < deadline:
+        before = answered()
+        s.control.poll()
+        most = max(most, answered() - before)
+        zmq.select([s.control.zap], [], [], 0.01)
+    print(f"\nZAP: at most {most} answers in one poll")
+    assert answered() >= 10 and s.control.stats["zap_allowed"] == 0
+    assert most <= 3
+
+
+def test_a_full_backlog_sheds_an_identitys_frames_and_counts_them(side):
+    s = side(max_frames_per_identity=2, max_backlog=5)
+    c = s.client()
+    for k in range(200):
+        c.send_multipart(frame_to_parts(FRAME._replace(room=1000 + k, session=f"10.0.0.9:{k + 1}")))
+    stats = s.control.stats
+    done = lambda: stats["frames"] + stats["frames_shed"] >= 200  # noqa: E731
+    deadline = time.monotonic() + 30
+    while not done() and time.monotonic() < deadline:
+        s.control.poll()
+        assert len(s.control._backlog) <= 5
+        zmq.select([s.control.pull], [], [], 0.01)
+    assert done() and stats["frames_shed"] > 0
+    assert stats["frames"] + stats["frames_shed"] == 200  # each frame taken or shed, and counted
+
+
+def test_a_poll_stops_reading_once_max_poll_s_has_passed(side):
+    # max_poll_s=0: the clock is past the bound at its first look, every 8 frames.
+    s = side(max_poll_s=0)
+    c = s.client()
+    for k in range(100):
+        c.send_multipart(frame_to_parts(FRAME._replace(room=2000 + k, session=f"10.0.0.8:{k + 1}")))
+    stats = s.control.stats
+    most = 0
+    deadline = time.monotonic() + 30
+    while stats["frames"] < 100 and time.monotonic() < deadline:
+        before = stats["frames"]
+        s.control.poll()
+        most = max(most, stats["frames"] - before)
+        zmq.select([s.control.pull], [], [], 0.01)
+    assert stats["frames"] == 100 and stats["polls_out_of_time"] > 0
+    assert most <= 8
+
+
+def test_fd_budget_counts_every_socket_the_control_plane_may_hold(monkeypatch, caplog):
+    from epd_ring.executor.drivers import control as control_module
+
+    keys = [generate_keypair()[0] for _ in range(3)]
+    c = ZmqControlPlane(keypair=generate_keypair(), allowed_keys=keys)
+    try:
+        # The context's socket limit is 8 pools plus 64 (docs/trust.md), so eviction happens below it.
+        assert c.ctx.MAX_SOCKETS == 8 * 512 + 64 == 4160
+        # The interpreter's 256, every socket's mailbox, the status pool, the pending connections,
+        # 8 per allow-listed key: 5,184 with the defaults and no key, and 4 per engine peer.
+        assert c.fd_budget() == 256 + 4160 + 512 + 256 + 8 * 3 == 5184 + 24
+        assert c.fd_budget(peers=10) == c.fd_budget() + 40
+        c.allow(generate_keypair()[0])
+        assert c.fd_budget() == 5184 + 32
+    finally:
+        c.close()
+    small = ZmqControlPlane(keypair=generate_keypair(), max_push_sockets=100, max_pending_connections=10)
+    try:
+        assert small.fd_budget() == 256 + (8 * 100 + 64) + 100 + 10
+    finally:
+        small.close()
+    # A descriptor limit below the budget is warned of at construction.
+    monkeypatch.setattr(control_module, "raise_fd_limit", lambda: (1000, 1000))
+    caplog.set_level(logging.WARNING, logger="epd_ring.control")
+    low = ZmqControlPlane(keypair=generate_keypair())
+    low.close()
+    assert any("fd_budget" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
