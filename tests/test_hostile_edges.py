@@ -345,3 +345,136 @@ def test_a_200k_part_message_is_cut_off_before_libzmq_holds_it_whole(side):
           f"{longest * 1e3:.1f} ms of CPU; guard: {dict(s.control.guard.stats)}")
     assert s.manager.room_status(4) == "announced"
     assert grew < 256 << 20  # against 1,873 MB before
+
+
+class _NoSocket:
+    def get_monitor_socket(self, events):
+        return None
+
+
+def test_an_honest_connection_on_the_same_source_is_cut_only_while_the_source_is_over_the_cap(monkeypatch):
+    # Before: the bytes of the message cut off stayed unread for good, so the source stayed over the
+    # cap and every later connection of it that sent (an honest receiver's) was cut in turn.
+    from epd_ring.executor.drivers import guard
+
+    g = guard.ConnectionGuard(_NoSocket(), 5555, per_source=32, max_pending=256, handshake_s=2.0,
+                              max_unread_bytes=1000, bytes_check_s=0)
+    source, honest, attacker = "10.0.0.5", 10, 11
+    g.live = {honest: (source, 0.0), attacker: (source, 0.0)}
+    g.received = {honest: 0, attacker: 0}
+    kernel = {honest: 0, attacker: 0}  # what the kernel says each connection received
+    cut: list[int] = []
+    monkeypatch.setattr(guard, "_bytes_received", lambda fd, port, src: kernel[fd])
+    monkeypatch.setattr(guard, "_shut", lambda fd, port, src: cut.append(fd) or True)
+
+    def honest_sends(n: int) -> None:  # a frame, read at once
+        kernel[honest] += n
+        g.read_from(source, n)
+
+    honest_sends(500)
+    kernel[attacker] += 900  # a message of many parts, growing, not readable yet
+    assert g.check_bytes() == 0 and cut == []  # under the cap
+    honest_sends(50)
+    kernel[attacker] += 200  # the source is over the cap: its fastest-growing connection goes
+    assert g.check_bytes() == 1 and cut == [attacker]
+    for _ in range(5):  # the source is under the cap again: the honest receiver keeps its connection
+        honest_sends(400)
+        assert g.check_bytes() == 0
+    assert cut == [attacker] and g.unread(source) <= 0
+
+
+def test_a_receiver_whose_connection_was_cut_reconnects_and_its_next_frame_gets_in(side):
+    s = side()
+    keys = generate_keypair()
+    c = s.client(keys)
+    c.send_multipart(frame_to_parts(FRAME._replace(room=1)))
+    s.pump(lambda: s.manager.room_status(1) is not None)
+    ((fd, (source, _)),) = s.control.guard.live.items()
+    port = int(s.control.endpoint.rsplit(":", 1)[1])
+    from epd_ring.executor.drivers.guard import _shut
+
+    assert _shut(fd, port, source)  # cut as the message cap cuts a connection
+    c.send_multipart(frame_to_parts(FRAME._replace(room=2, session="127.0.0.1:2")))
+    s.pump(lambda: s.manager.room_status(2) is not None, timeout=30)
+    assert s.manager.room_status(2) == "announced"
+    assert s.control.guard.connections_from[source] == 2  # its libzmq connected again
+
+
+def _raw(source: str, port: int):
+    import socket
+
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+def _closed(sock) -> bool:
+    """The server ended the connection (its greeting, if any, read and dropped)."""
+    try:
+        while True:
+            if sock.recv(4096) == b"":
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_keyless_connections_from_many_sources_are_capped_in_all_and_keep_new_ones_out_only_while_held(side):
+    # Each source under its own cap; all of them together over max_pending_connections.
+    s = side(max_connections_per_source=64, max_pending_connections=8, handshake_s=30.0)
+    port = int(s.control.endpoint.rsplit(":", 1)[1])
+    keys = generate_keypair()
+    honest = s.client(keys)  # established before the flood
+    honest.send_multipart(frame_to_parts(FRAME._replace(room=1)))
+    s.pump(lambda: s.manager.room_status(1) is not None)
+    baseline = open_fds()
+    flood = [_raw(f"127.0.0.{2 + k % 6}", port) for k in range(30)]
+    guard = s.control.guard
+    held = lambda: open_fds() - baseline - len(flood)  # noqa: E731  the server's side only
+    s.pump(lambda: sum(not _closed(f) for f in flood) <= 8 and held() <= 8, timeout=30, poll=s.control.poll)
+    kept = sum(not _closed(f) for f in flood)
+    print(f"\n30 keyless connections from 6 sources, 8 pending in all: {kept} kept, {held()} descriptors held, "
+          f"guard: {dict(guard.stats)}")
+    assert kept <= 7 and held() <= 8  # the honest connection is young too: it counts among the 8
+    assert guard.stats["shed_pending"] >= 30 - 7 and not guard.stats["shed_per_source"]
+    # The established connection is never shed: its next frame gets in.
+    honest.send_multipart(frame_to_parts(FRAME._replace(room=2, session="127.0.0.1:2")))
+    s.pump(lambda: s.manager.room_status(2) is not None)
+    assert s.manager.room_status(2) == "announced"
+    # While the flood holds the cap, a new connection is shut down at once...
+    accepted = guard.stats["accepted"]
+    newcomer = _raw("127.0.0.9", port)
+    s.pump(lambda: _closed(newcomer), timeout=30, poll=s.control.poll)
+    assert _closed(newcomer) and guard.stats["accepted"] > accepted
+    # ... and once the flood stops, new connections are kept again.
+    for f in flood:
+        f.close()
+    s.pump(lambda: len(guard.live) <= 1, timeout=30, poll=s.control.poll)
+    shed = guard.stats["shed_pending"]
+    accepted = guard.stats["accepted"]
+    later = _raw("127.0.0.9", port)
+    s.pump(lambda: guard.stats["accepted"] > accepted, timeout=30, poll=s.control.poll)
+    assert not _closed(later) and guard.stats["shed_pending"] == shed
+    later.close()
+    newcomer.close()
+
+
+def test_connections_past_their_handshake_are_not_counted_so_one_key_may_hold_more_than_eight(side):
+    # A known limit (docs/trust.md): the guard counts connections only within the handshake window,
+    # and per source, never per key; fd_budget() assumes 8 per allow-listed key.
+    s = side(max_connections_per_source=4)
+    keys = generate_keypair()
+    guard = s.control.guard
+    room = 0
+    for _ in range(3):
+        for _ in range(4):  # at the per-source cap, never over it
+            room += 1
+            s.client(keys).send_multipart(frame_to_parts(FRAME._replace(room=room, session=f"127.0.0.1:{room}")))
+        s.pump(lambda last=room: all(s.manager.room_status(r) is not None for r in range(1, last + 1)), timeout=30)
+        # As if the handshake window had passed (libzmq would have closed them, were they not authenticated).
+        guard.live = {fd: (src, t - 3600) for fd, (src, t) in guard.live.items()}
+    assert all(s.manager.room_status(r) == "announced" for r in range(1, 13))
+    assert len(guard.live) == 12 > 8 and not guard.stats["shed_per_source"] and not guard.stats["shed_pending"]

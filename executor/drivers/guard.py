@@ -67,8 +67,9 @@ class ConnectionGuard:
         self.bytes_check_s = bytes_check_s
         self._checked_at = 0.0
         self.received: dict[int, int] = {}  # fd -> the kernel's bytes_received at the last check
-        self.received_closed: Counter = Counter()  # source -> bytes of its closed connections
-        self.delivered: Counter = Counter()  # source -> wire bytes of the messages read from it
+        self.received_by: Counter = Counter()  # source -> bytes of all its connections, at their last check
+        # source -> wire bytes of the messages read from it, and those written off with a closed connection
+        self.delivered: Counter = Counter()
         self.connections_from: Counter = Counter()  # source -> connections ever accepted
         self.most_unread = 0  # the largest unread backlog of one source seen (for figures)
         self.max_checks = max_checks_per_poll
@@ -116,7 +117,18 @@ class ConnectionGuard:
         gone = self.live.pop(fd, None)
         got = self.received.pop(fd, 0)
         if gone is not None:
-            self.received_closed[gone[0]] += got
+            # libzmq drops a partial message with its connection, so what the source has unread is
+            # written off up to what this connection received. Kept, the cut message would hold the
+            # source over the cap for good, and every connection of it that sends (an honest
+            # receiver's on the same address) would be cut in turn.
+            unread = self.unread(gone[0])
+            if unread > 0:
+                self.delivered[gone[0]] += min(unread, got)
+
+    def unread(self, source: str) -> int:
+        """Bytes `source` sent that were not read as messages (nor written off), as last checked. A
+        connection's handshake is received and never read as a message: allowed for."""
+        return self.received_by[source] - self.delivered[source] - _HANDSHAKE_BYTES * self.connections_from[source]
 
     # the message cap ---------------------------------------------------------------------
     def read_from(self, source: str, wire_bytes: int) -> None:
@@ -147,17 +159,15 @@ class ConnectionGuard:
                 continue
             before = self.received.get(fd, 0)
             self.received[fd] = got
-            if got > before and got - before > grew.get(source, (0, -1))[0]:
-                grew[source] = (got - before, fd)
+            if got > before:
+                self.received_by[source] += got - before
+                if got - before > grew.get(source, (0, -1))[0]:
+                    grew[source] = (got - before, fd)
         if not grew:
             return 0
-        total: Counter = Counter(self.received_closed)
-        for fd, (source, _) in self.live.items():
-            total[source] += self.received.get(fd, 0)
         shed = 0
         for source, (_, fd) in grew.items():
-            # A connection's handshake is received and never read as a message: allowed for.
-            unread = total[source] - self.delivered[source] - _HANDSHAKE_BYTES * self.connections_from[source]
+            unread = self.unread(source)
             self.most_unread = max(self.most_unread, unread)
             if unread > self.max_unread_bytes and _shut(fd, self.port, source):
                 shed += 1
