@@ -308,3 +308,32 @@ def test_fd_budget_counts_every_socket_the_control_plane_may_hold(monkeypatch, c
     low = ZmqControlPlane(keypair=generate_keypair())
     low.close()
     assert any("fd_budget" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_the_figures_docs_trust_md_states_are_the_defaults():
+    # docs/trust.md states these numbers as what an identity or a keyless client can do; a changed
+    # default must change the page too.
+    import inspect
+
+    from epd_ring.executor.drivers.mooncake import Connector, MooncakeTransport
+
+    def defaults(f):
+        return {k: p.default for k, p in inspect.signature(f).parameters.items()}
+
+    control, manager = defaults(ZmqControlPlane), defaults(EncodeManager)
+    mooncake, connector = defaults(MooncakeTransport), defaults(Connector)
+    assert {k: control[k] for k in ("max_frames_per_poll", "max_frames_per_identity", "max_backlog", "max_poll_s",
+                                    "max_part_bytes", "max_message_bytes", "max_zap_per_poll", "max_push_sockets",
+                                    "handshake_s", "max_connections_per_source", "max_pending_connections",
+                                    "max_unread_bytes")} == dict(
+        max_frames_per_poll=1024, max_frames_per_identity=256, max_backlog=4096, max_poll_s=0.010,
+        max_part_bytes=4096, max_message_bytes=1 << 20, max_zap_per_poll=256, max_push_sockets=512, handshake_s=2.0,
+        max_connections_per_source=32, max_pending_connections=256, max_unread_bytes=64 << 20)
+    assert {k: manager[k] for k in ("max_announced", "max_announced_per_identity", "max_sessions_per_identity",
+                                    "max_peers", "max_peers_per_identity")} == dict(
+        max_announced=4096, max_announced_per_identity=1024, max_sessions_per_identity=256, max_peers=4096,
+        max_peers_per_identity=256)
+    assert {k: mooncake[k] for k in ("connector_threads", "contacts_per_identity", "open_stall_s", "stall_penalty_s",
+                                     "max_respellings")} == dict(
+        connector_threads=32, contacts_per_identity=2, open_stall_s=2.0, stall_penalty_s=300.0, max_respellings=64)
+    assert (connector["waiting_per_identity"], connector["max_wait_s"]) == (64, 10.0)
