@@ -240,6 +240,23 @@ def test_manager_calls_refuse_wrong_types_naming_the_argument(call, args, name):
     assert m.outbox == []
 
 
+@pytest.mark.parametrize("host, port, name", [
+    (b"prefill", 8998, "bootstrap_host"), (None, 8998, "bootstrap_host"),
+    ("prefill", "8998", "bootstrap_port"), ("prefill", 70000, "bootstrap_port"), ("prefill", -1, "bootstrap_port"),
+    ("prefill", True, "bootstrap_port"),
+])
+def test_register_refuses_a_bootstrap_address_of_the_wrong_type_naming_it(host, port, name):
+    # Before: any value was kept on the sender, to fail wherever the engine's side read it.
+    from helpers import make_rig
+
+    rig = make_rig()
+    with pytest.raises((TypeError, ValueError), match=name):
+        rig.executor.register("req-1", host, port, 1)
+    assert "req-1" not in rig.executor.senders
+    rig.executor.register("req-1", "prefill", 0, 1)  # and the request may still come, well formed
+    assert "req-1" in rig.executor.senders
+
+
 @pytest.mark.parametrize("port", ["70000", "0", "http", "-1", "\uff15"])
 def test_the_reference_receiver_refuses_a_status_port_out_of_range_before_its_engine_starts(monkeypatch, port):
     # Before: libzmq refused it at bind, after the engine had started, with "Invalid argument".

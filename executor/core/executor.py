@@ -203,6 +203,9 @@ class EncodeExecutor(Staging):
         `EncodeManager.bind_sender`): name it whenever the control plane authenticates."""
         if request_id in self.senders:
             raise ValueError(f"request {request_id!r} is already registered")
+        # kept on the sender for the engine that serves it: refused here, not when it is read
+        settings.text("bootstrap_host", bootstrap_host)
+        settings.port("bootstrap_port", bootstrap_port)
         state = self.manager.bind_sender(bootstrap_room, receiver)
         sender = Sender(request_id, bootstrap_room, bootstrap_host, bootstrap_port)
         self.senders[request_id] = sender

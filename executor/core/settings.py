@@ -29,6 +29,13 @@ def count(name: str, value: Any, minimum: int = 0) -> int:
     return value
 
 
+def port(name: str, value: Any) -> int:
+    """A TCP port as a public call takes it: an integer from 0 to 65535."""
+    if count(name, value) > 65535:
+        raise ValueError(f"{name} must be a port from 0 to 65535, got {value}")
+    return value
+
+
 GIB = 1 << 30
 DEFAULT_ARENA_BYTES = 2 * GIB
 
