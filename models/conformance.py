@@ -163,7 +163,8 @@ class Harness:
         self.cell_bytes = tokens * HIDDEN * 4
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=config.cells * self.cell_bytes,
                                        copy_fence=Fence,
-                                       peer_ring_share=1.0)  # the model keeps no per-peer bound of ring bytes
+                                       # the model keeps no per-peer bound of ring bytes, nor one on parked chunks
+                                       peer_ring_share=1.0, parked_ring_share=1.0)
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
         self.pump = Pump(self.manager, self.transport)

@@ -10,7 +10,9 @@ test can cut links while rooms are in flight. It prints one JSON line at start
                                                    batches, only while nothing is deferred
   {"cmd": "wait", "rooms": [...], "timeout": T}    answered once they all concluded (or at T):
                                                    per room its state, reason kind, times, sha256
-  {"cmd": "state"}                                 ring, peers, transport and control counters
+  {"cmd": "state"}                                 ring, peers, transport and control counters, and
+                                                   each peer's state changes as the loop saw them
+                                                   ("peer_log": [[SESSION, STATE, TIME, REASON], ...])
   {"cmd": "exit"}
 
 Times are `time.monotonic()`, which every namespace shares with the test.
@@ -62,6 +64,15 @@ def main() -> None:
     concluded: dict[int, tuple[str, float]] = {}
     expected: dict[int, str] = {}
     pump.on_conclude.append(lambda room, state: concluded.setdefault(room, (state, time.monotonic())))
+    # Each peer's state after every tick, and when it changed (how long a wedged peer took to go down).
+    peer_state: dict[str, str] = {}
+    peer_log: deque = deque(maxlen=512)
+
+    def watch_peers() -> None:
+        for session, peer in manager.peers.by_session.items():
+            if peer_state.get(session) != peer.state:
+                peer_state[session] = peer.state
+                peer_log.append([session, peer.state, time.monotonic(), peer.reason])
     print(json.dumps({"endpoint": control.endpoint, "session": transport.session}), flush=True)
 
     sel = selectors.DefaultSelector()
@@ -123,13 +134,15 @@ def main() -> None:
             elif kind == "state":
                 answer({"live_extents": len(executor.ring.extents), "arena": executor.ring.gauges(),
                         "peers": manager.peers.snapshot(), "transport": dict(transport.stats),
-                        "control": dict(control.stats), "in_flight": transport.in_flight, "queued": len(queued)})
+                        "control": dict(control.stats), "in_flight": transport.in_flight, "queued": len(queued),
+                        "peer_log": list(peer_log)})
             elif kind == "exit":
                 running = False
             else:
                 answer({"ok": False, "error": f"unknown command {kind!r}"})
         feed()
         pump.tick()
+        watch_peers()
         executor.reap_concluded_senders(set())
         if waiting is not None:
             rooms, deadline = waiting

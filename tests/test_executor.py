@@ -142,7 +142,8 @@ def test_fail_rooms_deduplicates_and_counts_rooms_it_failed():
 # ------------------------------------------------------------ ring and defer ---
 
 def test_full_ring_defers_then_drains_in_order():
-    rig = make_rig(slots=2, slot_bytes=64)  # an arena of two 2-row items
+    # An arena of two 2-row items, which parked chunks may fill (no bound on them: tests/test_peers.py has it).
+    rig = make_rig(slots=2, slot_bytes=64, parked_ring_share=1.0)
     items = [submit(rig, r, 2) for r in range(5)]
     # Rooms 0 and 1 park (no receivers yet) and hold both slots.
     rig.executor.execute(items)

@@ -693,6 +693,110 @@ def test_a_chunk_parked_for_a_receiver_not_yet_registered_is_charged_to_no_peer(
     assert rig.manager.room_status(9) == "success"
 
 
+# -- chunks parked for unregistered receivers hold a bounded share of the ring (issue 22) ----------
+
+def unregistered(rig, room, *, n=1):
+    """Register room's encode request and run its item; none of its `n` receivers registers."""
+    rid = f"req-{room}"
+    rig.executor.register(rid, "prefill", 1, room)
+    rig.executor.execute([(rid, rig.item(3, room))])
+    return rid
+
+
+def test_a_stream_of_unregistered_rooms_takes_no_more_than_the_parked_share_and_registered_rooms_pass_them():
+    rig = items_rig(8, park_timeout=30.0)
+    rig.receiver("c")
+    cap = rig.manager.max_parked_bytes
+    assert cap == 4 * ITEM_COST  # half the ring by default
+    waiting = []
+    for k in range(12):  # a partitioned receiver's rooms: their frames never come
+        waiting.append(unregistered(rig, k))
+        rig.executor.poll()
+        assert rig.manager.parked_bytes <= cap
+    assert [k for k in range(12) if rig.manager.is_parked(k)] == [0, 1, 2, 3]
+    assert rig.executor.deferred_requests() == waiting[4:]  # in their order, waiting without ring space
+    assert rig.executor.ring.live == 4
+    # A registered room's item is served while they wait, and again and again as its slots free.
+    for k in range(100, 108):
+        run(rig, room_for(rig, k, "c"))
+        assert rig.manager.room_status(k) == "success" and rig.delivered_ok(k, "c", rig.item(3, k))
+    assert rig.executor.deferred_requests() == waiting[4:]  # they kept their place
+    assert rig.manager.stats["parked_held_back"] == 8
+
+
+def test_a_waiting_unregistered_item_is_served_once_its_receivers_register():
+    rig = items_rig(8, park_timeout=30.0)
+    for k in range(6):
+        unregistered(rig, k)
+    assert rig.executor.deferred_requests() == ["req-4", "req-5"]
+    rig.clock.advance(5.0)
+    rig.manager.register_receiver(rig.frame(5, "c", 3))  # room 5's one receiver: it parks no more
+    rig.executor.poll()
+    rig.executor.poll()
+    assert rig.manager.room_status(5) == "success" and rig.delivered_ok(5, "c", rig.item(3, 5))
+    assert rig.executor.deferred_requests() == ["req-4"]
+    # A parked room's receiver registers: its writes start (their bytes are its peer's now, however long
+    # they take), and the parked bytes it held let room 4 park.
+    rig.receiver("d")
+    rig.transport.inject("hold", session="d")
+    rig.manager.register_receiver(rig.frame(0, "d", 3))
+    rig.executor.poll()
+    assert rig.manager.room_status(0) == "transferring" and rig.manager.is_parked(4)
+    assert not rig.executor.deferred_requests() and rig.manager.parked_bytes == 4 * ITEM_COST
+    assert rig.manager.peers.get("d").held == ITEM_COST
+
+
+def test_an_unregistered_item_that_waits_past_the_park_timeout_fails_as_a_parked_one_would():
+    """The wait is bounded: a large item that the parked bound keeps out (small parked chunks take each
+    bit of room that frees) fails with the parked room's own deadline kind."""
+    rig = items_rig(8, park_timeout=10.0)
+    for k in range(4):
+        unregistered(rig, k)
+    rig.executor.register("req-big", "prefill", 1, 50)
+    rig.executor.execute([("req-big", rig.item(9, 50))])  # costs more than one small chunk
+    assert rig.executor.deferred_requests() == ["req-big"]
+    rig.clock.advance(1.0)
+    for k in range(3):  # one parked room at a time registers; a new small one parks in its place
+        rig.manager.register_receiver(rig.frame(k, "c", 3))
+        unregistered(rig, 10 + k)
+        rig.executor.poll()
+        assert rig.manager.room_status(k) == "success" and rig.manager.is_parked(10 + k)
+    assert rig.executor.deferred_requests() == ["req-big"]
+    rig.clock.advance(9.0)
+    rig.executor.poll()  # t=10: room 3's park deadline, and room 50 has waited as long
+    assert reason_kind(rig.manager, 3) is ReasonKind.PARK_TIMEOUT
+    assert reason_kind(rig.manager, 50) is ReasonKind.PARK_TIMEOUT
+    assert not rig.executor.deferred_requests()
+    assert all(rig.manager.is_parked(10 + k) for k in range(3)) and rig.manager.parked_bytes == 3 * ITEM_COST
+
+
+def test_the_parked_bound_passes_one_chunk_to_a_ring_holding_nothing_parked_and_one_means_no_bound():
+    # A bound smaller than one chunk still lets one park at a time.
+    rig = items_rig(8, max_parked_bytes=1)
+    for k in range(3):
+        unregistered(rig, k)
+    assert rig.manager.is_parked(0) and rig.executor.deferred_requests() == ["req-1", "req-2"]
+    free = make_rig(arena_bytes=8 * ITEM_COST, parked_ring_share=1.0)
+    assert free.manager.max_parked_bytes is None
+    for k in range(8):
+        unregistered(free, k)
+    assert all(free.manager.is_parked(k) for k in range(8)) and free.executor.ring.live == 8
+
+
+def test_a_partly_registered_rooms_receiver_still_counts_against_its_peers_share():
+    """The parked bound adds to the per-peer one: a room with some receivers here is held by both."""
+    rig = items_rig(8, park_timeout=30.0, write_timeout=30.0)
+    rig.receiver("b")
+    rig.transport.inject("hold", session="b", count=1 << 30)
+    run(rig, *(room_for(rig, k, "b") for k in range(4)))  # b holds its half
+    assert rig.manager.peers.get("b").held == 4 * ITEM_COST
+    rig.executor.register("req-9", "prefill", 1, 9)
+    rig.manager.register_receiver(rig.frame(9, "b", 3, n=2, rank=0, shard=True))  # one of two
+    run(rig, ("req-9", rig.item(3, 9)))
+    assert rig.executor.deferred_requests() == ["req-9"] and rig.manager.stats["held_back"] == 1
+    assert rig.manager.stats["parked_held_back"] == 0
+
+
 def test_ring_share_is_checked_and_one_means_no_bound():
     clock = FakeClock()
     t = LoopbackTransport(clock)

@@ -93,6 +93,29 @@ def test_peer_settings_reach_the_peer_table():
     assert refusal(e, "connect_timeout", 0, "> 0")
 
 
+def test_the_parked_bound_is_checked_and_set_by_the_manager_or_as_a_share_of_the_ring():
+    t = LoopbackTransport(FakeClock())
+    for bad, rule in [(0, ">= 1"), (-5, ">= 1"), (2.0, "integer"), ("x", "integer"), (True, "integer")]:
+        with pytest.raises(ValueError) as e:
+            EncodeManager(t, max_parked_bytes=bad)
+        assert refusal(e, "max_parked_bytes", bad, rule)
+    assert EncodeManager(t).max_parked_bytes is None  # the manager alone sets no bound
+    assert EncodeManager(t, max_parked_bytes=1).max_parked_bytes == 1
+    # The executor sets its share of the arenas (half by default) unless the manager has a bound.
+    m = EncodeManager(t)
+    EncodeExecutor(m, TableTower(n_deep=3), "cpu", arena_bytes=4096)
+    assert m.max_parked_bytes == (4096 + 3 * 4096) // 2
+    m = EncodeManager(t)
+    EncodeExecutor(m, TableTower(), "cpu", arena_bytes=4096, parked_ring_share=0.25)
+    assert m.max_parked_bytes == 1024
+    m = EncodeManager(t, max_parked_bytes=640)
+    EncodeExecutor(m, TableTower(), "cpu", arena_bytes=4096, parked_ring_share=0.25)
+    assert m.max_parked_bytes == 640
+    m = EncodeManager(t)
+    EncodeExecutor(m, TableTower(), "cpu", arena_bytes=4096, parked_ring_share=1.0)
+    assert m.max_parked_bytes is None
+
+
 def test_defaults():
     clock = FakeClock()
     t = LoopbackTransport(clock)
@@ -209,6 +232,12 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     (dict(ring_bytes=1), 0, "ring_bytes", "multiple of 64"),
     (dict(max_deferred=-1), 0, "max_deferred", ">= 0"),
     (dict(max_deferred=True), 0, "max_deferred", "integer"),
+    (dict(peer_ring_share=0), 0, "peer_ring_share", "(0, 1]"),
+    (dict(parked_ring_share=0), 0, "parked_ring_share", "(0, 1]"),
+    (dict(parked_ring_share=1.5), 0, "parked_ring_share", "(0, 1]"),
+    (dict(parked_ring_share=float("nan")), 0, "parked_ring_share", "(0, 1]"),
+    (dict(parked_ring_share=True), 0, "parked_ring_share", "(0, 1]"),
+    (dict(parked_ring_share="0.5"), 0, "parked_ring_share", "(0, 1]"),
     (dict(), -1, "model.num_deepstack_embeddings", ">= 0"),
     (dict(), 1.5, "model.num_deepstack_embeddings", "integer"),
 ])

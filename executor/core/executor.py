@@ -153,6 +153,7 @@ class EncodeExecutor(Staging):
         max_deferred: int | None = None,
         copy_fence: Callable[[], Any] | None = None,
         peer_ring_share: float = 0.5,
+        parked_ring_share: float = 0.5,
     ):
         arena_bytes, max_item_bytes, old_slots = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
@@ -175,12 +176,13 @@ class EncodeExecutor(Staging):
         self.max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
         # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
         # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
-        if isinstance(peer_ring_share, bool) or not isinstance(peer_ring_share, (int, float)) \
-                or not 0 < peer_ring_share <= 1:
-            raise ValueError(f"peer_ring_share must be in (0, 1], got {peer_ring_share!r}")
-        if manager.peers.max_bytes is None and peer_ring_share < 1:
-            ring_total = arena_bytes + deep_arena_bytes
+        ring_total = arena_bytes + deep_arena_bytes
+        if settings.share("peer_ring_share", peer_ring_share) < 1 and manager.peers.max_bytes is None:
             manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
+        # Chunks parked for receivers not all registered (charged to no peer) may hold at most this share
+        # together (unless the manager was given `max_parked_bytes`). 1.0: no bound.
+        if settings.share("parked_ring_share", parked_ring_share) < 1 and manager.max_parked_bytes is None:
+            manager.max_parked_bytes = max(1, int(ring_total * parked_ring_share))
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
         self._copy_fence = copy_fence

@@ -56,6 +56,8 @@ class Lifecycle:
     observer: Any
     on_conclude: list[Callable[[int, str], None]]
     held_since: dict[int, float]
+    parked_since: dict[int, float]
+    parked_bytes: int
     park_timeout: float
     announce_timeout: float
     quarantine_s: float
@@ -131,6 +133,9 @@ class Lifecycle:
         self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
 
     def _start_writes(self, room: Room) -> None:
+        if room.parked_bytes:  # its receivers are all here: the chunk no longer counts as parked
+            self.parked_bytes -= room.parked_bytes
+            room.parked_bytes = 0
         chunk = room.chunk
         if chunk is None:
             return
@@ -197,6 +202,11 @@ class Lifecycle:
             self.tell(f, room.id, state, room.reason)
         if self.held_since:
             self.held_since.pop(room.id, None)
+        if room.parked_bytes:
+            self.parked_bytes -= room.parked_bytes
+            room.parked_bytes = 0
+        if self.parked_since:
+            self.parked_since.pop(room.id, None)
         if state == "failed" and room.frames:
             cause = room.cause
             self.regions.room_failed(room.id, room.frames.values(), in_flight,

@@ -69,6 +69,7 @@ class EncodeManager(Lifecycle):
         peer_probe_interval: float | None = None,
         max_peer_bytes: int | None = None,
         max_peers_per_identity: int = 256,
+        max_parked_bytes: int | None = None,
     ):
         # Kept for set-up only: the ring registers its memory with it once, and a `Pump` drives it.
         # The core never calls it after that (see effects.py).
@@ -107,6 +108,14 @@ class EncodeManager(Lifecycle):
                                max_peers_per_identity=max_peers_per_identity, actions=self.actions)
         # Rooms whose item waits because a receiver's peer holds its bound of ring bytes: since when.
         self.held_since: dict[int, float] = {}
+        # Ring bytes of chunks staged for rooms whose receivers are not all registered (parked, or
+        # being copied to park): charged to no peer, so bounded together (None: no bound; the
+        # executor sets a share of its ring).
+        self.parked_bytes = 0
+        self.max_parked_bytes = None if max_parked_bytes is None else settings.count(
+            "max_parked_bytes", max_parked_bytes, 1)
+        # Rooms whose item waits because the parked chunks hold that bound: since when.
+        self.parked_since: dict[int, float] = {}
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
     # settings held by the parts -------------------------------------------
@@ -251,20 +260,41 @@ class EncodeManager(Lifecycle):
         room = self.rooms.get(room_id)
         if room is not None:
             room.uncharged_bytes = nbytes
+            if room.state == "registered":  # its receivers are not all here: the chunk parks
+                room.parked_bytes = nbytes
+                self.parked_bytes += nbytes
 
     def held_back(self, room_id: int, nbytes: int) -> bool:
         """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer
         holds its bound (`max_peer_bytes`); such a wait lasts at most the write timeout, then the room
-        fails (kind `capacity`) and this answers False (its item is dropped when staged)."""
+        fails (kind `capacity`) and this answers False (its item is dropped when staged). True too
+        while the chunk would park (its receivers are not all registered) and the parked chunks hold
+        their bound (`max_parked_bytes`); that wait lasts at most the park timeout, then the room fails
+        as a parked one would (kind `park_timeout`)."""
         peers = self.peers
         cap = peers.max_bytes
-        # No bound, or every peer together holds too little to pass it: the per-item case.
-        if cap is None or peers.held_total + nbytes <= cap:
+        parked_cap = self.max_parked_bytes
+        # No bound can be passed (every peer together, and the parked chunks, hold too little): the
+        # per-item case.
+        if (cap is None or peers.held_total + nbytes <= cap) and (
+                parked_cap is None or self.parked_bytes + nbytes <= parked_cap):
             if self.held_since:
                 self.held_since.pop(room_id, None)
+            if self.parked_since:
+                self.parked_since.pop(room_id, None)
             return False
         room = self.rooms.get(room_id)
-        if room is None or not room.frames:
+        if room is None:
+            return False
+        # A ring holding nothing parked may always take one parked chunk.
+        if parked_cap is not None and room.state == "registered" and self.parked_bytes \
+                and self.parked_bytes + nbytes > parked_cap:
+            return self._parked_wait(room)
+        if self.parked_since:
+            self.parked_since.pop(room_id, None)
+        if cap is None or peers.held_total + nbytes <= cap or not room.frames:
+            if self.held_since:
+                self.held_since.pop(room_id, None)
             return False
         peer = peers.over_bound(room.frames, nbytes)
         if peer is None:
@@ -280,6 +310,22 @@ class EncodeManager(Lifecycle):
         self.fail(room, Reason(ReasonKind.CAPACITY,
                                f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound is "
                                f"{self.peers.max_bytes} B) for {self.writes.timeout} s"))
+        return False
+
+    def _parked_wait(self, room: Room) -> bool:
+        """The room's chunk would park past the parked chunks' bound: it waits, at most the park timeout."""
+        now = self.clock.now()
+        since = self.parked_since.get(room.id)
+        if since is None:
+            since = self.parked_since[room.id] = now
+            self.stats["parked_held_back"] += 1
+        if now - since < self.park_timeout:
+            return True
+        got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
+        self.fail(room, Reason(ReasonKind.PARK_TIMEOUT,
+                               f"{got} receivers registered within {self.park_timeout} s while the chunks parked "
+                               f"for unregistered receivers held their bound ({self.parked_bytes} B of "
+                               f"{self.max_parked_bytes} B)"))
         return False
 
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:

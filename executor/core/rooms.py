@@ -47,7 +47,8 @@ class Chunk:
 
 class Room:
     __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
-                 "sender", "announced", "cause", "withdrawn", "owner", "uncharged_bytes")
+                 "sender", "announced", "cause", "withdrawn", "owner", "uncharged_bytes",
+                 "parked_bytes")
 
     def __init__(self, room_id: int):
         self.id = room_id
@@ -69,6 +70,9 @@ class Room:
         # Ring bytes its leased chunk holds, not yet charged to its receivers' peers (they are
         # when its writes start).
         self.uncharged_bytes = 0
+        # Of those, the bytes counted against the parked chunks' bound (`EncodeManager.parked_bytes`)
+        # while its receivers are not all registered.
+        self.parked_bytes = 0
 
     # guard named in the room declaration
     def all_receivers(self) -> bool:

@@ -36,6 +36,13 @@ def port(name: str, value: Any) -> int:
     return value
 
 
+def share(name: str, value: Any) -> float:
+    """A share of the ring: a real number in (0, 1] (1.0: no bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
+
+
 GIB = 1 << 30
 DEFAULT_ARENA_BYTES = 2 * GIB
 
