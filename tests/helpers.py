@@ -5,7 +5,9 @@ tests read a room's failure reason as text (`reason_text`)."""
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -350,3 +352,11 @@ def untouched(rig, room, session):
     """No byte of the receiver's region (NaN-filled by the rig) was written."""
     main, deep, _, _ = rig.buffers[(room, session)]
     return torch.isnan(main).all() and (deep is None or torch.isnan(deep).all())
+
+
+def wait_stopped(pid: int, guard: float = 10.0) -> None:
+    """Until the kernel shows the process stopped (state T), so nothing it does races the test."""
+    deadline = time.monotonic() + guard
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.005)

@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +26,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("mooncake.engine")
     pytest.importorskip("zmq")
 
-from helpers import drive, reason_kind
+from helpers import drive, reason_kind, wait_stopped
 
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind
 from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows
@@ -40,14 +39,6 @@ STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 
 
 Receiver = ReceiverProcess
-
-
-def wait_stopped(pid: int, guard: float = 10.0) -> None:
-    """Until the kernel shows the process stopped (state T), so nothing it does races the test."""
-    deadline = time.monotonic() + guard
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.005)
 
 
 def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict, int, list]:

@@ -34,6 +34,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 import netns
+from helpers import wait_stopped
 
 from epd_ring.executor.drivers.control import generate_keypair
 from epd_ring.executor.drivers.receiver import ReceiverProcess
@@ -382,6 +383,7 @@ def test_wedged_receiver_fails_its_rooms_and_others_succeed(world):
     b.proc.send_signal(signal.SIGSTOP)
     t_stop = time.monotonic()
     try:
+        wait_stopped(b.proc.pid)  # a signal lands when the kernel gets to it: B once took a write first
         world.encoder.submit(rooms)
         res = world.encoder.wait(rooms)
         downs = b_down_since(world, b.session, t_stop)

@@ -840,6 +840,22 @@ def test_a_wedged_peer_with_work_pending_goes_down_within_twice_the_connect_dead
     assert rig.manager.peers.stats["probes"] >= 1
 
 
+def test_a_write_overdue_while_the_probe_is_under_way_leaves_the_heartbeats_bound():
+    """The probe under way is the suspect's re-check: a second contact would push the connect deadline back."""
+    rig = make_rig(write_timeout=1.5, connect_timeout=1.0)  # the write goes overdue while the probe waits
+    rig.receiver("w")
+    run(rig, room_for(rig, 0, "w"))
+    wedged_at = rig.clock.now()
+    stuck(rig, "w")
+    run(rig, room_for(rig, 1, "w"))
+    peer = rig.manager.peers.get("w")
+    while peer.state != "down":
+        rig.clock.advance(0.125)
+        rig.executor.poll()
+        assert rig.clock.now() - wedged_at <= 2 * 1.0, f"still {peer.state}"
+    assert rig.manager.peers.stats["suspect"] == 1 and rig.manager.peers.stats["probes"] == 1
+
+
 def test_busy_peers_are_probed_and_stay_up_idle_peers_are_not_probed():
     rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
     rig.receiver("busy")

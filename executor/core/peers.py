@@ -284,10 +284,12 @@ class PeerTable:
     def _suspect_after(self, peer: Peer, event: str) -> None:
         was = peer.state
         if self.step(peer, event) == "suspect" and was == "up":
-            # Re-check at the edge (a probe under way is answered as this attempt); until it
-            # answers no new write goes to the peer.
+            # Re-check at the edge; until it answers no new write goes to the peer. A probe under way
+            # is the re-check: starting another would push the connect deadline back, and a wedged
+            # peer would go down a connect deadline later than the heartbeat's bound.
             self.stats["suspect"] += 1
-            self._start(peer)
+            if not peer.waiting:
+                self._start(peer)
 
     # ring bytes held per peer ----------------------------------------------
     def over_bound(self, sessions: Iterable[str], nbytes: int) -> Peer | None:
