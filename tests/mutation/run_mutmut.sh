@@ -79,7 +79,9 @@ testpaths = ["tests"]
 TOML
 cd "$WORK"
 # SPIN's verdict on a Promela text it has already checked is read back (executor/tools/spin.py): most
-# mutants of the generator leave its text as it was, and compiling pan takes seconds
+# mutants of the generator leave its text as it was. Those that change it are checked with pan built
+# by tcc where it is installed (apt-get install -y tcc): a tenth of a second against gcc's four.
 export EPD_RING_HYPOTHESIS=mutmut OMP_NUM_THREADS=1 EPD_RING_SPIN_CACHE="$WORK/spin-cache"
+if command -v tcc >/dev/null; then export EPD_RING_SPIN_CC=tcc; fi
 nice -n 10 "$PY" -m mutmut run --max-children "$CHILDREN"
 "$PY" "$ROOT/tests/mutation/score.py" --list
