@@ -31,9 +31,10 @@ def count(name: str, value: Any, minimum: int = 0) -> int:
 
 def port(name: str, value: Any) -> int:
     """A TCP port as a public call takes it: an integer from 0 to 65535."""
-    if count(name, value) > 65535:
-        raise ValueError(f"{name} must be a port from 0 to 65535, got {value}")
-    return value
+    port = count(name, value)
+    if port > 65535:
+        raise ValueError(f"{name} must be a port from 0 to 65535, got {port}")
+    return port
 
 
 def share(name: str, value: Any) -> float:
