@@ -128,6 +128,103 @@ def test_spin_finds_the_pinned_violations_and_its_trails_replay_on_the_spec(cfg)
         assert v.hazard == pinned[kind][1]
 
 
+# -- the model's commands and pictures at the same bounds ----------------------------------------
+
+def _check(argv: list[str]) -> tuple[int, dict, list[str]]:
+    import argparse
+
+    from epd_ring.models import check
+
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    lines: list[str] = []
+    report: dict = {}
+    return check.run(parser.parse_args(argv), out=lines.append, report=report), report, lines
+
+
+SMALL = ["--cells", "1", "--rooms", "2", "--receivers", "1", "--faults", "1"]
+
+
+def test_the_check_command_reports_the_explorers_figures_with_and_without_symmetry():
+    rc, report, lines = _check([*SMALL, "--compare-symmetry"])
+    (states, transitions, depth, finals, fair_ends, represented), _ = SPACES[C(1, 2, 1, 1)]
+    reduced, unreduced = report["runs"]
+    assert rc == 0 and report["violation"] is False
+    assert (reduced["states"], reduced["transitions"], reduced["depth"], reduced["finals"], reduced["fair_ends"],
+            reduced["represented"]) == (states, transitions, depth, finals, fair_ends, represented)
+    assert unreduced["symmetry"] is False and unreduced["states"] == unreduced["represented"] == represented
+    assert report["config"] == {"cells": 1, "rooms": 2, "receivers": 1, "faults": 1, "variant": "project",
+                                "sizes": (1, 2), "peers": False, "channels": False, "late_landing": False}
+    assert sum(f"{states:,} states" in line for line in lines) == 1  # each run prints its own figures
+
+
+def test_the_check_command_saves_each_violation_and_replays_it(tmp_path):
+    rc, report, lines = _check([*SMALL, "--variant", "reuse-when-terminal", "--save-traces", str(tmp_path)])
+    pinned = SPACES[C(1, 2, 1, 1, variant="reuse-when-terminal")][1]
+    assert rc == 1 and report["violation"] is True and report["runs"][0]["violations"] == sorted(pinned)
+    saved = sorted(tmp_path.glob("*.json"))
+    assert len(saved) == len(pinned)
+    for path in saved:
+        rc, replayed, lines = _check(["--replay", str(path)])
+        kind = replayed["violation"]["kind"]
+        assert rc == 1 and kind in pinned and replayed["steps"] == pinned[kind][0] - 1
+        assert len(lines) == replayed["steps"] + 2  # the initial state, each step, the verdict
+
+
+@pytest.mark.parametrize("argv", [[*SMALL, "--slots", "2"], [*SMALL, "--spin-opt=-O2"],
+                                  ["--engine", "spin", "--no-symmetry"], ["--replay", "x.json", "--cells", "2"],
+                                  ["--replay", "/nonexistent/trace.json"]], ids=str)
+def test_the_check_command_refuses_flags_that_do_not_go_together(argv):
+    from epd_ring.models.check import CheckInputError
+
+    with pytest.raises(CheckInputError):
+        _check(argv)
+
+
+def test_the_walk_command_prints_its_coverage_and_fails_below_its_floor(capsys, caplog):
+    from epd_ring.models import walk as walk_command
+
+    assert walk_command.main(["1", "1", "1", "1"]) == 0
+    assert "68/68 edges (100.0%)" in capsys.readouterr().out
+    assert walk_command.main(["1", "1", "1", "1", "--min-coverage", "1.01"]) == 1
+
+
+@pytest.mark.parametrize("cfg, nodes, edges, bad", [(C(1, 1, 1, 1), 37, 68, 0),
+                                                    (C(1, 2, 1, 1, variant="no-parked-check"), 491, 1553, 2)],
+                         ids=str)
+def test_the_state_graph_draws_every_state_and_edge_and_marks_the_bad_ones(cfg, nodes, edges, bad):
+    import re
+
+    from epd_ring.models.graphs import state_graph_dot
+
+    dot = state_graph_dot(cfg)
+    assert len(re.findall(r"^  n\d+ \[", dot, re.M)) == nodes and dot.count(" -> ") == edges
+    assert dot.count("#f4b6b6") == bad  # a state that breaks an invariant is filled red, named by its kind
+    assert sorted(set(re.findall(r'\\n([a-z-]+)"', dot))) == sorted(SPACES.get(cfg, ((), {}))[1])
+
+
+def test_coverage_targets_are_reached_by_shortest_paths():
+    from epd_ring.models.conformance import coverage_targets, reach
+
+    cfg = C(1, 2, 1, 1)
+    found = reach(cfg, coverage_targets(cfg))
+    assert {k: len(v) for k, v in found.items()} == {
+        "chunk awaiting-tower": 0, "chunk copying": 2, "chunk dropped": 2, "chunk held": 3, "chunk sent": 4,
+        "region failed": 5, "region offered": 1, "region released": 2, "region withdrawing": 5, "region written": 5,
+        "write in flight": 4, "write landed late": 6, "write may land": 5}
+
+
+def test_the_fixtures_command_writes_the_committed_hazard_traces(tmp_path):
+    from pathlib import Path
+
+    from epd_ring.models import fixtures
+
+    assert fixtures.main([]) == 2
+    assert fixtures.main(["--write", str(tmp_path)]) == 0
+    committed = Path(__file__).parent / "fixtures" / "hazards"
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {p.name: p.read_text() for p in committed.iterdir()}
+
+
 def _print_figures() -> None:
     """The figures at HEAD, in the layout above (run this file with python)."""
     for cfg in SPACES:
