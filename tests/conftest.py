@@ -105,3 +105,14 @@ def pytest_collection_modifyitems(config, items):
 
 _MODEL_SUITES = frozenset({"test_model.py", "test_model_pins.py", "test_model_channels.py", "test_model_invariants.py",
                            "test_liveness.py", "test_conformance.py", "test_couplings.py"})
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests measured (`("figure", line)` in a report's user_properties), one section."""
+    lines = [value for reports in terminalreporter.stats.values() for rep in reports
+             if getattr(rep, "when", None) == "teardown" for key, value in getattr(rep, "user_properties", ())
+             if key == "figure"]
+    if lines:
+        terminalreporter.section("figures")
+        for line in lines:
+            terminalreporter.write_line(line)

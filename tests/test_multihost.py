@@ -260,8 +260,22 @@ def hosts(world):
     return world.hosts
 
 
+_FIGURES: list[str] = []
+
+
 def figure(name: str, value: str) -> None:
-    print(f"[figure] {name}: {value}")
+    line = f"[figure] {name}: {value}"
+    print(line)
+    _FIGURES.append(line)
+
+
+@pytest.fixture(autouse=True)
+def _figures_in_the_summary(request):
+    """A test's figures travel on its report (so across xdist workers too) to the run's summary
+    (tests/conftest.py), so CI's log shows them without -s."""
+    yield
+    request.node.user_properties.extend(("figure", line) for line in _FIGURES)
+    _FIGURES.clear()
 
 
 def states(results: dict[int, dict], rooms) -> set[str]:
