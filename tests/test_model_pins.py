@@ -128,6 +128,22 @@ def test_spin_finds_the_pinned_violations_and_its_trails_replay_on_the_spec(cfg)
         assert v.hazard == pinned[kind][1]
 
 
+@needs_spin
+def test_spin_reads_back_its_verdict_on_a_text_it_has_checked(tmp_path, monkeypatch):
+    """EPD_RING_SPIN_CACHE (the mutation runs): the same Promela text is not compiled or searched again,
+    and what is read back gives the same verdict."""
+    monkeypatch.setenv("EPD_RING_SPIN_CACHE", str(tmp_path))
+    cfg = C(1, 1, 1, 1)
+    first = spin_tool.check(cfg)
+    started = []
+    run = spin_tool._run
+    monkeypatch.setattr(spin_tool, "_run", lambda cmd, *a, **k: started.append(cmd[0]) or run(cmd, *a, **k))
+    again = spin_tool.check(cfg)
+    assert started == [] and len(list(tmp_path.glob("*.json"))) == first.runs == again.runs
+    assert (again.states, again.transitions, again.violations) == (first.states, first.transitions, {})
+    assert first.states == SPACES[cfg][0][0]
+
+
 # -- the model's commands and pictures at the same bounds ----------------------------------------
 
 def _check(argv: list[str]) -> tuple[int, dict, list[str]]:
