@@ -192,6 +192,7 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
     (dict(handshake_s=float("inf")), "handshake_s"),
     (dict(max_connections_per_source=0), "max_connections_per_source"),
     (dict(max_pending_connections=0), "max_pending_connections"),
+    (dict(max_connections_per_key=0), "max_connections_per_key"),
 ])
 def test_control_plane_settings_are_refused_at_construction_naming_the_setting(kw, setting):
     # Before: max_poll_s=nan disabled the poll bound and max_push_sockets=0 was taken.
@@ -479,19 +480,83 @@ def test_keyless_connections_from_many_sources_are_capped_in_all_and_keep_new_on
     newcomer.close()
 
 
-def test_connections_past_their_handshake_are_not_counted_so_one_key_may_hold_more_than_eight(side):
-    # A known limit (docs/trust.md): the guard counts connections only within the handshake window,
-    # and per source, never per key; fd_budget() assumes 8 per allow-listed key.
-    s = side(max_connections_per_source=4)
+def _age(guard) -> None:
+    """As if the handshake window had passed for every connection so far (libzmq would have closed
+    those whose handshake failed)."""
+    guard.live = {fd: (src, t - 3600) for fd, (src, t) in guard.live.items()}
+
+
+def test_one_keys_connections_past_the_cap_are_cut_as_they_speak_and_another_key_registers(side):
+    # Before: past its handshake a connection was never counted, per key or at all, so one
+    # allow-listed key held 12 connections from one source with a per-source cap of 4, none shed,
+    # and could go on until the process ran out of descriptors.
+    s = side(max_connections_per_source=4, max_connections_per_key=8)
     keys = generate_keypair()
-    guard = s.control.guard
+    guard, stats = s.control.guard, s.control.stats
     room = 0
     for _ in range(3):
-        for _ in range(4):  # at the per-source cap, never over it
+        for _ in range(4):  # at the per-source cap for young connections, never over it
             room += 1
             s.client(keys).send_multipart(frame_to_parts(FRAME._replace(room=room, session=f"127.0.0.1:{room}")))
-        s.pump(lambda last=room: all(s.manager.room_status(r) is not None for r in range(1, last + 1)), timeout=30)
-        # As if the handshake window had passed (libzmq would have closed them, were they not authenticated).
-        guard.live = {fd: (src, t - 3600) for fd, (src, t) in guard.live.items()}
-    assert all(s.manager.room_status(r) == "announced" for r in range(1, 13))
-    assert len(guard.live) == 12 > 8 and not guard.stats["shed_per_source"] and not guard.stats["shed_pending"]
+        s.pump(lambda last=room: stats["frames"] + stats["frames_over_key_connections"] >= last, timeout=30)
+        _age(guard)
+    (key,) = guard.by_key
+    # Each of the key's connections spoke once: the first eight are bound to it, the next four cut
+    # with their first message, which is refused.
+    assert guard.by_key[key] == 8 and guard.stats["shed_per_key"] == 4
+    assert stats["frames"] == 8 and stats["frames_over_key_connections"] == 4
+    assert not guard.stats["shed_per_source"] and not guard.stats["shed_pending"]
+    # Another key is not held to the first one's count: its connection speaks and its room opens.
+    other = s.client()
+    other.send_multipart(frame_to_parts(FRAME._replace(room=100, session="127.0.0.1:100")))
+    s.pump(lambda: s.manager.room_status(100) is not None, timeout=30)
+    assert s.manager.room_status(100) == "announced" and len(guard.by_key) == 2
+
+
+def test_a_keys_silent_connections_are_shed_the_longest_silent_first_and_a_receiver_that_says_hello_is_kept(side):
+    # Before: a connection that completed its handshake and said nothing was never counted.
+    from epd_ring.executor.drivers.control import HELLO
+
+    s = side(max_connections_per_source=4)
+    guard, stats = s.control.guard, s.control.stats
+    keys = generate_keypair()
+    silent = []
+    for _ in range(3):
+        silent += [s.client(keys) for _ in range(4)]  # at the per-source cap for young ones
+        n = len(silent)
+        s.pump(lambda n=n: stats["zap_allowed"] >= n and len(guard.live) >= n, timeout=30, poll=s.control.poll)
+        _age(guard)
+    first = sorted(guard.live.items(), key=lambda item: item[1][1])  # (fd, (source, accepted at)), oldest first
+    honest = s.client()
+    honest.send(HELLO)  # as the reference receiver does when it connects
+    s.pump(lambda: stats["hellos"] == 1, timeout=30, poll=s.control.poll)
+    ((fd, key),) = guard.key_of.items()
+    source, t = guard.live[fd]
+    guard.live[fd] = (source, t - 7200)  # past its handshake, the oldest of all, and it said only hello
+    s.pump(lambda: guard.stats["shed_silent"] >= 8, timeout=30, poll=s.control.poll)
+    s.pump(lambda: False, timeout=0.3, poll=s.control.poll)
+    # Twelve silent from one source with a cap of 4: the eight longest silent were shed (the key's
+    # cut connections dial again, young, and are counted afresh); the four newest stay, and so
+    # does the receiver's connection, bound to its key by its hello.
+    assert guard.stats["shed_silent"] == 8
+    live = set(guard.live.items())
+    assert not live & set(first[:8]) and set(first[8:]) <= live
+    assert guard.key_of == {fd: key} and fd in guard.live
+    honest.send_multipart(frame_to_parts(FRAME._replace(room=1)))
+    s.pump(lambda: s.manager.room_status(1) is not None, timeout=30)
+    assert s.manager.room_status(1) == "announced"
+
+
+def test_the_reference_receiver_says_hello_as_it_connects(side):
+    pytest.importorskip("mooncake.engine") if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE") else None
+    from epd_ring.executor.drivers.receiver import ReferenceReceiver
+
+    s = side()
+    keys = generate_keypair()
+    s.control.allow(keys[0])
+    r = ReferenceReceiver(s.control.endpoint, capacity=1 << 16, keypair=keys, encoder_key=s.keys[0])
+    try:
+        s.pump(lambda: s.control.stats["hellos"] == 1, timeout=30, poll=s.control.poll)
+        assert s.control.stats["hellos"] == 1 and len(s.control.guard.key_of) == 1
+    finally:
+        r.close()

@@ -55,6 +55,9 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ENV_SECRET = "EPD_RING_SECRET_KEY"  # this side's CURVE secret key (z85), or a path to a secret key file
 ENV_ALLOWED = "EPD_RING_ALLOWED_KEYS"  # receivers' public keys: z85 keys, files or directories, comma-separated
 ENV_ENCODER = "EPD_RING_ENCODER_KEY"  # a receiver's view: the encoder's public key (z85 or file)
+# What a receiver sends as it connects: it binds the connection to the receiver's key at once, so the
+# guard never counts it among connections that completed a handshake and said nothing.
+HELLO = b"epd-ring/hello/1"
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -142,7 +145,8 @@ class ZmqControlPlane:
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
                  max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
                  max_push_sockets: int = 512, handshake_s: float = 2.0, max_connections_per_source: int = 32,
-                 max_pending_connections: int = 256, max_unread_bytes: int = 64 << 20):
+                 max_pending_connections: int = 256, max_connections_per_key: int = 8,
+                 max_unread_bytes: int = 64 << 20):
         if keypair is None and not insecure:
             raise ValueError("the control plane needs a CURVE keypair and an allow-list of receiver keys "
                              "(see generate_keypair / keys_from_env); pass insecure=True to run without "
@@ -166,6 +170,7 @@ class ZmqControlPlane:
                              f"got {handshake_s!r}")
         max_connections_per_source = settings.count("max_connections_per_source", max_connections_per_source, 1)
         max_pending_connections = settings.count("max_pending_connections", max_pending_connections, 1)
+        max_connections_per_key = settings.count("max_connections_per_key", max_connections_per_key, 1)
         max_unread_bytes = settings.count("max_unread_bytes", max_unread_bytes, max_message_bytes)
         if keypair is not None:
             keypair = check_keypair(keypair)
@@ -217,8 +222,9 @@ class ZmqControlPlane:
             self.guard = ConnectionGuard(self.pull, int(self.endpoint.rsplit(":", 1)[1]),
                                          per_source=max_connections_per_source,
                                          max_pending=max_pending_connections, handshake_s=handshake_s,
-                                         max_unread_bytes=max_unread_bytes)
+                                         per_key=max_connections_per_key, max_unread_bytes=max_unread_bytes)
         self.max_pending_connections = max_pending_connections
+        self.max_connections_per_key = max_connections_per_key
         if self.fd_limit < self.fd_budget():
             log.warning("the descriptor limit (%d) is below what the control plane may need (%d, fd_budget()): "
                         "raise the hard limit (ulimit -Hn) or lower max_push_sockets", self.fd_limit,
@@ -248,13 +254,14 @@ class ZmqControlPlane:
 
         Each ZMQ socket holds a mailbox (an eventfd) and one descriptor per TCP connection; closed
         status sockets keep their mailbox until libzmq's reaper gets to them, up to the context's
-        socket limit. Young connections on the frame socket are capped by the guard; an
-        authenticated connection is one per receiver process (a key may open more: see
-        docs/trust.md). 256 covers the interpreter, torch, CUDA and the context's own threads, and
-        a transfer-engine peer is counted at 4 (its handshake and data connections)."""
+        socket limit. On the frame socket the guard caps young connections and silent ones (past
+        their handshake, nothing said) at `max_pending_connections` each, and those that have spoken
+        at `max_connections_per_key` per allow-listed key. 256 covers the interpreter, torch, CUDA
+        and the context's own threads, and a transfer-engine peer is counted at 4 (its handshake
+        and data connections)."""
         sockets = self.ctx.MAX_SOCKETS  # every socket's mailbox, reaped or not
-        return 256 + sockets + self.max_push_sockets + self.max_pending_connections + len(self.allowed) * 8 \
-            + 4 * peers
+        return 256 + sockets + self.max_push_sockets + 2 * self.max_pending_connections \
+            + len(self.allowed) * self.max_connections_per_key + 4 * peers
 
     def allow(self, *keys: Any) -> None:
         """Add receiver public keys (z85, certificate files or directories) to the allow-list."""
@@ -323,9 +330,11 @@ class ZmqControlPlane:
             part = self.pull.recv(zmq.NOBLOCK, copy=False)
             parts.append(part)
             too_big = too_big or len(part) > self.max_part_bytes
+        shed = False
         if self.guard is not None:
             source = first.get("Peer-Address")
             self.guard.read_from(source, wire_bytes(parts, not self.insecure))
+            shed = not self.guard.attribute(first.get(zmq.SRCFD), source, identity)
         if part.more:
             self._discarding = True
             self._discard_source = source if self.guard is not None else ""
@@ -333,6 +342,13 @@ class ZmqControlPlane:
             self.stats["frames_too_many_parts"] += 1
             self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
                              _WIRE_PARTS)
+            return identity, None
+        if shed:
+            # Its key holds max_connections_per_key connections that spoke already; this one is cut.
+            self.stats["frames_refused"] += 1
+            self.stats["frames_over_key_connections"] += 1
+            self.log.warning("conns", "cut a control connection of %s: over %d connections for its key",
+                             identity[:8] or "?", self.max_connections_per_key)
             return identity, None
         if too_big:
             self.stats["frames_refused"] += 1
@@ -343,6 +359,9 @@ class ZmqControlPlane:
         return identity, [p.bytes for p in parts]
 
     def _handle(self, identity: str, parts: list[bytes]) -> None:
+        if parts == [HELLO]:
+            self.stats["hellos"] += 1  # it bound its connection to its key (the guard), nothing more
+            return
         if parts and parts[0] == WITHDRAW_MAGIC:
             self._withdraw(identity, parts)
             return
@@ -373,6 +392,7 @@ class ZmqControlPlane:
         if self.guard is not None:
             self.guard.poll()
             self.guard.check_bytes()
+            self.guard.check_silent()
         if self.zap is not None:
             self._answer_zap()
         budget = self.max_frames_per_poll

@@ -1,4 +1,5 @@
-"""Caps on the TCP connections a keyless client can hold open on the control plane's socket.
+"""Caps on the TCP connections a keyless client, or an allow-listed key, can hold open on the
+control plane's socket.
 
 libzmq has no per-source connection limit, and a connection that never completes
 its CURVE handshake never reaches the ZAP handler (ZAP is asked only after the
@@ -17,13 +18,23 @@ source holds more than `per_source` connections still within the handshake windo
 or all sources together more than `max_pending`, shuts the newest down with
 `shutdown(2)` on the duplicate. libzmq still owns the descriptor: it sees the
 connection end, reports it and closes it itself (closing it under libzmq would
-let it act on a reused number). Connections older than the handshake window are
-authenticated (libzmq closes the others) and are never shut down here.
+let it act on a reused number).
+
+Past the handshake window a connection is authenticated, and counted by what it
+has said. Each message carries its connection's descriptor (`ZMQ_SRCFD`) and its
+key (the ZAP User-Id), so the first message a connection carries binds it to its
+key (`attribute`): a key holds at most `per_key` connections that have spoken, its
+next one is shut down with its first message. A connection that completed its
+handshake and has said nothing has no key the guard can see: those are capped per
+source and in all, as young ones are, and shed the longest silent first, so a key
+that opens connections and never speaks loses its own old ones, and a receiver
+that says hello as it connects (the reference receiver does: `HELLO`) is bound to
+its key at once and never counted among them.
 
 A descriptor number can be reused between the event and the shutdown; before
 acting the guard checks the descriptor is still a TCP socket on our listening port
-from the same source, so the worst a reuse can do is shut down another young
-connection from the same over-cap source.
+from the same source, so the worst a reuse can do is shut down another
+connection from the same source.
 
 Alternatives weighed: a ZAP handler sees only connections that completed the
 first half of the handshake (not idle ones); `ZMQ_TCP_ACCEPT_FILTER` is an
@@ -47,11 +58,13 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 
 class ConnectionGuard:
-    """Per-source and total caps on young (unauthenticated) connections of one listening socket."""
+    """Caps on one listening socket's connections: young (unauthenticated) and silent ones per source and
+    in all, those that have spoken per key."""
 
     def __init__(self, sock: zmq.Socket, listen_port: int, *, per_source: int, max_pending: int,
-                 handshake_s: float, max_unread_bytes: int = 64 << 20, bytes_check_s: float = 0.02,
-                 max_events_per_poll: int = 4096, max_checks_per_poll: int = 32):
+                 handshake_s: float, per_key: int = 8, max_unread_bytes: int = 64 << 20,
+                 bytes_check_s: float = 0.02, silent_check_s: float = 0.05, max_events_per_poll: int = 4096,
+                 max_checks_per_poll: int = 32):
         self.monitor = sock.get_monitor_socket(_EVENTS)
         self.port = listen_port
         self.per_source = per_source
@@ -61,6 +74,11 @@ class ConnectionGuard:
         self.young_s = handshake_s + 0.5
         self.max_events = max_events_per_poll
         self.live: dict[int, tuple[str, float]] = {}  # fd -> (source address, accepted at)
+        self.per_key = per_key
+        self.key_of: dict[int, str] = {}  # fd -> the key its first message carried
+        self.by_key: Counter = Counter()  # key -> its live connections that have spoken
+        self.silent_check_s = silent_check_s
+        self._silent_checked_at = 0.0
         self.stats: Counter = Counter()
         # Bytes a source sent that were not read as messages yet (the message cap, below).
         self.max_unread_bytes = max_unread_bytes
@@ -114,6 +132,11 @@ class ConnectionGuard:
         return shed
 
     def _forget(self, fd: int) -> None:
+        key = self.key_of.pop(fd, None)
+        if key is not None:
+            self.by_key[key] -= 1
+            if self.by_key[key] <= 0:
+                del self.by_key[key]
         gone = self.live.pop(fd, None)
         got = self.received.pop(fd, 0)
         if gone is not None:
@@ -173,6 +196,49 @@ class ConnectionGuard:
                 shed += 1
                 self.stats["shed_unread_bytes"] += 1
                 self._forget(fd)
+        return shed
+
+    # connections past their handshake --------------------------------------------------
+    def attribute(self, fd: int, source: str, key: str) -> bool:
+        """A message from `key` came in on connection `fd` from `source` (its `ZMQ_SRCFD` and
+        Peer-Address). Bind the connection to the key on its first message; return False when that
+        takes the key past `per_key` connections, after shutting this one down (the key's own
+        newest: its older connections, and every other key's, are left alone)."""
+        if fd in self.key_of or self.live.get(fd, ("",))[0] != source:
+            return True  # bound already, or a descriptor the events have not shown us (yet)
+        self.key_of[fd] = key
+        self.by_key[key] += 1
+        if not key or self.by_key[key] <= self.per_key:
+            return True  # without authentication every connection has the same empty key: not capped
+        if _shut(fd, self.port, source):
+            self.stats["shed_per_key"] += 1
+        self._forget(fd)
+        return False
+
+    def check_silent(self) -> int:
+        """Shut down connections past their handshake that have said nothing, the longest silent
+        first, while a source holds more than `per_source` of them or all sources more than
+        `max_pending`. Return how many."""
+        now = time.monotonic()
+        if now - self._silent_checked_at < self.silent_check_s:
+            return 0
+        self._silent_checked_at = now
+        silent = sorted((t, fd, src) for fd, (src, t) in self.live.items()
+                        if now - t >= self.young_s and fd not in self.key_of)
+        over = len(silent) - self.max_pending
+        per_source = Counter(src for _, _, src in silent)
+        if over <= 0 and all(n <= self.per_source for n in per_source.values()):
+            return 0
+        shed = 0
+        for _, fd, source in silent:  # the oldest first
+            if over <= 0 and per_source[source] <= self.per_source:
+                continue
+            if _shut(fd, self.port, source):
+                shed += 1
+                self.stats["shed_silent"] += 1
+            over -= 1
+            per_source[source] -= 1
+            self._forget(fd)
         return shed
 
     def _enforce(self, fresh: list[int], now: float) -> int:

@@ -25,6 +25,7 @@ one JSON line each (used by the end-to-end tests):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -39,7 +40,7 @@ from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
 
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from ..core.regions import withdraw_to_parts
-from .control import ENV_ENCODER, ENV_SECRET, check_keypair, generate_keypair, load_keypair, load_public_keys
+from .control import ENV_ENCODER, ENV_SECRET, HELLO, check_keypair, generate_keypair, load_keypair, load_public_keys
 from .mooncake import OWNER_PAGE, load_engine, owner_page
 
 _ALIGN = 64
@@ -156,6 +157,9 @@ class ReferenceReceiver:
             self.push.curve_secretkey, self.push.curve_publickey = secret, self.public_key
             self.push.curve_serverkey = encoder
         self.push.connect(encode_endpoint)
+        # Queued on the pipe connect() made; it binds our connection to our key at the encoder.
+        with contextlib.suppress(zmq.Again):
+            self.push.send(HELLO, zmq.NOBLOCK)
         self.status_sock = self.ctx.socket(zmq.PULL)
         self.status_sock.setsockopt(zmq.LINGER, 0)
         if not insecure:
