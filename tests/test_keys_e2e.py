@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import reason_kind
-from test_mooncake_e2e import EncodeSide, SilentPeer, image, timed  # also sets the engine's timeouts
+from test_mooncake_e2e import EncodeSide, SilentPeer, TowerClock, image, timed  # also sets the engine's timeouts
 
 from epd_ring.executor import EncodeItem, ReasonKind, ReceiverFrame
 from epd_ring.executor.drivers.control import generate_keypair
@@ -81,6 +81,8 @@ def test_no_spelling_of_a_receivers_session_writes_into_its_memory():
                    f"127.1:{port}", f"0.0.0.0:{port}", f"127.0.0.1:0{port}", f"0x7f000001:{port}",
                    f"2130706433:{port}"]
         worst = [0.0, ""]
+        ours = [0.0, ""]  # the slowest loop call less the tower's time
+        tower = TowerClock(enc.executor)
         rooms = {}
         # One at a time: each alias gets its own contact (a key has two contacts under way at most).
         for k, spelling in enumerate(aliases):
@@ -88,11 +90,11 @@ def test_no_spelling_of_a_receivers_session_writes_into_its_memory():
             # The attacker's rows are as long as the victim's, aimed at the victim's delivered rows.
             a = like(item, room)
             enc.executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=ka)
-            timed(worst, "register_receiver", enc.manager.register_receiver,
+            timed(ours, "register_receiver", enc.manager.register_receiver,
                   attack_frame(enc, room, spelling, dst, a.n_tokens, ka))
-            timed(worst, "execute", enc.executor.execute, [(f"r{room}", a)])
+            timed(worst, "execute", tower.execute, ours, enc.executor, [(f"r{room}", a)])
             rooms[room] = (spelling, a)
-            settle_watching(enc, [room], worst)
+            settle_watching(enc, [room], ours)
         kinds = {spelling: reason_kind(enc.manager, room) for room, (spelling, _) in rooms.items()}
         seen = {s: kinds[s].value if kinds[s] else enc.manager.room_status(r) for r, (s, _) in rooms.items()}
         print("\naliases of the victim's session:", seen)
@@ -104,8 +106,10 @@ def test_no_spelling_of_a_receivers_session_writes_into_its_memory():
         assert kinds[f"localhost:{port}"] is ReasonKind.FOREIGN
         assert enc.transport.connector.stats["ok"] >= 1
         assert v.ask(cmd="report", wait_rooms=[1], timeout=1)["digest"]["1"] == want  # never overwritten
-        print(f"slowest loop call under the alias attack: {worst[0] * 1e3:.1f} ms ({worst[1]}; "
-              f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        worst = max(worst, ours)  # polls and register_receiver are kept in `ours` alone
+        print(f"slowest loop call under the alias attack: {worst[0] * 1e3:.1f} ms ({worst[1]}); less the tower's "
+              f"time {ours[0] * 1e3:.1f} ms ({ours[1]}; the goal is 50 ms; load {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} cores)")
     finally:
         gc.unfreeze()
         v.close()
@@ -215,6 +219,8 @@ def test_a_peer_that_answers_the_probe_then_goes_silent_never_holds_the_loop():
         enc.settle([warm])
         worst = [0.0, ""]
         polls = [0.0, ""]  # the slowest poll() alone (execute also runs the tower)
+        ours = [0.0, ""]  # the slowest register_receiver or execute less the tower's time
+        tower = TowerClock(enc.executor)
         submits = [0.0, ""]  # the slowest submit on the loop: where the engine's open would hold it
         submit = enc.transport.submit_write
         enc.transport.submit_write = lambda *args: timed(submits, "submit_write", submit, *args)
@@ -223,9 +229,9 @@ def test_a_peer_that_answers_the_probe_then_goes_silent_never_holds_the_loop():
         a = image(rng, 39_000, enc.model.tower)
         enc.executor.register("r39000", "127.0.0.1", 0, 39_000, receiver=ka)
         t0 = time.monotonic()
-        timed(worst, "register_receiver", enc.manager.register_receiver,
+        timed(worst, "register_receiver", timed, ours, "register_receiver", enc.manager.register_receiver,
               attack_frame(enc, 39_000, proxy.session, 4096, a.n_tokens, ka))
-        timed(worst, "execute", enc.executor.execute, [("r39000", a)])
+        timed(worst, "execute", tower.execute, ours, enc.executor, [("r39000", a)])
         while enc.transport.connector.stats["ok"] + enc.transport.stats["submits_handed"] == 0 and \
                 time.monotonic() - t0 < 5:  # until the open is under way
             timed(worst, "poll", enc.executor.poll)
@@ -238,7 +244,7 @@ def test_a_peer_that_answers_the_probe_then_goes_silent_never_holds_the_loop():
             while enc.executor.has_deferred():
                 timed(worst, "poll", timed, polls, "poll", enc.executor.poll)
                 time.sleep(0.001)
-            timed(worst, "execute", enc.executor.execute, [(f"r{room}", item) for room, item in batch])
+            timed(worst, "execute", tower.execute, ours, enc.executor, [(f"r{room}", item) for room, item in batch])
             for room, item in batch:
                 enc.expected[room] = item.encoded
             timed(worst, "poll", timed, polls, "poll", enc.executor.poll)
@@ -265,8 +271,8 @@ def test_a_peer_that_answers_the_probe_then_goes_silent_never_holds_the_loop():
               f"held behind the engine's open landed by {done_at:.1f} s ({enc.transport.stats['submits_handed']} "
               f"submits handed off the loop); slowest submit_write {submits[0] * 1e3:.2f} ms, slowest poll() "
               f"{polls[0] * 1e3:.1f} ms, slowest loop call "
-              f"{worst[0] * 1e3:.1f} ms ({worst[1]}, which runs the tower; the goal is 50 ms; "
-              f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+              f"{worst[0] * 1e3:.1f} ms ({worst[1]}), less the tower's time {max(ours, polls)[0] * 1e3:.1f} ms "
+              f"({max(ours, polls)[1]}; the goal is 50 ms; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     finally:
         gc.unfreeze()
         proxy.close()

@@ -562,6 +562,38 @@ def timed(worst: list, name: str, fn, *args):
     return out
 
 
+class TowerClock:
+    """The time an executor spends in its tower, so a figure for `execute` can leave it out: the
+    tower is the engine's own compute, which no peer can prolong; the rest is ours."""
+
+    def __init__(self, executor: EncodeExecutor):
+        self.spent = 0.0
+        features = executor._feature_fn
+
+        def feature_fn(modality):
+            fn = features(modality)
+
+            def run(items):
+                t = time.perf_counter()
+                try:
+                    return fn(items)
+                finally:
+                    self.spent += time.perf_counter() - t
+            return run
+
+        executor._feature_fn = feature_fn
+
+    def execute(self, ours: list, executor: EncodeExecutor, batch) -> int:
+        """`executor.execute(batch)`, keeping in `ours` (as `timed` does) its slowest call less its tower time."""
+        t, spent = time.perf_counter(), self.spent
+        out = executor.execute(batch)
+        took = time.perf_counter() - t - (self.spent - spent)
+        if took > ours[0]:
+            ours[0] = took
+            ours[1:] = ["execute less the tower"]
+        return out
+
+
 def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline():
     from epd_ring.executor import ReceiverFrame
 
