@@ -103,6 +103,12 @@ pytest_add_cli_args = ["-p", "no:cacheprovider",
                        # these two rewrite a model function from its source text, which mutmut has replaced by a trampoline
                        "--deselect", "tests/test_model_invariants.py::test_a_weakened_told_outcome_invariant_is_killed_by_the_explorer",
                        "--deselect", "tests/test_model_invariants.py::test_a_release_notice_before_the_outcome_is_caught_by_the_explorer"]
+# A mutant that loops for ever holds a child for (estimate + 1) x 15 x 2 CPU seconds by default: ten
+# minutes and more for the model's suites, which made the pass's last third take hours. Four times
+# the estimate plus 20 s (CPU time, so a loaded machine does not trip it) is room enough for a mutant
+# that only slows the tests; mutmut counts a timeout as caught. Changing these re-runs only timeouts.
+timeout_multiplier = 2.0
+timeout_constant = 5.0
 # log lines: their wording is not behaviour
 do_not_mutate_patterns = ["^\\s*(\\w+\\.)*log\\.(debug|info|warning|error)\\("]
 # torch is not fork-safe after import in every setup
