@@ -12,6 +12,7 @@ import gc
 import hashlib
 import os
 import random
+import signal
 import socket
 import sys
 import threading
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import reason_kind
+from helpers import reason_kind, wait_stopped
 from test_mooncake_e2e import EncodeSide, SilentPeer, TowerClock, image, timed  # also sets the engine's timeouts
 
 from epd_ring.executor import EncodeItem, ReasonKind, ReceiverFrame
@@ -314,4 +315,72 @@ def test_silent_listeners_from_one_key_leave_connector_threads_for_a_new_receive
             peer.close()
         if v is not None:
             v.close()
+        enc.close()
+
+
+def dials_to(port: int) -> set[int]:
+    """The local ports of this host's TCP connections to 127.0.0.1:`port` (from /proc/net/tcp)."""
+    want = f"0100007F:{port:04X}"
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[2] == want:
+            out.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return out
+
+
+def test_a_segment_once_open_is_never_opened_again_by_a_submit_so_the_loop_never_meets_a_handshake():
+    # docs/trust.md: the engine could open a segment inside a submit on the loop (under the lock its
+    # submits take) only if it dropped the session from its cache. Mooncake's asynchronous submit
+    # and status calls never drop one: after the session's writes fail, the next submits to it still
+    # find it open. Shown against a stopped receiver, whose handshake port the kernel still accepts
+    # connections on and nobody answers (a fresh open would wait the engine's minute there): no
+    # submit dials it.
+    from epd_ring.executor.core.transport import Outcome
+
+    rng = random.Random(5)
+    enc = EncodeSide(False)
+    v = enc.receiver()
+    try:
+        item = image(rng, 1, enc.model.tower)
+        dst = v.ask(cmd="expect", room=1, span=item.n_tokens, hidden=enc.hidden)["dst_ptr"]
+        v.ask(cmd="register", rooms=[1])
+        enc.run([(1, item)])
+        enc.settle([1])
+        assert enc.manager.room_status(1) == "success"  # the session's segment is open and proven
+        session = v.session
+        port = int(session.rsplit(":", 1)[1])
+        v.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(v.proc.pid)
+        before = dials_to(port)
+        seen: set[int] = set()
+        watching = True
+
+        def watch():
+            while watching:
+                seen.update(dials_to(port))
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        src = torch.zeros(4096, dtype=torch.uint8)
+        assert enc.transport.engine.register_memory(src.data_ptr(), src.numel()) == 0
+        outcomes = []
+        for _ in range(2):  # the first fails (times out); the second would reopen, were the segment dropped
+            handle = enc.transport.submit_write(session, [(src.data_ptr(), dst, src.numel())])
+            deadline = time.monotonic() + 120
+            got: list = []
+            while not got and time.monotonic() < deadline:
+                got = [o for h, o in enc.transport.poll() if h == handle]
+                time.sleep(0.01)
+            outcomes += got
+        watching = False
+        watcher.join()
+        print(f"\nwrites to a stopped receiver's open segment: {[o.value for o in outcomes]}; "
+              f"new connections to its handshake port: {len(seen - before)}")
+        assert len(outcomes) == 2 and Outcome.DONE not in outcomes
+        assert not seen - before  # no submit opened the segment again
+        enc.transport.engine.unregister_memory(src.data_ptr())
+    finally:
+        v.close()
         enc.close()
