@@ -290,11 +290,11 @@ def test_fd_budget_counts_every_socket_the_control_plane_may_hold(monkeypatch, c
         # The context's socket limit is 8 pools plus 64 (docs/trust.md), so eviction happens below it.
         assert c.ctx.MAX_SOCKETS == 8 * 512 + 64 == 4160
         # The interpreter's 256, every socket's mailbox, the status pool, the young and the silent
-        # connections, 8 per allow-listed key: 5,440 with the defaults and no key, and 4 per engine peer.
-        assert c.fd_budget() == 256 + 4160 + 512 + 2 * 256 + 8 * 3 == 5440 + 24
+        # connections, 64 per allow-listed key: 5,440 with the defaults and no key, and 4 per engine peer.
+        assert c.fd_budget() == 256 + 4160 + 512 + 2 * 256 + 64 * 3 == 5440 + 192
         assert c.fd_budget(peers=10) == c.fd_budget() + 40
         c.allow(generate_keypair()[0])
-        assert c.fd_budget() == 5440 + 32
+        assert c.fd_budget() == 5440 + 256
     finally:
         c.close()
     small = ZmqControlPlane(keypair=generate_keypair(), allowed_keys=keys, max_push_sockets=100,

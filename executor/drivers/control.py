@@ -145,7 +145,7 @@ class ZmqControlPlane:
                  max_backlog: int = 4096, max_poll_s: float = 0.010, max_part_bytes: int = 4096,
                  max_message_bytes: int = 1 << 20, max_zap_per_poll: int = 256, push_hwm: int = 64,
                  max_push_sockets: int = 512, handshake_s: float = 2.0, max_connections_per_source: int = 32,
-                 max_pending_connections: int = 256, max_connections_per_key: int = 8,
+                 max_pending_connections: int = 256, max_connections_per_key: int = 64,
                  max_unread_bytes: int = 64 << 20):
         if keypair is None and not insecure:
             raise ValueError("the control plane needs a CURVE keypair and an allow-list of receiver keys "
@@ -170,6 +170,8 @@ class ZmqControlPlane:
                              f"got {handshake_s!r}")
         max_connections_per_source = settings.count("max_connections_per_source", max_connections_per_source, 1)
         max_pending_connections = settings.count("max_pending_connections", max_pending_connections, 1)
+        # A key is a prefill instance's, shared by its ranks (a process and a connection each):
+        # the cap must be above the most ranks an instance runs, or its last ranks cannot register.
         max_connections_per_key = settings.count("max_connections_per_key", max_connections_per_key, 1)
         max_unread_bytes = settings.count("max_unread_bytes", max_unread_bytes, max_message_bytes)
         if keypair is not None:
