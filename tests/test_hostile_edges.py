@@ -8,6 +8,7 @@ an honest receiver waited) are printed with `-s`, never asserted.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
 import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
+from helpers import wait_stopped
 from test_control_edges import FRAME
 
 from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport
@@ -193,6 +195,8 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
     (dict(max_connections_per_source=0), "max_connections_per_source"),
     (dict(max_pending_connections=0), "max_pending_connections"),
     (dict(max_connections_per_key=0), "max_connections_per_key"),
+    (dict(heartbeat_s=0), "heartbeat_s"),
+    (dict(heartbeat_s=float("nan")), "heartbeat_s"),
 ])
 def test_control_plane_settings_are_refused_at_construction_naming_the_setting(kw, setting):
     # Before: max_poll_s=nan disabled the poll bound and max_push_sockets=0 was taken.
@@ -486,31 +490,69 @@ def _age(guard) -> None:
     guard.live = {fd: (src, t - 3600) for fd, (src, t) in guard.live.items()}
 
 
-def test_one_keys_connections_past_the_cap_are_cut_as_they_speak_and_another_key_registers(side):
+def test_one_keys_connections_past_the_cap_are_cut_the_least_recently_heard_first_and_another_key_registers(side):
     # Before: past its handshake a connection was never counted, per key or at all, so one
     # allow-listed key held 12 connections from one source with a per-source cap of 4, none shed,
     # and could go on until the process ran out of descriptors.
     s = side(max_connections_per_source=4, max_connections_per_key=8)
     keys = generate_keypair()
     guard, stats = s.control.guard, s.control.stats
+    rounds = []
     room = 0
     for _ in range(3):
         for _ in range(4):  # at the per-source cap for young connections, never over it
             room += 1
             s.client(keys).send_multipart(frame_to_parts(FRAME._replace(room=room, session=f"127.0.0.1:{room}")))
-        s.pump(lambda last=room: stats["frames"] + stats["frames_over_key_connections"] >= last, timeout=30)
+        s.pump(lambda last=room: stats["frames"] >= last, timeout=30)
+        rounds.append(set(guard.key_of) - set().union(*rounds))
         _age(guard)
-    (key,) = guard.by_key
-    # Each of the key's connections spoke once: the first eight are bound to it, the next four cut
-    # with their first message, which is refused.
-    assert guard.by_key[key] == 8 and guard.stats["shed_per_key"] == 4
-    assert stats["frames"] == 8 and stats["frames_over_key_connections"] == 4
-    assert not guard.stats["shed_per_source"] and not guard.stats["shed_pending"]
+    (key,) = guard.heard
+    # Each connection spoke once. The key holds eight: when the ninth spoke, the connection heard
+    # from least recently went, and so on, so the first round's four are cut and the rest kept.
+    assert len(guard.heard[key]) == 8 and guard.stats["shed_per_key"] == 4
+    assert set(guard.key_of) == rounds[1] | rounds[2] and not set(guard.key_of) & rounds[0]
+    assert stats["frames"] == 12  # what came in on a connection before it was cut is read
     # Another key is not held to the first one's count: its connection speaks and its room opens.
     other = s.client()
     other.send_multipart(frame_to_parts(FRAME._replace(room=100, session="127.0.0.1:100")))
     s.pump(lambda: s.manager.room_status(100) is not None, timeout=30)
-    assert s.manager.room_status(100) == "announced" and len(guard.by_key) == 2
+    assert s.manager.room_status(100) == "announced" and len(guard.heard) == 2
+
+
+def test_a_dead_receivers_connection_is_found_by_the_heartbeat_and_stops_counting_against_its_key(side):
+    # A PULL socket never writes: without heartbeats, the connection of a receiver whose host died
+    # stayed bound to its key (and under its cap) for good.
+    s = side(heartbeat_s=0.1)
+    guard = s.control.guard
+    keys = generate_keypair()
+    s.control.allow(keys[0])
+    client = subprocess.Popen([sys.executable, "-c", _HELLO_CLIENT, s.control.endpoint, s.keys[0].decode(),
+                               keys[0].decode(), keys[1].decode()], stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "connected"
+        s.pump(lambda: len(guard.key_of) == 1, timeout=30, poll=s.control.poll)
+        assert list(guard.heard) == [keys[0].decode()]
+        client.send_signal(signal.SIGSTOP)  # as a dead host: nothing answers the encoder's pings
+        wait_stopped(client.pid)
+        s.pump(lambda: not guard.key_of, timeout=30, poll=s.control.poll)
+        assert not guard.key_of and not guard.heard and not guard.live
+    finally:
+        client.kill()
+        client.wait()
+
+
+# A receiver's connection in a process of its own: says hello, then waits.
+_HELLO_CLIENT = """
+import sys, time, zmq
+from epd_ring.executor.drivers.control import HELLO
+endpoint, server, public, secret = sys.argv[1:]
+s = zmq.Context().socket(zmq.PUSH)
+s.curve_serverkey, s.curve_publickey, s.curve_secretkey = server.encode(), public.encode(), secret.encode()
+s.connect(endpoint)
+s.send(HELLO)
+print("connected", flush=True)
+time.sleep(600)
+"""
 
 
 def test_a_keys_silent_connections_are_shed_the_longest_silent_first_and_a_receiver_that_says_hello_is_kept(side):
@@ -519,6 +561,7 @@ def test_a_keys_silent_connections_are_shed_the_longest_silent_first_and_a_recei
 
     s = side(max_connections_per_source=4)
     guard, stats = s.control.guard, s.control.stats
+    guard.silent_check_s = float("inf")  # nothing is shed while the twelve are opened and aged
     keys = generate_keypair()
     silent = []
     for _ in range(3):
@@ -533,6 +576,7 @@ def test_a_keys_silent_connections_are_shed_the_longest_silent_first_and_a_recei
     ((fd, key),) = guard.key_of.items()
     source, t = guard.live[fd]
     guard.live[fd] = (source, t - 7200)  # past its handshake, the oldest of all, and it said only hello
+    guard.silent_check_s = 0.0
     s.pump(lambda: guard.stats["shed_silent"] >= 8, timeout=30, poll=s.control.poll)
     s.pump(lambda: False, timeout=0.3, poll=s.control.poll)
     # Twelve silent from one source with a cap of 4: the eight longest silent were shed (the key's
@@ -556,7 +600,21 @@ def test_the_reference_receiver_says_hello_as_it_connects(side):
     s.control.allow(keys[0])
     r = ReferenceReceiver(s.control.endpoint, capacity=1 << 16, keypair=keys, encoder_key=s.keys[0])
     try:
-        s.pump(lambda: s.control.stats["hellos"] == 1, timeout=30, poll=s.control.poll)
-        assert s.control.stats["hellos"] == 1 and len(s.control.guard.key_of) == 1
+        guard = s.control.guard
+        s.pump(lambda: len(guard.key_of) == 1, timeout=30, poll=s.control.poll)
+        assert s.control.stats["hellos"] >= 1 and len(guard.key_of) == 1
+        # Its connection cut (a blip, a shed), its socket dials again and says hello again once it polls.
+        ((fd, (source, _)),) = guard.live.items()
+        port = int(s.control.endpoint.rsplit(":", 1)[1])
+        from epd_ring.executor.drivers.guard import _shut
+
+        assert _shut(fd, port, source)
+
+        def bound_again():
+            r.poll()
+            return guard.connections_from[source] == 2 and len(guard.key_of) == 1
+
+        s.pump(bound_again, timeout=30, poll=s.control.poll)
+        assert guard.connections_from[source] == 2 and len(guard.key_of) == 1
     finally:
         r.close()

@@ -381,6 +381,13 @@ def test_a_segment_once_open_is_never_opened_again_by_a_submit_so_the_loop_never
         assert len(outcomes) == 2 and Outcome.DONE not in outcomes
         assert not seen - before  # no submit opened the segment again
         enc.transport.engine.unregister_memory(src.data_ptr())
+        # The watch sees a dial when there is one: a probe (off the loop; it waits for the stopped
+        # receiver until the test lets it go) shows up at once.
+        threading.Thread(target=enc.transport.engine.send_probe, args=(session,), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not dials_to(port) - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dials_to(port) - before
     finally:
         v.close()
         enc.close()

@@ -23,8 +23,10 @@ let it act on a reused number).
 Past the handshake window a connection is authenticated, and counted by what it
 has said. Each message carries its connection's descriptor (`ZMQ_SRCFD`) and its
 key (the ZAP User-Id), so the first message a connection carries binds it to its
-key (`attribute`): a key holds at most `per_key` connections that have spoken, its
-next one is shut down with its first message. A connection that completed its
+key (`attribute`): a key holds at most `per_key` connections that have spoken;
+past that, the one it was heard from least recently is shut down (a dead one goes
+before a live one: a rank restarted after its host died is not locked out by its
+own ghost until the heartbeat finds it). A connection that completed its
 handshake and has said nothing has no key the guard can see: those are capped per
 source and in all, as young ones are, and shed the longest silent first, so a key
 that opens connections and never speaks loses its own old ones, and a receiver
@@ -76,7 +78,7 @@ class ConnectionGuard:
         self.live: dict[int, tuple[str, float]] = {}  # fd -> (source address, accepted at)
         self.per_key = per_key
         self.key_of: dict[int, str] = {}  # fd -> the key its first message carried
-        self.by_key: Counter = Counter()  # key -> its live connections that have spoken
+        self.heard: dict[str, dict[int, float]] = {}  # key -> {fd: when its connection last carried a message}
         self.silent_check_s = silent_check_s
         self._silent_checked_at = 0.0
         self.stats: Counter = Counter()
@@ -134,9 +136,10 @@ class ConnectionGuard:
     def _forget(self, fd: int) -> None:
         key = self.key_of.pop(fd, None)
         if key is not None:
-            self.by_key[key] -= 1
-            if self.by_key[key] <= 0:
-                del self.by_key[key]
+            fds = self.heard[key]
+            del fds[fd]
+            if not fds:
+                del self.heard[key]
         gone = self.live.pop(fd, None)
         got = self.received.pop(fd, 0)
         if gone is not None:
@@ -199,21 +202,27 @@ class ConnectionGuard:
         return shed
 
     # connections past their handshake --------------------------------------------------
-    def attribute(self, fd: int, source: str, key: str) -> bool:
+    def attribute(self, fd: int, source: str, key: str) -> None:
         """A message from `key` came in on connection `fd` from `source` (its `ZMQ_SRCFD` and
-        Peer-Address). Bind the connection to the key on its first message; return False when that
-        takes the key past `per_key` connections, after shutting this one down (the key's own
-        newest: its older connections, and every other key's, are left alone)."""
-        if fd in self.key_of or self.live.get(fd, ("",))[0] != source:
-            return True  # bound already, or a descriptor the events have not shown us (yet)
+        Peer-Address). Bind the connection to the key on its first message; when that takes the key
+        past `per_key` connections, shut down the one of its connections heard from least recently.
+        Only the key's own connections are ever shut down here."""
+        if self.live.get(fd, ("",))[0] != source:
+            return  # a descriptor the events have not shown us (yet): bound by a later message
+        now = time.monotonic()
+        bound = self.key_of.get(fd)
+        if bound is not None:
+            self.heard[bound][fd] = now
+            return
         self.key_of[fd] = key
-        self.by_key[key] += 1
-        if not key or self.by_key[key] <= self.per_key:
-            return True  # without authentication every connection has the same empty key: not capped
-        if _shut(fd, self.port, source):
+        fds = self.heard.setdefault(key, {})
+        fds[fd] = now
+        if not key or len(fds) <= self.per_key:
+            return  # without authentication every connection has the same empty key: not capped
+        quiet = min(fds, key=fds.__getitem__)
+        if _shut(quiet, self.port, self.live[quiet][0]):
             self.stats["shed_per_key"] += 1
-        self._forget(fd)
-        return False
+        self._forget(quiet)
 
     def check_silent(self) -> int:
         """Shut down connections past their handshake that have said nothing, the longest silent
@@ -223,6 +232,8 @@ class ConnectionGuard:
         if now - self._silent_checked_at < self.silent_check_s:
             return 0
         self._silent_checked_at = now
+        if len(self.live) - len(self.key_of) <= min(self.per_source, self.max_pending):
+            return 0  # too few unbound connections to be over either cap: no need to look
         silent = sorted((t, fd, src) for fd, (src, t) in self.live.items()
                         if now - t >= self.young_s and fd not in self.key_of)
         over = len(silent) - self.max_pending

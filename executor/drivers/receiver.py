@@ -115,6 +115,7 @@ class ReferenceReceiver:
             raise ValueError(f"status_address: the port must be a number from 1 to 65535, got {status_port!r}")
         status_host = numeric_host(status_host)
         import zmq  # the mooncake extra; imported here so `--help` works without it
+        self._zmq = zmq
 
         if not insecure:
             if encoder_key is None:
@@ -156,8 +157,11 @@ class ReferenceReceiver:
         if not insecure:
             self.push.curve_secretkey, self.push.curve_publickey = secret, self.public_key
             self.push.curve_serverkey = encoder
+        # Each connection says hello, so the encoder binds it to our key at once rather than count it
+        # among silent ones (which it sheds under a flood): the first as it is made, queued on the pipe
+        # connect() makes, and every later one (after a cut, a blip, the encoder's restart) from poll().
+        self._handshakes = self.push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.push.connect(encode_endpoint)
-        # Queued on the pipe connect() made; it binds our connection to our key at the encoder.
         with contextlib.suppress(zmq.Again):
             self.push.send(HELLO, zmq.NOBLOCK)
         self.status_sock = self.ctx.socket(zmq.PULL)
@@ -219,6 +223,10 @@ class ReferenceReceiver:
         self.push.send_multipart(parts)
 
     def poll(self, timeout_ms: int = 0) -> int:
+        while self._handshakes.poll(0):
+            self._handshakes.recv_multipart()
+            with contextlib.suppress(self._zmq.Again):
+                self.push.send(HELLO, self._zmq.NOBLOCK)
         n = 0
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
             parts = self.status_sock.recv_multipart()
@@ -295,6 +303,8 @@ class ReferenceReceiver:
     def close(self) -> None:
         if self.auth is not None:
             self.auth.stop()
+        self.push.disable_monitor()
+        self._handshakes.close(linger=0)
         self.push.close(linger=0)
         self.status_sock.close(linger=0)
         self.ctx.term()
