@@ -142,6 +142,7 @@ def test_an_identitys_idle_peers_make_room_for_its_new_ones_and_only_its_own():
     # a:1 and a:2 are idle (no live room): the attacker's third peer forgets its own oldest.
     assert m.peers.contact("a:3", ATTACKER) is not None
     assert "a:1" not in m.peers.by_session and "h:1" in m.peers.by_session
+    assert m.peers.per_identity == {ATTACKER: 2, HONEST: 1}  # the forgotten peer no longer counts
     m.peers.get("a:2").rooms.add(1)
     m.peers.get("a:3").rooms.add(2)
     assert m.peers.contact("a:4", ATTACKER) is None  # both busy: refused, never someone else's

@@ -408,6 +408,19 @@ class EncodeWorker(RuleBasedStateMachine):
             assert self.transport.unreached_writes == 0, "a write went to a peer that was never contacted"
 
     @invariant()
+    def held_and_parked_bytes_add_up(self):
+        # The peer share and the parked bound decide from running totals: a total that drifts from
+        # what is held (a byte given back twice, or never) would bound the ring wrongly for good.
+        if not hasattr(self, "manager"):
+            return
+        m, peers = self.manager, self.manager.peers
+        for peer in peers.by_session.values():
+            assert peer.held == sum(peer.holds.values()) and all(n > 0 for n in peer.holds.values()), peer
+        assert peers.held_total == sum(p.held for p in peers.by_session.values())
+        assert peers.per_identity == Counter(p.identity for p in peers.by_session.values())
+        assert m.parked_bytes == sum(r.parked_bytes for r in m.rooms.values())
+
+    @invariant()
     def rooms_of_down_peers_are_concluded(self):
         if not hasattr(self, "manager"):
             return
