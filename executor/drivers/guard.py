@@ -64,7 +64,7 @@ class ConnectionGuard:
     in all, those that have spoken per key."""
 
     def __init__(self, sock: zmq.Socket, listen_port: int, *, per_source: int, max_pending: int,
-                 handshake_s: float, per_key: int = 8, max_unread_bytes: int = 64 << 20,
+                 handshake_s: float, per_key: int = 64, max_unread_bytes: int = 64 << 20,
                  bytes_check_s: float = 0.02, silent_check_s: float = 0.05, max_events_per_poll: int = 4096,
                  max_checks_per_poll: int = 32):
         self.monitor = sock.get_monitor_socket(_EVENTS)

@@ -8,7 +8,9 @@ by no selected test), or set aside because its diff says it changes nothing the 
   log, `m.log.warning(`, escaped that pattern in this pass and are set aside by the same rule);
 - an entry of tests/mutation/equivalent.md, keyed by the function and the exact line before and
   after (never by mutmut's index, which changes whenever the code above it does).
-The score is killed / (killed + alive). `--list` prints what is alive, grouped by function.
+The score is killed / (killed + alive). `--list` prints what is alive, grouped by function;
+`--by-package` the same counts for fsm/, executor/core/ and models/ apart (parts of the one pass,
+not passes of their own).
 """
 
 from __future__ import annotations
@@ -48,30 +50,39 @@ def changed(diff: str) -> tuple[str, str]:
 def main(argv: list[str]) -> int:
     claims = equivalents()
     counts: collections.Counter[str] = collections.Counter()
+    by_package: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     alive: dict[str, list[str]] = collections.defaultdict(list)
     for path in walk_source_files():
         data = SourceFileMutationData(path=path)
         data.load()
+        package = ".".join(str(data.path).split("/")[2:4]).removesuffix(".py")
+        package = package if package.startswith("executor") else package.split(".")[0]
         for name, code in data.exit_code_by_key.items():
             status = status_by_exit_code[code]
             if status in KILLED:
-                counts["killed"] += 1
-                continue
-            if status == "not checked":
-                counts[status] += 1  # an unfinished run: reported, not scored
-                continue
-            before, after = changed(get_diff_for_mutant(name, path=data.path))
-            func = re.sub(r"__mutmut_\d+$", "", name)
-            if LOG_LINE.match(before):
-                counts["log line"] += 1
-            elif (func, before, after) in claims:
-                counts["equivalent"] += 1
+                verdict = "killed"
+            elif status == "not checked":
+                verdict = status  # an unfinished run: reported, not scored
             else:
-                counts["alive"] += 1
-                alive[func].append(f"{status}: `{before[:100]}` -> `{after[:100]}`")
+                before, after = changed(get_diff_for_mutant(name, path=data.path))
+                func = re.sub(r"__mutmut_\d+$", "", name)
+                if LOG_LINE.match(before):
+                    verdict = "log line"
+                elif (func, before, after) in claims:
+                    verdict = "equivalent"
+                else:
+                    verdict = "alive"
+                    alive[func].append(f"{status}: `{before[:100]}` -> `{after[:100]}`")
+            counts[verdict] += 1
+            by_package[package][verdict] += 1
     scored = counts["killed"] + counts["alive"]
     print(f"mutants: {sum(counts.values())}; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"score: {counts['killed']} killed of {scored} = {100 * counts['killed'] / max(scored, 1):.1f}%")
+    if "--by-package" in argv:
+        for package, c in sorted(by_package.items()):
+            n = c["killed"] + c["alive"]
+            print(f"{package}: {sum(c.values())} mutants, {c['killed']} killed of {n} = "
+                  f"{100 * c['killed'] / max(n, 1):.1f}% ({', '.join(f'{k} {v}' for k, v in sorted(c.items()))})")
     if "--list" in argv:
         for func in sorted(alive):
             print(f"\n## {func} ({len(alive[func])})")
