@@ -4,6 +4,9 @@ stateful suite (`ci` profile) against it. Every mutant must be killed.
     python tests/mutants/run.py            # all mutants
     python tests/mutants/run.py NAME ...   # some of them
 
+Mutants run side by side, one per core (`EPD_RING_MUTANT_JOBS` to change it): each is a process of
+its own on a copy of its own.
+
 Each patch is applied to a temporary copy of the tree, which is put first on
 PYTHONPATH as the `epd_ring` namespace; the suite checks it really imported that copy.
 """
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +61,8 @@ INVARIANTS = ("delivered_bytes_are_the_rooms_own", "no_undeclared_transition", "
               "receivers_of_concluded_rooms_are_told", "records_stay_bounded", "slot_accounting_adds_up",
               "writes_only_for_transferring_rooms", "unsure_writes_keep_their_slot", "live_senders_find_their_room",
               "receivers_told_one_outcome", "released_regions_take_no_more_writes", "write_deadlines_are_their_value",
-              "writes_only_to_peers_that_are_up", "rooms_of_down_peers_are_concluded", "teardown")
+              "writes_only_to_peers_that_are_up", "rooms_of_down_peers_are_concluded", "teardown",
+              "extent_accounting_adds_up", "unsure_writes_keep_their_bytes", "held_and_parked_bytes_add_up")
 
 
 def falsifying(output: str, lines: int = 4) -> str:
@@ -91,19 +96,23 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"baseline: the suite passes on the unmutated tree in {secs:.1f} s\n")
     print(f"{'mutant':<40} {'result':<9} {'seconds':>8}  falsifying example (first steps)")
-    survivors = 0
-    for patch in patches:
+
+    def check(patch: Path) -> tuple[bool, str]:
         try:
             tmp, site = prepare(patch)
         except RuntimeError as exc:
-            print(f"{patch.stem:<40} {'no-apply':<9} {'':>8}  {exc}")
-            survivors += 1
-            continue
+            return False, f"{patch.stem:<40} {'no-apply':<9} {'':>8}  {exc}"
         rc, out, secs = run_suite(tmp, site, 600)
         shutil.rmtree(tmp, ignore_errors=True)
         killed = rc not in (0, 5)
-        survivors += not killed
-        print(f"{patch.stem:<40} {'killed' if killed else 'SURVIVED':<9} {secs:>8.1f}  {falsifying(out)}", flush=True)
+        return killed, f"{patch.stem:<40} {'killed' if killed else 'SURVIVED':<9} {secs:>8.1f}  {falsifying(out)}"
+
+    survivors = 0
+    jobs = int(os.environ.get("EPD_RING_MUTANT_JOBS", os.cpu_count() or 1))
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for killed, line in pool.map(check, patches):  # printed in the patches' order
+            survivors += not killed
+            print(line, flush=True)
     print(f"\n{len(patches) - survivors} of {len(patches)} mutants killed")
     return 1 if survivors else 0
 
