@@ -52,6 +52,16 @@ def zeros_digest(rows: int, hidden: int) -> str:
     return hashlib.sha256(bytes(rows * hidden * 4)).hexdigest()
 
 
+def delivered(enc: EncodeSide, v, rng: random.Random, room: int = 1) -> tuple[EncodeItem, int]:
+    """Room `room` run through to receiver `v`: its item, and the region its rows went to."""
+    item = image(rng, room, enc.model.tower)
+    dst = v.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)["dst_ptr"]
+    v.ask(cmd="register", rooms=[room])
+    enc.run([(room, item)])
+    enc.settle([room])
+    return item, dst
+
+
 def settle_watching(enc: EncodeSide, rooms, worst: list, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -70,11 +80,7 @@ def test_no_spelling_of_a_receivers_session_writes_into_its_memory():
     gc.collect()
     gc.freeze()
     try:
-        item = image(rng, 1, enc.model.tower)
-        dst = v.ask(cmd="expect", room=1, span=item.n_tokens, hidden=enc.hidden)["dst_ptr"]
-        v.ask(cmd="register", rooms=[1])
-        enc.run([(1, item)])
-        enc.settle([1])
+        item, dst = delivered(enc, v, rng)
         want = enc.digest(1, 0, item.n_tokens)
         assert v.ask(cmd="report", wait_rooms=[1], timeout=20)["digest"]["1"] == want
         port = v.session.rsplit(":", 1)[1]
@@ -342,11 +348,7 @@ def test_a_segment_once_open_is_never_opened_again_by_a_submit_so_the_loop_never
     enc = EncodeSide(False)
     v = enc.receiver()
     try:
-        item = image(rng, 1, enc.model.tower)
-        dst = v.ask(cmd="expect", room=1, span=item.n_tokens, hidden=enc.hidden)["dst_ptr"]
-        v.ask(cmd="register", rooms=[1])
-        enc.run([(1, item)])
-        enc.settle([1])
+        _, dst = delivered(enc, v, rng)
         assert enc.manager.room_status(1) == "success"  # the session's segment is open and proven
         session = v.session
         port = int(session.rsplit(":", 1)[1])
