@@ -405,17 +405,22 @@ def test_an_honest_connection_on_the_same_source_is_cut_only_while_the_source_is
     assert cut == [attacker] and g.unread(source) <= 0
 
 
+def cut_the_one_connection(guard) -> bool:
+    """Shut down the guard's one live connection as the guard itself cuts one (libzmq sees it end)."""
+    from epd_ring.executor.drivers.guard import _shut
+
+    ((fd, (source, _)),) = guard.live.items()
+    return _shut(fd, guard.port, source)
+
+
 def test_a_receiver_whose_connection_was_cut_reconnects_and_its_next_frame_gets_in(side):
     s = side()
     keys = generate_keypair()
     c = s.client(keys)
     c.send_multipart(frame_to_parts(FRAME._replace(room=1)))
     s.pump(lambda: s.manager.room_status(1) is not None)
-    ((fd, (source, _)),) = s.control.guard.live.items()
-    port = int(s.control.endpoint.rsplit(":", 1)[1])
-    from epd_ring.executor.drivers.guard import _shut
-
-    assert _shut(fd, port, source)  # cut as the message cap cuts a connection
+    assert cut_the_one_connection(s.control.guard)  # cut as the message cap cuts a connection
+    ((source, _),) = s.control.guard.connections_from.items()
     c.send_multipart(frame_to_parts(FRAME._replace(room=2, session="127.0.0.1:2")))
     s.pump(lambda: s.manager.room_status(2) is not None, timeout=30)
     assert s.manager.room_status(2) == "announced"
@@ -604,11 +609,8 @@ def test_the_reference_receiver_says_hello_as_it_connects(side):
         s.pump(lambda: len(guard.key_of) == 1, timeout=30, poll=s.control.poll)
         assert s.control.stats["hellos"] >= 1 and len(guard.key_of) == 1
         # Its connection cut (a blip, a shed), its socket dials again and says hello again once it polls.
-        ((fd, (source, _)),) = guard.live.items()
-        port = int(s.control.endpoint.rsplit(":", 1)[1])
-        from epd_ring.executor.drivers.guard import _shut
-
-        assert _shut(fd, port, source)
+        ((source, _),) = guard.connections_from.items()
+        assert cut_the_one_connection(guard)
 
         def bound_again():
             r.poll()
