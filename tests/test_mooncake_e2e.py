@@ -7,6 +7,7 @@ Every received byte is checked against the tower output by sha256.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import random
@@ -31,7 +32,7 @@ from helpers import drive, reason_kind, wait_stopped
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind
 from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows
 from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair
-from epd_ring.executor.drivers.mooncake import MooncakeTransport
+from epd_ring.executor.drivers.mooncake import OWNER_PAGE, MooncakeTransport, owner_page
 from epd_ring.executor.drivers.receiver import ReceiverProcess
 from epd_ring.executor.tools.tower import TinyVisionModel, TinyVisionTower
 
@@ -478,6 +479,41 @@ def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat():
     finally:
         b.proc.send_signal(signal.SIGCONT)
         a.close()
+        b.close()
+        enc.close()
+
+
+def test_a_read_that_gave_up_is_answered_late_into_a_retired_page_never_handed_out_again():
+    """The engine's synchronous read returns -1 after MC_TRANSFER_TIMEOUT but is not cancelled: a
+    receiver stopped during the heartbeat's read of its ownership page and resumed after the engine
+    gave up still sends the page, and the engine writes it where it was told. Before, that was a
+    buffer of the heartbeat's own, freed by then: the encoder crashed (SIGSEGV) on slow links."""
+    enc = EncodeSide(False)
+    b = enc.receiver()
+    t, key = enc.transport, enc.instance[0].decode()
+    try:
+        assert t._contact(b.session, key) == (True, "", key)  # first contact: segment open, page read
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(b.proc.pid)
+        # The read a heartbeat or first contact makes (a stopped peer's probe fails at once, so the
+        # read is made directly, as over a slow link whose probe still answers); it gives up in 5 s.
+        owner, rc = t._read_owner(t._names.get(b.session, b.session), key)
+        assert owner is None and rc != 0
+        (page,) = t.pages.retired(key)
+        assert t.stats["read_pages_retired"] == 1
+        b.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 120  # only keeps a broken build from hanging
+        while ctypes.string_at(page, OWNER_PAGE) != owner_page(key):
+            assert time.monotonic() < deadline, "the late reply never landed"
+            time.sleep(0.01)
+        # The page the late reply landed in stays out of use: later reads take other pages.
+        taken = [t.pages.take(key) for _ in range(2 * t.pages.pages)]
+        assert page not in taken
+        for p in taken:
+            t.pages.give_back(p, True, key)
+        assert t._contact(b.session, key, probe=True) == (True, "", None)  # resumed: the heartbeat reads again
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
         b.close()
         enc.close()
 

@@ -33,14 +33,17 @@ from typing import Any
 
 from ..core import settings
 from ..core.transport import Buf, Outcome, Transport, TransportError
+from .pages import ReadPages
 
 log = logging.getLogger("epd_ring.mooncake")
 
 # transfer_check_status: 1 done, 0 pending, -1 failed, -2 timed out
 _DONE, _PENDING, _FAILED, _TIMEOUT = 1, 0, -1, -2
 _HANDED = 2  # ours: handed to the submit thread, not submitted yet
+_RETIRED = -1000  # ours: no page to read into (this key's retired pages are all too recent to reuse)
 _RC_MEANING = {-1: "invalid argument or generic failure", -3: "address not registered",
-               -7: "overlaps a registered region", -102: "socket error (peer unreachable)"}
+               -7: "overlaps a registered region", -102: "socket error (peer unreachable)",
+               _RETIRED: "this receiver key's reads failed too often recently"}
 
 
 @contextlib.contextmanager
@@ -323,6 +326,18 @@ class MooncakeTransport(Transport):
         self.closed = False
         self._owners: dict[int, list[int]] = {}  # id(owner) -> its registered pointers
         self.stats: Counter = Counter()
+        # Reads land in pages that outlive any read (see pages.py); registered when the engine
+        # reads through a NIC, like the ring. The 0-byte read that opens a segment writes nothing,
+        # but its address must be valid all the same: one page, held for good.
+        register = self._register_pages if self.expose_ring else None
+        self.pages = ReadPages(OWNER_PAGE, clock=clock, register=register)
+        self._open_page_buf = ctypes.create_string_buffer(OWNER_PAGE)
+        self._open_page = ctypes.addressof(self._open_page_buf)
+
+    def _register_pages(self, addr: int, n: int) -> None:
+        rc = self.engine.register_memory(addr, n)
+        if rc != 0:
+            raise TransportError(f"registering read pages failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})")
 
     def register_memory(self, regions: Sequence[tuple[int, int]], owner: Any = None) -> None:
         if not self.expose_ring:
@@ -444,20 +459,17 @@ class MooncakeTransport(Transport):
             name = self._names.get(session, session)
             if name not in self._proven:
                 return True, "", None  # no page to read (ownership not proven by this transport)
-            page = ctypes.create_string_buffer(OWNER_PAGE)
-            owner, rc = self._read_owner(name, ctypes.addressof(page), page)
+            owner, rc = self._read_owner(name, identity)
             if owner is None:
                 return False, f"heartbeat read of the ownership page failed (rc={rc})", None
             return True, "", None
-        page = ctypes.create_string_buffer(OWNER_PAGE)
-        local = ctypes.addressof(page)
         name = self._names.get(session, session)
-        failed = self._open(name, identity, local)
+        failed = self._open(name, identity)
         if failed is not None:
             return failed
         if not self.proves_ownership:
             return True, "", None
-        owner, rc = self._read_owner(name, local, page)
+        owner, rc = self._read_owner(name, identity)
         if owner is None and name in self._proven:
             # The engine keeps a segment's descriptor from its first open and has no call to drop
             # it, so a receiver restarted on the same session (same host:port) is read at its
@@ -468,10 +480,10 @@ class MooncakeTransport(Transport):
             name = self._respell(session)
             if name is None:
                 return False, f"segment opened afresh {self.max_respellings} times already", None
-            failed = self._open(name, identity, local)
+            failed = self._open(name, identity)
             if failed is not None:
                 return failed
-            owner, rc = self._read_owner(name, local, page)
+            owner, rc = self._read_owner(name, identity)
         if owner is not None:
             self._proven.add(name)
         else:
@@ -479,7 +491,7 @@ class MooncakeTransport(Transport):
                                                                                           ""), None
         return True, "", owner
 
-    def _open(self, name: str, identity: str, local: int) -> tuple[bool, str, None] | None:
+    def _open(self, name: str, identity: str) -> tuple[bool, str, None] | None:
         """Open `name`'s segment under `_opening`; None once open, else the failed contact."""
         engine = self.engine
         with self._opening:
@@ -489,7 +501,7 @@ class MooncakeTransport(Transport):
             started = self.clock()
             # A 0-byte read is not checked against the peer's buffers: it only opens the segment
             # (here, not on the loop's first write).
-            rc = engine.transfer_sync_read(name, local, local, 0)
+            rc = engine.transfer_sync_read(name, self._open_page, self._open_page, 0)
             if self.clock() - started > self.open_stall_s:
                 # Whatever the probe took: the peer answers its own probe, so an attacker would
                 # answer it late to go unpunished.
@@ -501,11 +513,26 @@ class MooncakeTransport(Transport):
             return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
         return None
 
-    def _read_owner(self, name: str, local: int, page: Any) -> tuple[str | None, int]:
-        """The identity the ownership page at `name`'s first registered buffer names, and the read's rc."""
+    def _read_owner(self, name: str, identity: str) -> tuple[str | None, int]:
+        """The identity the ownership page at `name`'s first registered buffer names, and the read's rc.
+
+        The page is read into one of `pages`, never into memory this call owns: a read that gave
+        up can still be answered, and the engine then writes the reply where it was told to."""
         base = self.engine.get_first_buffer_address(name)  # from the segment just opened (cached)
-        rc = self.engine.transfer_sync_read(name, local, base, OWNER_PAGE) if base else -3
-        return (read_owner_page(page.raw) if rc == 0 else None), rc
+        if not base:
+            return None, -3
+        local = self.pages.take(identity)
+        if local is None:
+            self.stats["reads_refused_retired"] += 1
+            return None, _RETIRED
+        rc = -1
+        try:
+            rc = self.engine.transfer_sync_read(name, local, base, OWNER_PAGE)
+            return (read_owner_page(self.pages.read(local)) if rc == 0 else None), rc
+        finally:
+            if rc != 0:
+                self.stats["read_pages_retired"] += 1
+            self.pages.give_back(local, rc == 0, identity)
 
     def _respell(self, session: str) -> str | None:
         """A spelling of `session` the engine has not opened: one more leading zero on the port."""
