@@ -360,3 +360,10 @@ def wait_stopped(pid: int, guard: float = 10.0) -> None:
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
         assert time.monotonic() < deadline, f"process {pid} did not stop"
         time.sleep(0.005)
+
+
+def figure(request, name: str, value: str) -> None:
+    """A figure a test measured: printed, and carried on its report to the run's summary (conftest.py)."""
+    line = f"[figure] {name}: {value}"
+    print(line)
+    request.node.user_properties.append(("figure", line))

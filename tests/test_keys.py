@@ -188,32 +188,43 @@ def test_one_identitys_hung_contacts_hold_its_own_share_of_the_connector_and_wai
 
 
 class CachingEngine:
-    """The Mooncake engine's segment cache, as 0.3.13 keeps it: a segment's descriptor (its first
-    buffer's address) is taken at the first open of a spelling and kept for good. `hosts` maps a
-    session to the receiver there now: (first buffer address, the page it holds)."""
+    """The Mooncake engine's segment cache, as 0.3.13 keeps it, with our handshake in front: the
+    transport fetches a session's descriptor (`descriptor`, what the receiver's handshake port gives),
+    and the engine opens it under the name the relay hands it (`FakeRelay`), taking the segment's
+    first buffer address then and keeping it for good. `hosts` maps a session to the receiver there
+    now: (first buffer address, the page it holds)."""
 
     def __init__(self, hosts: dict[str, tuple[int, bytes]], probe_s: float = 0.0, open_s: float = 0.0):
         self.hosts, self.probe_s, self.open_s = hosts, probe_s, open_s
-        self.cached: dict[str, int] = {}  # spelling -> first buffer address when it was opened
+        self.opened: dict[str, bytes] = {}  # name -> the descriptor the relay handed the engine
+        self.cached: dict[str, int] = {}  # name -> first buffer address when it was opened
         self.written: list[str] = []
 
-    @staticmethod
-    def _session(name: str) -> str:
-        host, _, port = name.rpartition(":")
-        return f"{host}:{int(port)}"  # the engine parses the port as a number: "0P" is P
+    def descriptor(self, session: str, timeout_s: float) -> bytes:
+        import json
 
-    def send_probe(self, name: str) -> int:
+        from epd_ring.executor.drivers.handshake import HandshakeError
+
         time.sleep(self.probe_s)
-        return 0 if self._session(name) in self.hosts else -102
+        if session not in self.hosts:
+            raise HandshakeError("refused")
+        return json.dumps({"name": session, "buffers": [{"addr": self.hosts[session][0]}]}).encode()
+
+    def session_of(self, name: str) -> str:
+        import json
+
+        return json.loads(self.opened[name])["name"]
 
     def transfer_sync_read(self, name: str, local: int, remote: int, n: int) -> int:
         import ctypes
-        base, page = self.hosts[self._session(name)]
+        import json
+
         if name not in self.cached:
             time.sleep(self.open_s)
-            self.cached[name] = base
+            self.cached[name] = json.loads(self.opened[name])["buffers"][0]["addr"]
         if n == 0:
             return 0
+        base, page = self.hosts[self.session_of(name)]
         if remote != base:
             return -1  # not within any buffer the receiver there registered
         ctypes.memmove(local, page, n)
@@ -227,11 +238,26 @@ class CachingEngine:
         return 1
 
 
+class FakeRelay:
+    """The relay's part: the engine opens each descriptor under a name never used before."""
+
+    def __init__(self, engine: CachingEngine):
+        self.engine, self.n = engine, 0
+
+    def open(self, desc: bytes, engine_open) -> tuple[str, int]:
+        self.n += 1
+        name = f"127.1.0.{self.n}:1"
+        self.engine.opened[name] = desc
+        return name, engine_open(name)
+
+
 def caching_transport(monkeypatch, engine: CachingEngine, **kw):
     from epd_ring.executor.drivers import mooncake
 
     monkeypatch.setattr(mooncake, "load_engine", lambda *a, **k: (engine, "10.0.0.1:15000"))
-    return mooncake.MooncakeTransport("10.0.0.1", **kw)
+    t = mooncake.MooncakeTransport("10.0.0.1", **kw)
+    t.fetch, t.relay = engine.descriptor, FakeRelay(engine)
+    return t
 
 
 def test_a_receiver_restarted_on_the_same_session_is_proven_at_its_new_buffer_and_written_there(monkeypatch):
@@ -268,12 +294,13 @@ def test_an_open_that_stalls_after_a_late_probe_answer_is_held_against_the_key_a
     assert t.stats["opens_stalled"] == 1
     assert t._contact("10.0.0.2:15001", ATTACKER)[0] is False
     assert t.stats["opens_refused_stalled"] == 1
-    assert "10.0.0.2:15001" not in engine.cached  # refused without an open
+    assert "10.0.0.2:15001" not in map(engine.session_of, engine.opened)  # refused without an open
 
 
-def test_a_heartbeat_answers_while_another_keys_open_holds_the_engine(monkeypatch):
-    # Before: the heartbeat ran the whole first contact, so an honest, busy peer's probe queued
-    # behind an attacker's stalled segment open and the peer went down at its connect deadline.
+def test_a_heartbeat_asks_the_receiver_not_the_engine(monkeypatch):
+    # Before: the heartbeat read the ownership page through the engine: it queued behind another
+    # key's open, and over a slow link behind the receiver's own writes on their lanes, so an
+    # honest, busy receiver went down. Now it asks the receiver's handshake port, within its deadline.
     import threading
 
     from epd_ring.executor.drivers.mooncake import owner_page
@@ -282,22 +309,26 @@ def test_a_heartbeat_answers_while_another_keys_open_holds_the_engine(monkeypatc
                             "10.0.0.3:15000": (0x2000, owner_page(ATTACKER))})
     t = caching_transport(monkeypatch, engine)
     assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
-    with t._opening:  # the attacker's open, stalled inside the engine
+    reads = len(engine.cached)
+
+    def no_engine(*a):
+        raise AssertionError("the heartbeat went through the engine")
+
+    monkeypatch.setattr(engine, "transfer_sync_read", no_engine)
+    with t._opening:  # another key's open, under way inside the engine
         done: list = []
         probe = threading.Thread(target=lambda: done.append(t._contact("10.0.0.2:15000", VICTIM, probe=True)))
         probe.start()
         probe.join(timeout=30)
         assert done == [(True, "", None)]
-        assert t.stats["heartbeats_probe_only"] == 1
-    # With no open under way, the heartbeat reads the page again: a receiver whose engine no
-    # longer serves it (stopped, or gone) fails the heartbeat, though its host answers the probe.
-    assert t._contact("10.0.0.2:15000", VICTIM, probe=True) == (True, "", None)
-    engine.hosts["10.0.0.2:15000"] = (0x9000, owner_page(VICTIM))  # another process there now
+    assert len(engine.cached) == reads
+    # Another process at that host:port now (its descriptor differs): the heartbeat fails, and a
+    # stopped or gone receiver's handshake fails it too.
+    engine.hosts["10.0.0.2:15000"] = (0x9000, owner_page(VICTIM))
     assert t._contact("10.0.0.2:15000", VICTIM, probe=True)[0] is False
-    assert t.stats["heartbeats"] == 3
-    # A full contact (a suspect peer's re-check, or one after down) reads the page afresh.
-    assert t._contact("10.0.0.2:15000", VICTIM) == (True, "", VICTIM)
-
+    del engine.hosts["10.0.0.2:15000"]
+    assert t._contact("10.0.0.2:15000", VICTIM, probe=True)[0] is False
+    assert t.stats["heartbeats"] == 2 and t.stats["handshakes_failed"] == 1
 
 
 @pytest.mark.parametrize("kw, setting", [
@@ -361,7 +392,7 @@ def test_a_keys_stall_penalty_ends_after_stall_penalty_s(monkeypatch):
     assert t.stats["opens_stalled"] == 1
     now[0] += 299.0  # within the penalty: refused without an open
     assert t._contact("10.0.0.2:15001", ATTACKER)[0] is False
-    assert "10.0.0.2:15001" not in engine.cached
+    assert "10.0.0.2:15001" not in map(engine.session_of, engine.opened)
     now[0] += 2.0  # past it: the key opens again
     assert t._contact("10.0.0.2:15001", ATTACKER) == (True, "", ATTACKER)
     assert t.stats["opens_refused_stalled"] == 1

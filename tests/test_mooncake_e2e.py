@@ -27,7 +27,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("mooncake.engine")
     pytest.importorskip("zmq")
 
-from helpers import drive, reason_kind, wait_stopped
+from helpers import drive, figure, reason_kind, wait_stopped
 
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind
 from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows
@@ -765,4 +765,150 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
     finally:
         a.close()
         b.close()
+        enc.close()
+
+
+class HostilePeer:
+    """A receiver's handshake port played by an attacker, on loopback.
+
+    - `trickle`: answers the engine's probe, then sends its descriptor one byte every 10 s (each
+      byte well inside the engine's 60 s per read: the engine would wait for hours);
+    - `silent`: accepts and never answers (probe-then-silence: the kernel accepts for it);
+    - `blackhole`: its listen queue is full, so a connection attempt gets no answer at all."""
+
+    def __init__(self, kind: str):
+        import socket
+        import threading
+
+        self.kind, self.stop, self.held = kind, threading.Event(), []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0 if kind == "blackhole" else 64)
+        self.session = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        if kind == "blackhole":
+            filler = socket.create_connection(self.sock.getsockname())  # the queue's one place, never accepted
+            self.held.append(filler)
+        else:
+            threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if self.kind == "trickle":
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        import json
+
+        from epd_ring.executor.drivers.handshake import HandshakeError, frame, read_frame
+        try:
+            kind, _ = read_frame(conn, time.monotonic() + 60)
+            reply = frame(kind, json.dumps({"name": self.session, "buffers": [{"addr": 4096, "length": 64}]})
+                          .encode())
+            if kind != 1:  # the probe is answered at once: only the segment's descriptor is trickled
+                conn.sendall(reply)
+                return
+            for b in reply:
+                if self.stop.wait(10.0):
+                    return
+                conn.sendall(bytes([b]))
+        except (OSError, HandshakeError):
+            pass
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+@pytest.mark.parametrize("attack", ["trickle", "silent", "blackhole"])
+def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_contact(attack, request):
+    """Three attacker sessions of one kind keep being named in frames while an honest receiver's rooms
+    flow and a new honest receiver arrives. Before, the engine did the handshake itself under the
+    mutex every submit takes: a trickled descriptor held every write for hours, and the new
+    receiver's first contact queued behind it. Now the handshake is ours, with a total deadline, and
+    the engine opens segments from our relay: the honest rooms and the new receiver's first room
+    succeed, and the attackers' rooms fail at their connect deadline (5 s, the default)."""
+    from epd_ring.executor import ReceiverFrame
+
+    rng = random.Random(12)
+    enc = EncodeSide(False, slots=8)
+    enc.manager.announce_timeout = 600.0  # the attackers' rooms get no sender: not this deadline
+    a = enc.receiver()
+    attackers = [HostilePeer(attack) for _ in range(3)]
+    c = None
+    try:
+        arrived: dict[int, float] = {}  # room -> when its request arrived (the latency is stamped from it)
+        latency: dict[int, float] = {}
+
+        def run(rooms: dict[int, EncodeItem], rcv) -> None:
+            for room, item in rooms.items():
+                rcv.ask(cmd="expect", room=room, span=item.n_tokens, hidden=enc.hidden)
+            rcv.ask(cmd="register", rooms=list(rooms))
+            for room, item in rooms.items():
+                arrived[room] = time.monotonic()
+                enc.run([(room, item)])
+
+        def watch() -> None:
+            enc.executor.poll()
+            enc.executor.reap_concluded_senders(set())
+            for room, t in arrived.items():
+                if room not in latency and enc.manager.room_status(room) == "success":
+                    latency[room] = time.monotonic() - t
+
+        warm = {80_000: image(rng, 80_000, enc.model.tower)}  # a's first contact, before the attack
+        run(warm, a)
+        enc.settle(list(warm))
+        c = enc.receiver()  # started now (a process takes seconds to start); it sends nothing yet
+        honest: dict[int, EncodeItem] = {}
+        stuck: list[int] = []
+        started = time.monotonic()
+        for k in range(24):  # about 12 s of traffic: past two handshake deadlines of each attacker
+            for j, peer in enumerate(attackers):
+                room = 89_000 + 10 * k + j
+                stuck.append(room)
+                enc.manager.register_receiver(ReceiverFrame(
+                    room=room, session=peer.session, dst_ptr=4096, dst_deep_ptr=0, n_tokens=4, row_start=0,
+                    span=4, hidden=enc.hidden, dtype="torch.float32", has_deepstack=False, n_receivers=1))
+            batch = {80_001 + k: image(rng, 80_001 + k, enc.model.tower)}
+            honest.update(batch)
+            run(batch, a)
+            if k == 4:  # a new honest receiver's first frame: its first contact is made during the attack
+                first = {81_000: image(rng, 81_000, enc.model.tower)}
+                honest.update(first)
+                run(first, c)
+            pause = time.monotonic() + 0.5
+            while time.monotonic() < pause:
+                watch()
+                time.sleep(0.005)
+        enc.settle(list(honest), timeout=120)
+        watch()
+        for room in honest:
+            assert enc.manager.room_status(room) == "success", (room, repr(enc.manager.failure_reason(room)))
+        enc.settle(stuck, timeout=120)
+        assert {reason_kind(enc.manager, r) for r in stuck} == {ReasonKind.PEER_DOWN}
+        assert enc.transport.relay.expired == 0 and enc.transport.stats["opens_stalled"] == 0
+        for rcv, rooms in ((a, [r for r in honest if r != 81_000]), (c, [81_000])):
+            report = rcv.ask(cmd="report", wait_rooms=rooms, timeout=20)
+            for room in rooms:
+                assert report["digest"][str(room)] == enc.digest(room, 0, honest[room].n_tokens)
+        worst = max(latency[r] for r in honest if r != 81_000)  # the warm room (first contact) is not timed
+        figure(request, f"hostile handshake ({attack})", f"honest receiver's worst room latency {worst * 1e3:.0f} ms over {len(honest) - 1} "
+                        f"rooms (stamped from the request's arrival); a new receiver's first room "
+                        f"{latency[81_000] * 1e3:.0f} ms (its connect deadline {enc.manager.peers.connect_timeout} s); "
+                        f"{len(stuck)} attacker rooms failed peer_down; {time.monotonic() - started:.1f} s in all, "
+                        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    finally:
+        a.close()
+        if c is not None:
+            c.close()
+        for peer in attackers:
+            peer.close()
         enc.close()

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -33,6 +34,8 @@ from typing import Any
 
 from ..core import settings
 from ..core.transport import Buf, Outcome, Transport, TransportError
+from . import handshake
+from .handshake import HandshakeError, same_segment
 from .pages import ReadPages
 
 log = logging.getLogger("epd_ring.mooncake")
@@ -270,7 +273,8 @@ class MooncakeTransport(Transport):
                  notifier: Callable[[Any, int, str, str], None] | None = None, quiet: bool = True,
                  expose_ring: bool | None = None, connector_threads: int = 32, contacts_per_identity: int = 2,
                  prove_ownership: bool = True, open_stall_s: float = 2.0, stall_penalty_s: float = 300.0,
-                 max_respellings: int = 64, clock: Callable[[], float] = time.monotonic):
+                 max_respellings: int = 64, connect_timeout: float = 5.0, handshake_timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         # Checked before the engine starts, naming the setting, like the control plane's and the
         # manager's: a NaN stall_penalty_s compares false and turns the penalty off, a negative
         # max_respellings never respells, 0 threads could never contact a peer.
@@ -285,6 +289,20 @@ class MooncakeTransport(Transport):
                              "first segment open)")
         stall_penalty_s = settings.seconds("stall_penalty_s", stall_penalty_s)
         max_respellings = settings.count("max_respellings", max_respellings)
+        connect_timeout = settings.seconds("connect_timeout", connect_timeout)
+        if connect_timeout == 0:
+            raise ValueError("connect_timeout must be more than 0 seconds")
+        # The handshake must end before the controller's connect deadline does, or an honest but
+        # slow answer would come too late to count.
+        handshake_timeout_s = settings.seconds("handshake_timeout_s", 0.8 * connect_timeout if handshake_timeout_s
+                                               is None else handshake_timeout_s)
+        if not 0 < handshake_timeout_s <= connect_timeout:
+            raise ValueError(f"handshake_timeout_s must be more than 0 and at most connect_timeout "
+                             f"({connect_timeout} s), got {handshake_timeout_s}")
+        self.handshake_timeout_s = handshake_timeout_s
+        # The engine only ever dials our relay on loopback; were it to dial a peer, its connect
+        # would wait no longer than ours (its own default is 5 s whatever the deadline says).
+        os.environ.setdefault("MC_HANDSHAKE_CONNECT_TIMEOUT", str(min(3599, max(1, math.ceil(connect_timeout)))))
         self.clock = clock
         # The engine listens on all interfaces and cannot be bound to one address, and any
         # peer that reaches it can read or write what is registered. Over TCP a write's
@@ -299,23 +317,26 @@ class MooncakeTransport(Transport):
         self.proves_ownership = prove_ownership
         self.connector = Connector(self._contact, threads=connector_threads, per_identity=contacts_per_identity,
                                    clock=clock)
-        # The engine opens a segment (its handshake: up to 60 s against a peer that answers the
-        # probe and then goes silent) under a lock of its own that `transfer_submit_write` also
-        # takes, whatever the segment written to (measured: a submit to an open segment waited
-        # 61 s). So opens run on a connector thread under `_opening`, one at a time, and a
-        # submit that finds `_opening` held goes to the submit thread instead of waiting on the
-        # loop. An identity whose open took longer than `open_stall_s` opens nothing more for
-        # `stall_penalty_s`: one key stalls the engine's opens at most once per penalty.
+        # The engine opens a segment under a lock of its own that `transfer_submit_write` also
+        # takes, whatever the segment written to. Its handshake is ours (handshake.py): the
+        # descriptor is fetched on a connector thread within `handshake_timeout_s`, and the engine
+        # opens the segment from a relay of ours that answers at once and is closed at
+        # `open_stall_s`. Opens still run one at a time under `_opening`, and a submit that finds
+        # it held goes to the submit thread rather than wait on the loop. An open that took longer
+        # than `open_stall_s` all the same holds its key off for `stall_penalty_s`.
+        self.fetch: Callable[[str, float], bytes] = handshake.fetch
+        self.relay = handshake.Relay(open_stall_s)
         self._opening = threading.Lock()
         self.open_stall_s = open_stall_s
         self.stall_penalty_s = stall_penalty_s
         self._stalled_until: dict[str, float] = {}
-        # The engine caches a segment by the spelling it was opened with, for good. A session's
-        # segment opened afresh is reached under another spelling (`_respell`): `_names` maps
-        # the session to the spelling its writes use; each session is respelt a bounded number
-        # of times, since every spelling's descriptor stays in the engine's cache.
+        # The engine caches a segment by the name it was opened with, for good. `_names` maps a
+        # session to the name its writes use (the relay's address that opened it), `_descriptors`
+        # a name to the descriptor it was opened with; a session whose receiver restarted is
+        # opened afresh under a new name, a bounded number of times, since every name's
+        # descriptor stays in the engine's cache.
         self._names: dict[str, str] = {}
-        self._proven: set[str] = set()  # spellings whose ownership page has been read
+        self._descriptors: dict[str, bytes] = {}
         self._respelt: Counter = Counter()
         self.max_respellings = max_respellings
         self._handed: queue.SimpleQueue = queue.SimpleQueue()
@@ -400,10 +421,17 @@ class MooncakeTransport(Transport):
         if self.closed:
             raise TransportError("transport is closed")
         handle = next(self._ids)
-        p = _Pending(self._names.get(session, session), bufs)
+        name = self._names.get(session)
+        p = _Pending(name or session, bufs)
         p.ids = [0] * len(p.bufs)
         p.status = [_PENDING] * len(p.bufs)
-        for i in range(len(p.bufs)):
+        if name is None:
+            # Never opened through our handshake: the engine would open it itself, inside the
+            # submit, under its mutex, at the peer's pace. The write fails instead.
+            self.stats["writes_before_contact"] += 1
+            p.status = [_FAILED] * len(p.bufs)
+            p.retried = [True] * len(p.bufs)
+        for i in range(len(p.bufs) if name is not None else 0):
             self._submit(p, i)
         self._pending[handle] = p
         return handle
@@ -439,60 +467,53 @@ class MooncakeTransport(Transport):
         return None if self.connector.start(session, attempt, identity, probe) else False
 
     def _contact(self, session: str, identity: str = "", probe: bool = False) -> tuple[bool, str, str | None]:
-        """On a connector thread: (ok, detail, owner). Every engine call here either releases the
-        GIL while it waits or, after the segment is open, answers from the engine's cache."""
-        engine = self.engine
-        rc = engine.send_probe(session)
-        if rc != 0:
-            return False, f"probe rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
+        """On a connector thread: (ok, detail, owner).
+
+        The peer's descriptor is fetched by us within `handshake_timeout_s` in all (handshake.py),
+        holding nothing of the engine's. A heartbeat (`probe`) asks no more: an answer shows the
+        receiver's engine serves (a stopped process's kernel accepts the connection but nothing
+        replies), and a descriptor unlike the one its segment was opened with shows another
+        process there now. It reads nothing through the engine, so it never queues behind the
+        receiver's own writes on their lanes (a slow link's receiver stays up while it works)."""
+        try:
+            desc = self.fetch(session, self.handshake_timeout_s)
+        except HandshakeError as exc:
+            self.stats["handshakes_failed"] += 1
+            return False, f"handshake with {session} failed: {exc}", None
+        name = self._names.get(session)
         if probe:
-            # A heartbeat: the segment is open and its page was read at first contact. Reading the
-            # page again shows the receiver's engine serves (a stopped process answers the probe
-            # from its kernel's listen queue, never a read). But while another key's open holds the
-            # engine, a read would queue behind it and a busy, honest peer would go down: then the
-            # probe's answer is all the heartbeat asks.
             self.stats["heartbeats"] += 1
-            if not self._opening.acquire(blocking=False):
-                self.stats["heartbeats_probe_only"] += 1
-                return True, "", None
-            self._opening.release()
-            name = self._names.get(session, session)
-            if name not in self._proven:
-                return True, "", None  # no page to read (ownership not proven by this transport)
-            owner, rc = self._read_owner(name, identity)
-            if owner is None:
-                return False, f"heartbeat read of the ownership page failed (rc={rc})", None
+            if name is not None and not same_segment(desc, self._descriptors[name]):
+                return False, "the receiver's segment changed since it was opened (another process there now)", None
             return True, "", None
-        name = self._names.get(session, session)
-        failed = self._open(name, identity)
-        if failed is not None:
-            return failed
+        if name is None or not same_segment(desc, self._descriptors[name]):
+            # First contact, or a receiver restarted on the same host:port: the engine keeps a
+            # segment's descriptor for good under the name it was opened with, so the new one is
+            # opened under a name of its own (each costs an entry in the engine's cache: bounded).
+            if name is not None and self._respelt[session] >= self.max_respellings:
+                self.stats["respellings_refused"] += 1
+                return False, f"segment opened afresh {self.max_respellings} times already", None
+            opened = self._open(session, desc, identity)
+            if isinstance(opened, tuple):
+                return opened
+            if name is not None:
+                self._respelt[session] += 1
+                self.stats["segments_opened_afresh"] += 1
+            name = opened
         if not self.proves_ownership:
             return True, "", None
         owner, rc = self._read_owner(name, identity)
-        if owner is None and name in self._proven:
-            # The engine keeps a segment's descriptor from its first open and has no call to drop
-            # it, so a receiver restarted on the same session (same host:port) is read at its
-            # predecessor's first buffer, and that read fails for as long as this process lives.
-            # Another spelling of the session is a segment the engine opens afresh. Only a page
-            # that was read before and is not now is taken for a stale descriptor: a receiver
-            # that never had a page costs no spelling.
-            name = self._respell(session)
-            if name is None:
-                return False, f"segment opened afresh {self.max_respellings} times already", None
-            failed = self._open(name, identity)
-            if failed is not None:
-                return failed
-            owner, rc = self._read_owner(name, identity)
-        if owner is not None:
-            self._proven.add(name)
-        else:
+        if owner is None:
             return False, "no ownership page at the peer's first registered buffer" + (f" (read rc={rc})" if rc else
                                                                                           ""), None
         return True, "", owner
 
-    def _open(self, name: str, identity: str) -> tuple[bool, str, None] | None:
-        """Open `name`'s segment under `_opening`; None once open, else the failed contact."""
+    def _open(self, session: str, desc: bytes, identity: str) -> str | tuple[bool, str, None]:
+        """Open the segment `desc` describes under `_opening`, through the relay; its name, else the failed contact.
+
+        The engine holds its submit mutex while it opens; the relay answers it from `desc` at once
+        and is closed at `open_stall_s`, so no peer decides how long that is. An open that took
+        longer all the same (our own machine overloaded) holds the key off for `stall_penalty_s`."""
         engine = self.engine
         with self._opening:
             if self.clock() < self._stalled_until.get(identity, 0.0):
@@ -501,17 +522,19 @@ class MooncakeTransport(Transport):
             started = self.clock()
             # A 0-byte read is not checked against the peer's buffers: it only opens the segment
             # (here, not on the loop's first write).
-            rc = engine.transfer_sync_read(name, self._open_page, self._open_page, 0)
+            name, rc = self.relay.open(desc, lambda n: engine.transfer_sync_read(n, self._open_page, self._open_page,
+                                                                               0))
             if self.clock() - started > self.open_stall_s:
-                # Whatever the probe took: the peer answers its own probe, so an attacker would
-                # answer it late to go unpunished.
                 self.stats["opens_stalled"] += 1
                 self._stalled_until[identity] = self.clock() + self.stall_penalty_s
                 if len(self._stalled_until) > 4096:  # bounded: the oldest penalties go first
                     self._stalled_until.pop(next(iter(self._stalled_until)))
         if rc != 0:
             return False, f"opening the segment failed: rc={rc} ({_RC_MEANING.get(rc, 'unknown')})", None
-        return None
+        self._descriptors[name] = desc
+        self._names[session] = name  # the loop's writes go to this segment from now on
+        self.stats["segments_opened"] += 1
+        return name
 
     def _read_owner(self, name: str, identity: str) -> tuple[str | None, int]:
         """The identity the ownership page at `name`'s first registered buffer names, and the read's rc.
@@ -533,19 +556,6 @@ class MooncakeTransport(Transport):
             if rc != 0:
                 self.stats["read_pages_retired"] += 1
             self.pages.give_back(local, rc == 0, identity)
-
-    def _respell(self, session: str) -> str | None:
-        """A spelling of `session` the engine has not opened: one more leading zero on the port."""
-        n = self._respelt[session] + 1
-        if n > self.max_respellings:
-            self.stats["respellings_refused"] += 1
-            return None
-        self._respelt[session] = n
-        host, _, port = session.rpartition(":")
-        name = f"{host}:{'0' * n}{port}"
-        self._names[session] = name  # the loop's writes go to the fresh segment from now on
-        self.stats["segments_opened_afresh"] += 1
-        return name
 
     def peer_reports(self) -> list[tuple[Any, ...]]:
         reports = self.connector.reports
