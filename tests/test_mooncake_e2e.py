@@ -900,11 +900,12 @@ def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_cont
             for room in rooms:
                 assert report["digest"][str(room)] == enc.digest(room, 0, honest[room].n_tokens)
         worst = max(latency[r] for r in honest if r != 81_000)  # the warm room (first contact) is not timed
-        figure(request, f"hostile handshake ({attack})", f"honest receiver's worst room latency {worst * 1e3:.0f} ms over {len(honest) - 1} "
-                        f"rooms (stamped from the request's arrival); a new receiver's first room "
-                        f"{latency[81_000] * 1e3:.0f} ms (its connect deadline {enc.manager.peers.connect_timeout} s); "
-                        f"{len(stuck)} attacker rooms failed peer_down; {time.monotonic() - started:.1f} s in all, "
-                        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        figure(request, f"hostile handshake ({attack})",
+               f"honest receiver's worst room latency {worst * 1e3:.0f} ms over {len(honest) - 1} "
+               f"rooms (stamped from the request's arrival); a new receiver's first room "
+               f"{latency[81_000] * 1e3:.0f} ms (its connect deadline {enc.manager.peers.connect_timeout} s); "
+               f"{len(stuck)} attacker rooms failed peer_down; {time.monotonic() - started:.1f} s in all, "
+               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     finally:
         a.close()
         if c is not None:
