@@ -887,6 +887,38 @@ def test_busy_peers_are_probed_and_stay_up_idle_peers_are_not_probed():
     assert rig.manager.peers.stats["probes"] == probes
 
 
+def test_a_slow_receiver_whose_writes_land_is_alive_though_its_probe_is_unanswered():
+    """Over a slow link the heartbeat's answer can wait behind the receiver's own writes. Before, the
+    probe's connect deadline took a working receiver down and failed its rooms; now a write that
+    lands while the probe is under way answers it, and the next probe is armed as usual."""
+    rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
+    rig.receiver("slow")
+    run(rig, room_for(rig, 0, "slow"))
+    assert rig.manager.room_status(0) == "success"
+    rig.transport.inject_contact("hang", session="slow", count=1000)  # every probe goes unanswered
+    rig.transport.inject("delay", session="slow", delay=0.5, count=40)  # each write lands in 0.5 s
+    peer = rig.manager.peers.get("slow")
+    for k in range(1, 41):  # 10 s of rooms, one every 0.25 s: ten connect deadlines
+        run(rig, room_for(rig, k, "slow"))
+        rig.clock.advance(0.25)
+        rig.executor.poll()
+        assert peer.state == "up", (k, peer.reason)
+    rig.clock.advance(1.0)
+    rig.executor.poll()
+    assert all(rig.manager.room_status(k) == "success" for k in range(41))
+    assert rig.manager.peers.stats["probes"] >= 5
+    assert rig.manager.peers.stats["probes_answered_by_writes"] == rig.manager.peers.stats["probes"]
+    # Its writes stop landing (wedged, this time): the unanswered probe takes it down as before.
+    stuck(rig, "slow")
+    run(rig, room_for(rig, 99, "slow"))
+    wedged_at = rig.clock.now()
+    while peer.state == "up":
+        rig.clock.advance(0.125)
+        rig.executor.poll()
+        assert rig.clock.now() - wedged_at <= 2 * 1.0
+    assert reason_kind(rig.manager, 99) is ReasonKind.PEER_DOWN
+
+
 def test_a_refused_probe_takes_the_peer_down_and_fails_its_rooms():
     rig = make_rig(write_timeout=60.0, connect_timeout=1.0)
     rig.receiver("r")

@@ -285,7 +285,7 @@ class Lifecycle:
             if peer.holds:
                 self.peers.let_go(peer, w.room)
             if outcome is Outcome.DONE:
-                if peer.fails or peer.state != "up":
+                if peer.fails or peer.waiting or peer.state != "up":
                     self.peers.write_ok(peer)
             elif not w.overdue:  # an overdue write was counted at its deadline
                 self.peers.write_failed(peer)

@@ -271,6 +271,14 @@ class PeerTable:
             peer.fails = 0
         if peer.state != "up":
             self.step(peer, "write_ok")
+        elif peer.waiting:
+            # A write landed while the heartbeat's probe is under way: the receiver is working, which
+            # is all the probe asks (over a slow link the probe's answer can wait behind these very
+            # writes). Its answer, when it comes, is stale; the next probe is armed as usual.
+            self.deadlines.cancel(peer)
+            peer.waiting = False
+            self.stats["probes_answered_by_writes"] += 1
+            self.schedule(peer)
 
     def write_failed(self, peer: Peer) -> None:
         peer.fails += 1
