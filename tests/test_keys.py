@@ -9,6 +9,8 @@ sessions inside its own share of the peer table. The real engine's side is in te
 
 from __future__ import annotations
 
+import os
+
 import gc
 import sys
 import threading
@@ -342,6 +344,10 @@ def test_a_heartbeat_asks_the_receiver_not_the_engine(monkeypatch):
     (dict(connector_threads=0), "connector_threads"),
     (dict(contacts_per_identity=0), "contacts_per_identity"),
     (dict(contacts_per_identity=True), "contacts_per_identity"),
+    (dict(connect_timeout=0), "connect_timeout"),
+    (dict(connect_timeout=float("inf")), "connect_timeout"),
+    (dict(handshake_timeout_s=0), "handshake_timeout_s"),
+    (dict(connect_timeout=2.0, handshake_timeout_s=3.0), "handshake_timeout_s"),  # past the connect deadline
     (dict(hostname=None), "hostname"),
     (dict(protocol=b"tcp"), "protocol"),
 ])
@@ -413,3 +419,14 @@ def test_a_session_is_opened_afresh_at_most_max_respellings_times(monkeypatch):
     assert not ok and owner is None
     assert t.stats["segments_opened_afresh"] == 2 and t.stats["respellings_refused"] == 1
     assert len(engine.cached) == 3  # the engine holds one descriptor per spelling, no more
+
+
+def test_the_engines_handshake_connect_timeout_follows_the_connect_deadline(monkeypatch):
+    # Before: unset, so the engine's connect waited its own 5 s whatever our deadline said.
+    monkeypatch.delenv("MC_HANDSHAKE_CONNECT_TIMEOUT", raising=False)
+    t = caching_transport(monkeypatch, CachingEngine({}), connect_timeout=7.5)
+    assert os.environ["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "8"  # whole seconds, rounded up
+    assert t.handshake_timeout_s == pytest.approx(6.0)  # the handshake ends inside the deadline
+    monkeypatch.setenv("MC_HANDSHAKE_CONNECT_TIMEOUT", "3")  # a user's own setting stands
+    caching_transport(monkeypatch, CachingEngine({}), connect_timeout=7.5)
+    assert os.environ["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "3"
