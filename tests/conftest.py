@@ -116,3 +116,29 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("figures")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+_HOGS: list[subprocess.Popen] = []
+
+
+def pytest_configure(config):
+    """EPD_RING_HOGS=N: N processes that each spin one core for the whole run, started once (by the
+    controller, not by each xdist worker), so the suite can be run as a loaded machine runs it. A
+    verdict that changes under them is a test that depends on the machine's pace (docs/testing.md)."""
+    n = int(os.environ.get("EPD_RING_HOGS", "0") or 0)
+    if n and not hasattr(config, "workerinput"):
+        spin = "while True: pass"
+        _HOGS.extend(subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n))
+
+
+def pytest_unconfigure(config):
+    for hog in _HOGS:
+        hog.kill()
+        hog.wait()
+    _HOGS.clear()
+
+
+def pytest_report_header(config):
+    if _HOGS:
+        return f"EPD_RING_HOGS: {len(_HOGS)} CPU hogs running beside the tests"
+    return None
