@@ -12,7 +12,8 @@ test can cut links while rooms are in flight. It prints one JSON line at start
                                                    per room its state, reason kind, times, sha256
   {"cmd": "state"}                                 ring, peers, transport and control counters, and
                                                    each peer's state changes as the loop saw them
-                                                   ("peer_log": [[SESSION, STATE, TIME, REASON], ...])
+                                                   ("peer_log": [[SESSION, STATE, TIME, REASON], ...]),
+                                                   its incarnation, its live control connections
   {"cmd": "exit"}
 
 Times are `time.monotonic()`, which every namespace shares with the test.
@@ -49,7 +50,8 @@ def main() -> None:
     host, cfg = sys.argv[1], json.loads(sys.argv[2])
     torch.set_num_threads(1)
     keypair, allowed = keys_from_env()
-    control = ZmqControlPlane(bind=f"tcp://{host}:{cfg.get('control_port', 0)}", keypair=keypair, allowed_keys=allowed)
+    control = ZmqControlPlane(bind=f"tcp://{host}:{cfg.get('control_port', 0)}", keypair=keypair, allowed_keys=allowed,
+                              heartbeat_s=cfg.get("heartbeat_s", 10.0))
     transport = MooncakeTransport(hostname=host, notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), **cfg.get("settings", {}))
     model = TinyVisionModel(TinyVisionTower(seed=7))
@@ -135,7 +137,8 @@ def main() -> None:
                 answer({"live_extents": len(executor.ring.extents), "arena": executor.ring.gauges(),
                         "peers": manager.peers.snapshot(), "transport": dict(transport.stats),
                         "control": dict(control.stats), "in_flight": transport.in_flight, "queued": len(queued),
-                        "peer_log": list(peer_log)})
+                        "peer_log": list(peer_log), "incarnation": control.incarnation.decode(),
+                        "connections": len(control.guard.live) if control.guard else 0})
             elif kind == "exit":
                 running = False
             else:

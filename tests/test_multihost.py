@@ -56,6 +56,10 @@ CONTROL_PORT = 5555  # the encoder's, on its own host: known before it starts, s
 # Why a cut or wedged receiver's rooms fail (their frames were read before the cut), and also,
 # while a peer recovers, a room that parked past its deadline.
 FAILED_KINDS = {"write_deadline", "write_failed", "peer_down"}
+# The control plane's heartbeat, short so a cut outlasts it within seconds (3 intervals end a silent
+# connection); the receivers' own, and how long they keep a region of an ended encoder incarnation.
+HEARTBEAT_S = 1.0
+RECEIVER_OPTIONS = ["--heartbeat", "1", "--reclaim", "1"]
 RECOVERING_KINDS = FAILED_KINDS | {"park_timeout"}
 
 
@@ -88,7 +92,8 @@ class Encoder:
     def __init__(self, hosts: netns.Hosts, keypair, owner: bytes, items: int = 16):
         env = dict(os.environ, PYTHONUNBUFFERED="1", EPD_RING_SECRET_KEY=keypair[1].decode(),
                    EPD_RING_ALLOWED_KEYS=owner.decode())
-        cfg = {"owner": owner.decode(), "items": items, "settings": SETTINGS, "control_port": CONTROL_PORT}
+        cfg = {"owner": owner.decode(), "items": items, "settings": SETTINGS, "control_port": CONTROL_PORT,
+               "heartbeat_s": HEARTBEAT_S}
         self.proc = subprocess.Popen([*hosts.prefix("enc"), sys.executable, str(HERE / "netns_encoder.py"),
                                       netns.address("enc"), json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -151,7 +156,7 @@ class World:
         status = f"{netns.address(host)}:{STATUS_PORT + self._starts}"
         r = ReceiverProcess(self.encoder.endpoint, encoder_key=self.keypair[0], keypair=self.instance,
                             hostname=netns.address(host), status_address=status, prefix=self.hosts.prefix(host),
-                            env=ports)
+                            env=ports, options=RECEIVER_OPTIONS)
         # It advertises its own host, for its memory and its statuses.
         assert r.session.startswith(netns.address(host) + ":")
         assert r.status_endpoint == f"tcp://{status}"
@@ -164,8 +169,16 @@ class World:
         r.proc.wait()
         self.dead.append(r)
 
-    def rooms(self, *layout: tuple[str, ...], each: int = 1) -> dict[int, tuple[int, int]]:
-        """New rooms, `each` per receiver set in `layout`; each receiver expects and registers its own."""
+    def restart_encoder(self) -> None:
+        """kill -9 the encoder; a new process (a new incarnation) on the same host, address and keys."""
+        self.encoder.proc.kill()
+        self.encoder.proc.wait()
+        self.encoder = Encoder(self.hosts, self.keypair, self.instance[0])
+        self.encoder.started()
+
+    def rooms(self, *layout: tuple[str, ...], each: int = 1, read: bool = True) -> dict[int, tuple[int, int]]:
+        """New rooms, `each` per receiver set in `layout`; each receiver expects and registers its own
+        (`read`: and the encoder has read every frame)."""
         made: dict[int, tuple[int, int]] = {}
         for _ in range(each):
             for members in layout:
@@ -180,6 +193,8 @@ class World:
         before = self.encoder.ask(cmd="state")["control"].get("frames", 0)
         for host in {m for r in made for m in self.plans[r][0]}:
             assert self.receivers[host].ask(cmd="register", rooms=[r for r in made if host in self.plans[r][0]])["ok"]
+        if not read:
+            return made
         # Until the encoder has read them: a send only queues a frame, and a cut or a SIGSTOP
         # right after would keep it from ever leaving.
         frames = before + sum(len(self.plans[r][0]) for r in made)
@@ -440,6 +455,86 @@ def test_partition_of_the_encoder_from_every_receiver(world, hosts):
     hosts.heal("enc")
     first_success(world, ("b", "c"))
     res = world.run(("b",), ("c",), ("b", "c"), each=2)
+    assert states(res, res) == {"success"}
+    world.check(res)
+
+
+def until_state(world: World, holds, what: str, timeout: float = 60.0) -> dict:
+    """Ask the encoder its state until `holds(state)`: that state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = world.encoder.ask(cmd="state")
+        if holds(state):
+            return state
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_frames_and_withdraws_sent_during_a_cut_longer_than_the_heartbeat_arrive_after_the_heal(world, hosts):
+    # Issue 29: the control plane's heartbeat ends a connection silent for 3 intervals, and what B
+    # wrote into it during the cut died with it: its frames never reached the encoder (their rooms
+    # parked and failed without B), its withdraw was never acknowledged, and none of those regions
+    # ever came back.
+    b = world.receivers["b"]
+    connected = world.encoder.ask(cmd="state")["connections"]
+    hosts.cut("b")
+    try:
+        during = world.rooms(("b",), each=3, read=False)
+        (gone,) = world.rooms(("b",), read=False)
+        assert b.ask(cmd="withdraw", rooms=[gone])["ok"]
+        until_state(world, lambda st: st["connections"] < connected, "the heartbeat never ended B's connection")
+    finally:
+        hosts.heal("b")
+    frames = world.encoder.ask(cmd="state")["control"].get("frames", 0)
+    # B connects again, hears the same incarnation, and sends again what is still open (as it polls).
+    report = b.ask(cmd="report", wait_free=[gone], timeout=90)
+    assert str(gone) not in report["open_regions"] and report["notices"][str(gone)][-1] == "withdrawn", report
+    until_state(world, lambda st: st["control"].get("frames", 0) >= frames + len(during), "B's frames never came")
+    world.encoder.submit(during)
+    res = world.encoder.wait(during)
+    # Each succeeds, or fails while B's peer comes back from the cut (a frame in its backoff): then
+    # its region comes back too.
+    failed = [r for r in during if res[r]["state"] != "success"]
+    assert {res[r]["kind"] for r in failed} <= RECOVERING_KINDS, res
+    world.check(res, hosts=["b"])
+    report = b.ask(cmd="report", wait_free=failed, timeout=60)
+    assert not set(map(str, failed)) & set(report["open_regions"]) and report["protocol_errors"] == [], report
+
+
+def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_region_back(world, hosts):
+    # Issue 29: a restarted encoder knew nothing of its predecessor's rooms, and nothing told the
+    # receivers: their `offered` regions came back only if withdrawn, the `failed` ones never.
+    old = world.encoder.ask(cmd="state")["incarnation"]
+    made = world.rooms(("b",), ("c",), ("b", "c"), each=3)
+    hosts.cut("b")  # B's writes stay in flight
+    try:
+        world.encoder.submit(made)
+        until_state(world, lambda st: st["in_flight"] > 0, "no write in flight")
+        world.restart_encoder()  # kill -9, with B's writes in flight and C's rooms at any point
+    finally:
+        hosts.heal("b")
+    assert world.encoder.ask(cmd="state")["incarnation"] != old
+    for host in ("b", "c"):
+        mine = [r for r in made if host in world.plans[r][0]]
+        deadline = time.monotonic() + 120
+        while True:  # every region back, but a success's (its bytes are the room's until consumed)
+            report = world.receivers[host].ask(cmd="report", timeout=1)
+            still = {r for r in mine if report["open_regions"].get(str(r)) not in (None, "written")}
+            if not still:
+                break
+            assert time.monotonic() < deadline, (host, still, report)
+        assert report["protocol_errors"] == [] and report["incarnation"]
+        for room in mine:
+            told = report["status"].get(str(room))
+            assert told in (["success"], ["failed"]), (host, room, told)  # once, whoever told it
+            if report["open_regions"].get(str(room)) == "written":
+                assert told == ["success"]
+        # Failed here (the old incarnation ended) and never told again by the new one.
+        assert all(room not in report["concluded_here"] or report["notices"].get(str(room), []).count("failed") == 0
+                   for room in mine)
+    # The memory is reused: new rooms through the new encoder, every byte checked.
+    first_success(world, ("b", "c"))
+    res = world.run(("b",), ("c",), ("b", "c"), each=3)
     assert states(res, res) == {"success"}
     world.check(res)
 

@@ -58,6 +58,10 @@ ENV_ENCODER = "EPD_RING_ENCODER_KEY"  # a receiver's view: the encoder's public 
 # What a receiver sends as it connects: it binds the connection to the receiver's key at once, so the
 # guard never counts it among connections that completed a handshake and said nothing.
 HELLO = b"epd-ring/hello/1"
+# The answer to a hello that names its status endpoint (`[HELLO, endpoint]`): this control plane's
+# incarnation, drawn at start. A receiver that hears a new one knows the encoder it offered its
+# regions to is gone, with every room it held (docs/mooncake.md, "Encoder incarnations").
+INCARNATION = b"epd-ring/incarnation/1"
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -255,6 +259,8 @@ class ZmqControlPlane:
         self._discard_source = ""  # the source address of the message being discarded
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
+        # Drawn once per process: a restarted encoder (same address, same keys) is told apart by it.
+        self.incarnation = os.urandom(8).hex().encode()
         if pump is not None:
             self.attach(pump)
 
@@ -360,8 +366,11 @@ class ZmqControlPlane:
         return identity, [p.bytes for p in parts]
 
     def _handle(self, identity: str, parts: list[bytes]) -> None:
-        if parts == [HELLO]:
-            self.stats["hellos"] += 1  # it bound its connection to its key (the guard), nothing more
+        if parts and parts[0] == HELLO and len(parts) <= 2:
+            self.stats["hellos"] += 1  # it bound its connection to its key (the guard)
+            if len(parts) == 2:  # and asks who we are, at its status endpoint
+                self._send_status(parts[1].decode("ascii", "replace"), identity, [INCARNATION, self.incarnation],
+                           sent="incarnations_told")
             return
         if parts and parts[0] == WITHDRAW_MAGIC:
             self._withdraw(identity, parts)
@@ -484,28 +493,31 @@ class ZmqControlPlane:
         return sock
 
     def push_status(self, frame: ReceiverFrame, room: int, status: str, reason: str = "") -> None:
-        endpoint = frame.status_endpoint
-        if not endpoint:
+        if not frame.status_endpoint:
             self.stats["status_without_endpoint"] += 1
-            return
-        if endpoint not in self._push_endpoints_ok and not numeric_endpoint(endpoint):
-            # Never dialled: libzmq would resolve a host name with a blocking lookup on its one I/O
-            # thread, stalling every socket of the context. The core refuses such frames; this
-            # guards every other way an endpoint can reach here (a withdraw, a caller).
-            self.stats["status_endpoint_refused"] += 1
-            self.log.warning("endpoint", "refused to push a status to %r: not a numeric tcp://ADDRESS:PORT",
-                             str(endpoint)[:64])
-            return
-        identity = getattr(frame, "identity", "")
-        if not self.insecure and not identity:
-            self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
             return
         parts = [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]]
         if getattr(frame, "region_notices", False):
             parts.append(b"%d" % frame.dst_ptr)  # which of its regions the notice concerns
+        self._send_status(frame.status_endpoint, getattr(frame, "identity", ""), parts, room)
+
+    def _send_status(self, endpoint: str, identity: str, parts: list[bytes], room: int | None = None,
+              sent: str = "status_sent") -> None:
+        """Send `parts` to the status socket at `endpoint` serving `identity`'s key, never blocking."""
+        if endpoint not in self._push_endpoints_ok and not numeric_endpoint(endpoint):
+            # Never dialled: libzmq would resolve a host name with a blocking lookup on its one I/O
+            # thread, stalling every socket of the context. The core refuses such frames; this
+            # guards every other way an endpoint can reach here (a withdraw, a hello, a caller).
+            self.stats["status_endpoint_refused"] += 1
+            self.log.warning("endpoint", "refused to push a status to %r: not a numeric tcp://ADDRESS:PORT",
+                             str(endpoint)[:64])
+            return
+        if not self.insecure and not identity:
+            self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
+            return
         try:
             self._socket(endpoint, identity).send_multipart(parts, zmq.NOBLOCK)
-            self.stats["status_sent"] += 1
+            self.stats[sent] += 1
         except zmq.Again:
             self.stats["status_dropped"] += 1  # queue full: the receiver is gone or stuck
         except zmq.ZMQError as exc:

@@ -18,9 +18,17 @@ one JSON line each (used by the end-to-end tests):
   {"cmd": "expect", "room": R, "span": S, "hidden": H, "deep": D, "n": N, "rank": K, "shard": bool}
   {"cmd": "register", "rooms": [R, ...]}       send those rooms' frames now
   {"cmd": "raw", "parts_hex": [...]}           send arbitrary multipart (hostile frames)
-  {"cmd": "report", "wait_rooms": [...], "wait_released": [...], "timeout": T}
+  {"cmd": "report", "wait_rooms": [...], "wait_released": [...], "wait_free": [...], "timeout": T}
                                                statuses, notices not ours, sha256 of received bytes
+                                               (wait_free: rooms whose region must be back)
   {"cmd": "withdraw", "rooms": [R, ...]}       withdraw those rooms' regions (requests aborted)
+
+What it sends survives a lost connection: each time its frame socket connects again (after a cut
+its encoder's heartbeat ended, or the encoder's restart) it says hello naming its status endpoint,
+and the encoder answers with its incarnation. The same encoder: every frame of a region still
+`offered` and every withdraw not yet acknowledged is sent again (either may have died with the old
+connection; both are idempotent). Another one, or none for `give_up_s`: the rooms it was offered
+are failed here, and every region comes back (docs/mooncake.md, "Encoder incarnations").
 """
 
 from __future__ import annotations
@@ -38,9 +46,19 @@ import torch
 from epd_ring.fsm import REGION, InvalidTransition
 from epd_ring.fsm.regions import NOTICE_EVENTS, OUTCOMES
 
+from ..core import settings
 from ..core.frames import ReceiverFrame, frame_to_parts, shard_rows
 from ..core.regions import withdraw_to_parts
-from .control import ENV_ENCODER, ENV_SECRET, HELLO, check_keypair, generate_keypair, load_keypair, load_public_keys
+from .control import (
+    ENV_ENCODER,
+    ENV_SECRET,
+    HELLO,
+    INCARNATION,
+    check_keypair,
+    generate_keypair,
+    load_keypair,
+    load_public_keys,
+)
 from .mooncake import OWNER_PAGE, load_engine, owner_page
 
 _ALIGN = 64
@@ -49,11 +67,16 @@ _ALIGN = 64
 class Region:
     """One room's receive region at this receiver: its extents and its region-machine state."""
 
-    __slots__ = ("room", "state", "extents", "ptr")
+    __slots__ = ("room", "state", "extents", "ptr", "resent", "reclaim_at", "needs_ack", "acked")
 
     def __init__(self, room: int, extents: list[tuple[int, int]], ptr: int = 0):
         self.room, self.state, self.extents = room, REGION.initial, extents
         self.ptr = ptr  # its frame's dst_ptr: what the encoder's notices name it by
+        self.resent = False  # its frame went out again: the encoder may tell its outcome again
+        # Orphaned (its encoder's incarnation ended): reclaimed here once `reclaim_at` passed and, where
+        # the new incarnation was asked to forget it (`needs_ack`), it acknowledged.
+        self.reclaim_at: float | None = None
+        self.needs_ack = self.acked = False
 
     def __repr__(self) -> str:
         return f"region of room {self.room}"
@@ -90,10 +113,18 @@ class ReferenceReceiver:
     def __init__(self, encode_endpoint: str, *, capacity: int = 64 << 20, hostname: str = "127.0.0.1",
                  dtype: torch.dtype = torch.float32, encoder_key: Any = None,
                  keypair: tuple[bytes, bytes] | None = None, insecure: bool = False,
-                 status_address: str | None = None):
+                 status_address: str | None = None, heartbeat_s: float = 10.0, give_up_s: float = 600.0,
+                 reclaim_s: float = 30.0, clock: Any = time.monotonic):
         """`hostname`: the address this receiver's session advertises (the engine's local
         hostname; the encoder's writes come to it). `status_address`: HOST or HOST:PORT the
-        status socket binds to and advertises (`hostname` and a random port by default)."""
+        status socket binds to and advertises (`hostname` and a random port by default).
+
+        `heartbeat_s`: ZMTP heartbeats on the frame socket (a silent connection ends after 3).
+        `give_up_s`: how long it keeps its rooms with no connection to its encoder; then they fail
+        here. It must exceed what the encoder may still do for a room (announce or park deadline,
+        write deadline, quarantine): a cut shorter than it loses nothing. `reclaim_s`: how long an
+        orphaned region (its encoder's incarnation ended) is kept after that, for writes the dead
+        process's kernel may still deliver. `clock`: seconds, for those two."""
         if not isinstance(encode_endpoint, str):
             raise TypeError(f"encode_endpoint must be a str like tcp://HOST:PORT, got {type(encode_endpoint).__name__}")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -104,6 +135,9 @@ class ReferenceReceiver:
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         if keypair is not None:
             keypair = check_keypair(keypair)
+        heartbeat_s = settings.seconds("heartbeat_s", heartbeat_s)
+        give_up_s = settings.seconds("give_up_s", give_up_s)
+        reclaim_s = settings.seconds("reclaim_s", reclaim_s)
         if status_address is not None and not isinstance(status_address, str):
             raise TypeError(f"status_address must be a str HOST or HOST:PORT, got {status_address!r}")
         # The encoder dials our status endpoint and refuses host names (a lookup would block its I/O
@@ -160,10 +194,11 @@ class ReferenceReceiver:
         # Each connection says hello, so the encoder binds it to our key at once rather than count it
         # among silent ones (which it sheds under a flood): the first as it is made, queued on the pipe
         # connect() makes, and every later one (after a cut, a blip, the encoder's restart) from poll().
-        self._handshakes = self.push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self.push.connect(encode_endpoint)
-        with contextlib.suppress(zmq.Again):
-            self.push.send(HELLO, zmq.NOBLOCK)
+        # Our own heartbeats too: a connection the encoder no longer answers on ends, and counts
+        # towards `give_up_s`, instead of looking alive until TCP gives up (minutes).
+        self.push.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_s * 1000)))
+        self.push.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(3 * heartbeat_s * 1000)))
+        self._handshakes = self.push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.status_sock = self.ctx.socket(zmq.PULL)
         self.status_sock.setsockopt(zmq.LINGER, 0)
         if not insecure:
@@ -174,6 +209,16 @@ class ReferenceReceiver:
         else:
             status_port = str(self.status_sock.bind_to_random_port(f"tcp://{status_host}"))
         self.status_endpoint = f"tcp://{status_host}:{status_port}"
+        self.clock, self.give_up_s, self.reclaim_s = clock, give_up_s, reclaim_s
+        self.incarnation: bytes | None = None  # the encoder's, as it last answered a hello
+        self.handshakes = 0
+        self._resend = False  # connected again: send again what may have been lost, once it answers
+        self._lost_since: float | None = None  # no connection to the encoder since then
+        self.repeated_notices: list[tuple[int, str]] = []  # outcomes told again after a frame went out again
+        self.concluded_here: set[int] = set()  # rooms failed here: their encoder's incarnation ended
+        self.push.connect(encode_endpoint)
+        with contextlib.suppress(zmq.Again):
+            self.push.send_multipart(self._hello(), zmq.NOBLOCK)
         self.frames: dict[int, ReceiverFrame] = {}
         self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.status: dict[int, list[str]] = {}  # outcomes told, per room
@@ -222,19 +267,94 @@ class ReferenceReceiver:
     def send_raw(self, parts: list[bytes]) -> None:
         self.push.send_multipart(parts)
 
+    def _hello(self) -> list[bytes]:
+        return [HELLO, self.status_endpoint.encode()]
+
     def poll(self, timeout_ms: int = 0) -> int:
+        from zmq.utils.monitor import parse_monitor_message
+
         while self._handshakes.poll(0):
-            self._handshakes.recv_multipart()
+            event = parse_monitor_message(self._handshakes.recv_multipart())["event"]
+            if event == self._zmq.EVENT_DISCONNECTED:
+                if self._lost_since is None:
+                    self._lost_since = self.clock()
+                continue
+            self._lost_since = None
+            self.handshakes += 1
+            # A connection after the first: what went out on the one before may have died with it.
+            self._resend = self._resend or self.handshakes > 1
             with contextlib.suppress(self._zmq.Again):
-                self.push.send(HELLO, self._zmq.NOBLOCK)
+                self.push.send_multipart(self._hello(), self._zmq.NOBLOCK)
         n = 0
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
             parts = self.status_sock.recv_multipart()
+            n += 1
+            if parts[0] == INCARNATION and len(parts) == 2:
+                self.on_incarnation(parts[1])
+                continue
             # [room, status, session, reason] and, from an encoder that names regions, the region's dst_ptr
             region = int(parts[4]) if len(parts) > 4 else None
             self.on_notice(int(parts[0]), parts[1].decode(), region, parts[2].decode("ascii", "replace"))
-            n += 1
+        now = self.clock()
+        if self._lost_since is not None and now - self._lost_since >= self.give_up_s:
+            self._lost_since = None
+            self.incarnation = None  # whoever answers next is new to the regions left
+            self._orphan(now, ask=False)
+        self._reclaim(now)
         return n
+
+    def on_incarnation(self, incarnation: bytes) -> None:
+        """The encoder answered a hello. The one we knew: send again what a dead connection may have
+        lost. Another: the rooms of the one before ended with it (failed here), and its regions come
+        back (`_orphan`)."""
+        known, self.incarnation = self.incarnation, incarnation
+        if known is not None and known != incarnation:
+            self._resend = False
+            self._orphan(self.clock(), ask=True)
+        elif self._resend:
+            self._resend = False
+            self.resend()
+
+    def resend(self) -> None:
+        """Every frame of a region still `offered` and every withdraw not yet acknowledged, again: the
+        encoder takes a frame it has twice once, and answers a withdraw as often as it comes."""
+        for room, region in sorted(self.regions.items()):
+            if region.reclaim_at is not None:
+                continue
+            if region.state == "offered":
+                region.resent = True
+                self.push.send_multipart(frame_to_parts(self.frames[room]))
+            elif region.state == "withdrawing":
+                self.push.send_multipart(withdraw_to_parts(room, self.session, self.status_endpoint))
+
+    def _orphan(self, now: float, ask: bool) -> None:
+        """The encoder that was offered our open regions is gone (a new incarnation answered, `ask`, or
+        none for `give_up_s`): its rooms failed here, once, and each region comes back after
+        `reclaim_s`. A region its frame may have offered to the new incarnation too (still `offered`, or
+        withdrawing) is withdrawn there first, and comes back only once that one acknowledged: it never
+        writes into memory reused here. A `failed` one waited only for the dead one's release."""
+        for room, region in sorted(self.regions.items()):
+            if region.state == "written" or region.reclaim_at is not None:
+                continue  # told success: its bytes are the room's; or already orphaned
+            if region.state == "offered":
+                REGION.step(region, "withdraw")
+            if room not in self.status:
+                self.status[room] = ["failed"]
+                self.concluded_here.add(room)
+            region.reclaim_at = now + self.reclaim_s
+            region.needs_ack = ask and region.state == "withdrawing"
+            if region.needs_ack:
+                self.push.send_multipart(withdraw_to_parts(room, self.session, self.status_endpoint))
+
+    def _reclaim(self, now: float) -> None:
+        for region in [g for g in self.regions.values() if g.reclaim_at is not None and now >= g.reclaim_at]:
+            if region.state == "failed":
+                REGION.step(region, "release")
+            elif not region.needs_ack or region.acked:
+                REGION.step(region, "ack")
+            else:
+                continue
+            self._free(region)
 
     def on_notice(self, room: int, status: str, region_ptr: int | None = None, session: str | None = None) -> None:
         """Step the room's region; a region that reaches `released` gives its memory back.
@@ -249,13 +369,24 @@ class ReferenceReceiver:
             self.foreign_notices.append((room, status, region_ptr))
             return
         self.notices.setdefault(room, []).append(status)
-        if status in OUTCOMES:
-            self.status.setdefault(room, []).append(status)
         region = self.regions.get(room)
+        if status in OUTCOMES:
+            told = self.status.get(room, [])
+            if region is not None and told and (
+                    (region.resent and told == [status]) or region.reclaim_at is not None):
+                # The answer to a frame sent again (its outcome was on its way), or an outcome from the
+                # new incarnation for a room already failed here: the room was told once.
+                self.repeated_notices.append((room, status))
+                return
+            self.status.setdefault(room, []).append(status)
         event = NOTICE_EVENTS.get(status)
         if region is None or event is None:
             if status != "withdrawn":  # an ack may cross the release it duplicates
                 self.protocol_errors.append(f"room {room}: {status!r} for no open region")
+            return
+        if region.reclaim_at is not None and event in ("ack", "release"):
+            region.acked = True  # the new incarnation forgot it; it comes back at `reclaim_at` (poll)
+            self._reclaim(self.clock())
             return
         try:
             REGION.step(region, event)
@@ -384,11 +515,12 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
             deadline = time.monotonic() + cmd.get("timeout", 0)
             wait = set(cmd.get("wait_rooms", []))
             released = set(cmd.get("wait_released", []))  # rooms whose `released` notice is awaited too
+            free = set(cmd.get("wait_free", []))  # rooms whose region must be back, however it came back
             while True:
                 r.poll(20)
                 foreign = {room for room, _, _ in r.foreign_notices}
                 done = all(r.status.get(room) or room in foreign for room in wait) and all(
-                    "released" in r.notices.get(room, ()) for room in released)
+                    "released" in r.notices.get(room, ()) for room in released) and not free & set(r.regions)
                 if done or time.monotonic() > deadline:
                     break
             print(json.dumps({"status": {str(k): v for k, v in r.status.items()},
@@ -396,6 +528,8 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
                               "notices": {str(k): v for k, v in r.notices.items()},
                               "open_regions": {str(k): g.state for k, g in r.regions.items()},
                               "protocol_errors": r.protocol_errors,
+                              "repeated_notices": r.repeated_notices, "concluded_here": sorted(r.concluded_here),
+                              "incarnation": (r.incarnation or b"").decode(),
                               "digest": {str(k): r.digest(k) for k in r.views}}), flush=True)
         elif kind == "withdraw":
             for room in cmd["rooms"]:
@@ -428,6 +562,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-address", metavar="HOST[:PORT]",
                         help="where the status socket binds and what it advertises (default: the hostname, "
                              "a random port)")
+    parser.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                        help="ZMTP heartbeat interval on the frame socket (a silent connection ends after 3)")
+    parser.add_argument("--give-up", type=float, default=600.0, metavar="S",
+                        help="fail the open rooms after this long without a connection to the encoder; above "
+                             "whatever the encoder may still do for a room (default 600)")
+    parser.add_argument("--reclaim", type=float, default=30.0, metavar="S",
+                        help="how long a region of an ended encoder incarnation is kept before its memory is "
+                             "reused (default 30)")
     parser.add_argument("--insecure", action="store_true",
                         help=f"run without CURVE keys when {ENV_SECRET} and {ENV_ENCODER} are unset: frames and "
                              "statuses unauthenticated, so anyone who reaches the status socket can forge a "
@@ -459,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.transport import TransportError
 
     try:
-        serve(args.endpoint, insecure=args.insecure, hostname=args.hostname, status_address=args.status_address)
+        serve(args.endpoint, insecure=args.insecure, hostname=args.hostname, status_address=args.status_address,
+              heartbeat_s=args.heartbeat, give_up_s=args.give_up, reclaim_s=args.reclaim)
     except TransportError as exc:
         parser.exit(3, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:  # malformed keys in the environment, a host that does not resolve
@@ -519,11 +662,12 @@ class ReceiverProcess:
 
     def __init__(self, encode_endpoint: str, *, encoder_key: bytes | None = None,
                  keypair: tuple[bytes, bytes] | None = None, hostname: str | None = None,
-                 status_address: str | None = None, prefix: Sequence[str] = (), env: dict | None = None):
+                 status_address: str | None = None, prefix: Sequence[str] = (), env: dict | None = None,
+                 options: Sequence[str] = ()):
         """With `encoder_key`, the process runs with CURVE under `keypair` (a fresh one if
         None; its public half is `public_key`, for the encoder's allow-list). `hostname`,
-        `status_address`: its command-line options; `prefix` runs it (in another network
-        namespace, say); `env`: variables added to its environment."""
+        `status_address`: its command-line options (`options`: more of them); `prefix` runs it
+        (in another network namespace, say); `env`: variables added to its environment."""
         child, self.public_key = child_env(encoder_key, keypair)
         child.update(env or {})
         args = ["epd_ring.executor.drivers.receiver", encode_endpoint] + ([] if encoder_key is not None
@@ -532,6 +676,7 @@ class ReceiverProcess:
             args += ["--hostname", hostname]
         if status_address is not None:
             args += ["--status-address", status_address]
+        args += list(options)
         self.proc, hello = spawn_json_child(args, child, "receiver", prefix)
         self.session, self.status_endpoint = hello["session"], hello["status_endpoint"]
 

@@ -1,0 +1,169 @@
+"""The reference receiver across a lost connection and an encoder's restart (issue 29), on one host.
+
+What a receiver sends on a connection that dies (its encoder's heartbeat ended it during a cut)
+is lost: once it connects again it sends every frame of a region still `offered` and every
+withdraw not yet acknowledged again. An encoder that comes back as a new incarnation (the same
+address and keys, a new process) held none of the rooms the receiver offered to the one before:
+those fail at the receiver, once, and every region comes back. The multi-host suite does both
+over real cuts and a kill -9 (tests/test_multihost.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
+    pytest.importorskip("mooncake.engine")
+    pytest.importorskip("zmq")
+
+from helpers import drive
+from test_hostile_edges import cut_the_one_connection
+
+from epd_ring.executor import EncodeManager, FakeClock, LoopbackTransport, ReasonKind
+from epd_ring.executor.drivers.control import ZmqControlPlane, generate_keypair
+from epd_ring.executor.drivers.receiver import ReferenceReceiver
+
+CAPACITY = 1 << 16
+
+
+class _Cut:
+    """A frame socket whose sends go nowhere: what a receiver writes into a connection that dies."""
+
+    def __init__(self) -> None:
+        self.lost: list[list[bytes]] = []
+
+    def send_multipart(self, parts, *args, **kw) -> None:
+        self.lost.append(parts)
+
+
+@pytest.fixture
+def receiver(side):
+    """(the encoder's side, a receiver of its, the receiver's clock): its notices reach the receiver."""
+    s = side()
+    s.manager.pump.transport.notify = s.control.push_status  # as the Mooncake transport's notifier does
+    keys = generate_keypair()
+    s.control.allow(keys[0])
+    now = [0.0]
+    r = ReferenceReceiver(s.control.endpoint, capacity=CAPACITY, keypair=keys, encoder_key=s.keys[0],
+                          reclaim_s=5.0, give_up_s=60.0, clock=lambda: now[0])
+    r.keys = keys
+    try:
+        s.pump(lambda: r.incarnation == s.control.incarnation, timeout=30, poll=lambda: both(s.manager.poll, r))
+        yield s, r, now
+    finally:
+        r.close()
+
+
+def both(tick, r) -> int:
+    """A turn of the encode loop (its control plane read, its notices sent) and of the receiver."""
+    return tick() + r.poll(5)
+
+
+def test_frames_and_withdraws_lost_with_a_connection_go_out_again_once_it_is_back(receiver):
+    # Before: they were lost for good (the frame's room never heard of this receiver, the withdrawn
+    # region was never acknowledged), so neither region ever came back.
+    s, r, _ = receiver
+    m = s.manager
+    r.expect(1, span=4, hidden=8)
+    r.expect(2, span=4, hidden=8)
+    r.expect(3, span=4, hidden=8)
+    r.register(1)
+    r.register(3)
+    s.pump(lambda: m.room_status(1) == m.room_status(3) == "announced", timeout=30,
+           poll=lambda: both(s.manager.poll, r))
+    push, r.push = r.push, _Cut()
+    r.withdraw(1)
+    r.register(2)
+    assert len(r.push.lost) == 2
+    r.push = push
+    assert cut_the_one_connection(s.control.guard)  # the encoder ends the connection (its heartbeat, in a cut)
+    s.pump(lambda: 1 not in r.regions and m.room_status(2) == "announced", timeout=30,
+           poll=lambda: both(s.manager.poll, r))
+    assert m.failure_reason(1).kind == ReasonKind.WITHDRAWN
+    assert r.notices[1] == ["failed", "withdrawn"]
+    # Room 3's frame went out again too: the encoder had it already, and takes it once.
+    assert m.stats["duplicate_frames"] == 1 and m.room_status(3) == "announced"
+    for room in (2, 3):
+        m.fail_room(room, "the sender never came")
+    s.pump(lambda: not r.regions, timeout=30, poll=lambda: both(s.manager.poll, r))
+    assert r.status == {1: ["failed"], 2: ["failed"], 3: ["failed"]}
+    assert r.protocol_errors == [] and r._extents.free == [(0, CAPACITY)]
+
+
+def test_an_outcome_told_again_for_a_frame_sent_again_is_not_a_second_outcome(receiver):
+    # Its outcome was on its way when the frame went out again, and the encoder answers the frame
+    # from the room's tombstone (`failed` again while a write may still land, its release to come).
+    # Before: a protocol error at the receiver.
+    s, r, _ = receiver
+    r.expect(4, span=4, hidden=8)
+    frame = r.frames[4]._replace(identity=r.keys[0].decode())
+    r.regions[4].resent = True
+    for status in ("failed", "failed", "released"):
+        s.control.push_status(frame, 4, status)
+    s.pump(lambda: not r.regions, timeout=30, poll=lambda: r.poll(5))
+    assert r.status[4] == ["failed"] and r.repeated_notices == [(4, "failed")]
+    assert r.protocol_errors == []
+
+
+def test_a_new_incarnation_fails_the_rooms_of_the_one_before_and_every_region_comes_back(receiver):
+    # Before: nothing told the receiver. Its `offered` regions came back only if it withdrew them,
+    # and the `failed` one (its release was the dead encoder's to send) never did.
+    s, r, now = receiver
+    old = s.control
+    r.expect(5, span=4, hidden=8)  # offered to the old incarnation
+    r.expect(6, span=4, hidden=8)  # told failed by it; its release never comes
+    r.expect(8, span=4, hidden=8)  # succeeded: its bytes are the room's, untouched by the restart
+    for room in (5, 6, 8):
+        r.register(room)
+    s.pump(lambda: all(s.manager.room_status(x) == "announced" for x in (5, 6, 8)), timeout=30,
+           poll=lambda: both(s.manager.poll, r))
+    frame6 = r.frames[6]._replace(identity=r.keys[0].decode())
+    old.push_status(frame6, 6, "failed")
+    old.push_status(r.frames[8]._replace(identity=r.keys[0].decode()), 8, "success")
+    s.pump(lambda: r.regions[6].state == "failed" and r.regions[8].state == "written", timeout=30,
+           poll=lambda: both(s.manager.poll, r))
+    r.expect(7, span=4, hidden=8)
+    endpoint = old.endpoint
+    old.close()  # the encoder dies: a new process binds the same address with the same keys
+    s.pump(lambda: r._lost_since is not None, timeout=30, poll=lambda: r.poll(5))
+    r.withdraw(7)  # withdrawn while nobody listens: queued, it reaches whoever comes next, and is acked
+    clock = FakeClock()
+    manager = drive(EncodeManager(LoopbackTransport(clock), clock))
+    new = ZmqControlPlane(manager.pump, bind=endpoint, keypair=s.keys, allowed_keys=[r.keys[0]])
+    try:
+        manager.pump.transport.notify = new.push_status
+        assert new.incarnation != old.incarnation
+        s.pump(lambda: r.incarnation == new.incarnation and r.regions[5].acked and 7 not in r.regions,
+               timeout=30, poll=lambda: both(manager.poll, r))
+        # Room 5 failed here, once; the new encoder was asked to forget it and did (it never held it).
+        assert r.status == {5: ["failed"], 6: ["failed"], 8: ["success"]}
+        assert r.concluded_here == {5} and r.notices[5] == ["withdrawn"] and r.repeated_notices == []
+        # Held for the dead process's writes still on the wire, then back.
+        assert r.regions[5].state == "withdrawing" and r.regions[6].state == "failed"
+        now[0] += 5.0
+        r.poll()
+        assert set(r.regions) == {8} and r.protocol_errors == []
+        r.consume(8)
+        assert r._extents.free == [(0, CAPACITY)]
+    finally:
+        new.close()
+
+
+def test_a_receiver_that_loses_its_encoder_past_its_bound_fails_its_rooms_and_takes_its_regions_back(receiver):
+    s, r, now = receiver
+    r.expect(9, span=4, hidden=8)
+    r.register(9)
+    s.pump(lambda: s.manager.room_status(9) == "announced", timeout=30, poll=lambda: both(s.manager.poll, r))
+    s.control.close()  # the encoder is gone (closed again, harmlessly, at teardown)
+    s.pump(lambda: r._lost_since is not None, timeout=30, poll=lambda: r.poll(5))
+    now[0] += 59.0
+    r.poll()
+    assert r.regions[9].state == "offered" and r.status == {}  # within its bound: kept
+    now[0] += 1.0
+    r.poll()
+    assert r.status == {9: ["failed"]} and r.regions[9].reclaim_at is not None
+    now[0] += 5.0
+    r.poll()
+    assert r.regions == {} and r._extents.free == [(0, CAPACITY)] and r.protocol_errors == []
