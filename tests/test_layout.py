@@ -7,6 +7,7 @@ folder, or a socket opened from the core, fails here before review.
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,28 @@ def test_imports_one_way_and_a_package_importing_its_modules_are_no_cycle(tmp_pa
                             "fsm/b.py": "from epd_ring.fsm.c import Z\n", "fsm/c.py": "import os\n"})
     assert import_graph(root)["epd_ring.fsm.a"] == {"epd_ring.fsm.b"}
     assert import_cycles(root) == []
+
+
+# The top level, as the design card this project was built from names it, and what stands beside it:
+# the docs site, the examples, the `epd_ring` namespace's `__main__`, CI's scripts, front page, licence.
+CARD_TOP = {"fsm/", "executor/", "models/", "tests/", "diagrams/", "pyproject.toml"}
+BESIDE_TOP = {"docs/", "examples/", "epd_ring/", ".ci/", "mkdocs.yml", "README.md", "LICENSE", ".gitignore"}
+
+
+def top_level(root: Path) -> set[str] | None:
+    """The tracked entries at the top of the checkout, folders with a trailing slash (None outside git)."""
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if p.returncode != 0:
+        return None
+    return {name.split("/")[0] + ("/" if "/" in name else "") for name in p.stdout.decode().split("\0") if name}
+
+
+def test_the_top_level_is_the_cards():
+    found = top_level(ROOT)
+    if found is None:
+        pytest.skip("not a git checkout: what is tracked is unknown")
+    assert found == CARD_TOP | BESIDE_TOP
+    assert (ROOT / "diagrams" / "room.svg").is_file() and not (ROOT / "docs" / "diagrams").exists()
 
 
 def test_every_folder_says_what_lives_there():

@@ -259,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
-    diagrams.add_argument("--dir", default="docs/diagrams", help="the folder (the docs site shows them from there)")
+    diagrams.add_argument("--dir", default="diagrams",
+                          help="the folder, from the repository root (the docs site shows them from there)")
 
     command("check", "explore the formal model exhaustively (exit 1 on a violation), or replay a trace",
             later=_check_arguments)
