@@ -62,7 +62,7 @@ class Side:
         s.connect(self.control.endpoint)
         return s
 
-    def pump(self, until, timeout=10.0, poll=None) -> float:
+    def pump(self, until, timeout=300.0, poll=None) -> float:
         """Call `poll` (the manager's, unless given) until `until()` holds; return the longest single
         poll in this thread's CPU time, for the log (wall time also counts whatever else the shared
         machine ran meanwhile; `wall` keeps it). `most` keeps the most inputs one poll took, when
