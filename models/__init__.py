@@ -1,1 +1,5 @@
 """The formal model of the slot/room protocol (see issue: models/)."""
+
+# The variants whose rules are a subclass of `Spec` register it as they load: loaded here, before any
+# module of the package, so `Spec(Config(variant="seed"))` always finds the seed's rules.
+from . import seed as seed

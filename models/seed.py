@@ -17,7 +17,7 @@ from .spec import Config, Spec
 from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers, told_after
 
 
-class SeedSpec(Spec):
+class SeedSpec(Spec, variant="seed"):
     """`Spec(Config(variant="seed"))`: the project's spec with the seed's rules where they differ."""
 
     UNARMED = frozenset(("arm_announce_deadline",))

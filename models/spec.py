@@ -47,6 +47,7 @@ invariants show what goes wrong: a new extent overlaps one a write may still rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from epd_ring.fsm import EXTENT, PEER, ROOM
 
@@ -192,11 +193,18 @@ class Spec(Events):
     `Spec(config)` with the seed variant builds a `models.seed.SeedSpec`, the seed's rules.
     """
 
-    def __new__(cls, config: Config):
-        if cls is Spec and config.variant == "seed":
-            from .seed import SeedSpec
+    # A variant whose rules are a subclass names itself there (`class SeedSpec(Spec, variant="seed")`),
+    # so this module imports none of them (they import it); the package's __init__ loads them.
+    _by_variant: ClassVar[dict[str, type[Spec]]] = {}
 
-            return super().__new__(SeedSpec)
+    def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if variant is not None:
+            Spec._by_variant[variant] = cls
+
+    def __new__(cls, config: Config):
+        if cls is Spec:
+            cls = Spec._by_variant.get(config.variant, Spec)
         return super().__new__(cls)
 
     def __init__(self, config: Config):

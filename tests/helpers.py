@@ -29,6 +29,7 @@ from epd_ring.executor import (
 # The calls into the core after which a driver does what they decided (`Pump.flush`).
 ENTRY_POINTS = frozenset((
     "register", "execute", "send_item", "fail_rooms", "reap_concluded_senders", "serve_deferred", "finish_copies",
+    "drain_deferred",  # the seed's name for serve_deferred
     "begin_close", "bind_sender", "unbind_sender", "register_receiver", "withdraw", "submit_chunk", "fail_room",
     "writes_reported", "contacts_reported"))
 # The peer table's own steps (tests of the table drive it directly): each may decide a contact.

@@ -96,6 +96,9 @@ USAGE_ERRORS = [
     (["bench", "--transport", "mooncake", "--sizes", "2048"], "--sizes"),
     (["bench", "--seed", "/no/such/seed.py"], "no such file"),
     (["bench", "--blocks", "3"], "--blocks applies only to --against"),
+    (["bench", "--runs", "2"], "--runs applies only to --startup"),
+    (["bench", "--startup", "--sizes", "64"], "--sizes apply to the controller bench"),
+    (["bench", "--startup", "--transport", "mooncake"], "--transport mooncake apply to the controller bench"),
     (["bench", "--against", "/no/such/python"], "not an executable Python"),
     (["bench", "--against", sys.executable, "--sizes", "64", "1024"], "one ring size"),
     (["demo", "--requests", "4"], "apply only to --model qwen3-vl-tiny"),
@@ -141,6 +144,51 @@ def test_version_help_and_usage_errors_answer_without_importing_torch():
     answer = json.loads(p.stdout.strip().splitlines()[-1])
     assert answer["codes"] == [0, 0, 0, 0] + [2] * len(USAGE_ERRORS), answer
     assert answer["torch"] is False
+
+
+# `--version` and `--help` answer from the command line's own module: neither torch nor the model
+# (epd_ring.models, which loads the machines and with them transitions.extensions, seconds under load).
+_LOADED_PROBE = """
+import json, sys
+from epd_ring.executor.tools.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+HEAVY = ("torch", "transitions", "epd_ring.models", "epd_ring.fsm", "epd_ring.executor.core", "numpy")
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_load_neither_torch_nor_the_model(flag):
+    p = subprocess.run([sys.executable, "-c", _LOADED_PROBE, flag], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    answer = json.loads(p.stdout.strip().splitlines()[-1])
+    assert answer["code"] in (0, None)
+    assert "epd_ring.executor.tools.cli" in answer["modules"]  # the probe sees what main() loaded
+    assert [m for m in answer["modules"] if m.split(".")[0] in HEAVY or m.startswith(HEAVY)] == []
+
+
+def test_check_loads_its_flags_from_the_model_only_when_chosen(epd):
+    # the flags came back: help lists them and a bad value is refused by the model's own check
+    p = epd("check", "--help")
+    assert p.returncode == 0 and "--cells" in p.stdout and "--engine" in p.stdout and "--json" in p.stdout
+    one_line_error(epd("check", "--variant", "nobody"), 2, "--variant")
+
+
+def test_bench_startup_prints_the_time_of_version_and_help(epd):
+    p = epd("bench", "--startup", "--runs", "1")
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines() if line.split()[:1] in
+            (["--version"], ["--help"])}
+    assert set(rows) == {"--version", "--help"} and all(float(x) > 0 for row in rows.values() for x in row)
+    p = epd("bench", "--startup", "--runs", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    figures = json.loads(p.stdout)["startup"]
+    assert set(figures) == {"--version", "--help"}
+    assert all(f["best_ms"] <= f["median_ms"] and f["imports_ms"] > 0 for f in figures.values())
 
 
 def test_the_facade_lists_and_resolves_every_public_name():

@@ -97,7 +97,7 @@ def test_every_generated_diagram_is_shown_on_a_page():
     shown = set()
     for page in DOCS.glob("*.md"):
         shown |= set(re.findall(r"!\[[^\]]*\]\(diagrams/([^)]+\.svg)\)", page.read_text()))
-    drawn = {p.name for p in (DOCS / "diagrams").glob("*.svg")}
+    drawn = {p.name for p in (ROOT / "diagrams").glob("*.svg")}
     assert drawn and drawn <= shown, drawn - shown
     assert shown <= drawn, shown - drawn  # no picture of a diagram that is not generated
 

@@ -155,11 +155,11 @@ def test_idle_keyless_connections_from_one_source_are_capped_and_an_allowed_rece
         t_honest = time.perf_counter()
         c = s.client(keys)
         c.send_multipart(frame_to_parts(FRAME._replace(room=9, status_endpoint=status.endpoint)))
-        s.pump(lambda: s.manager.room_status(9) == "announced", timeout=20)
+        s.pump(lambda: s.manager.room_status(9) == "announced", timeout=300)
         s.manager.fail_room(9, "test")  # an outcome for it to be told
         s.manager.pump.flush()
         got: list = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 300
         while not got and time.monotonic() < deadline:
             s.control.poll()
             most = max(most, open_fds() - baseline)
@@ -422,7 +422,7 @@ def test_a_receiver_whose_connection_was_cut_reconnects_and_its_next_frame_gets_
     assert cut_the_one_connection(s.control.guard)  # cut as the message cap cuts a connection
     ((source, _),) = s.control.guard.connections_from.items()
     c.send_multipart(frame_to_parts(FRAME._replace(room=2, session="127.0.0.1:2")))
-    s.pump(lambda: s.manager.room_status(2) is not None, timeout=30)
+    s.pump(lambda: s.manager.room_status(2) is not None, timeout=300)
     assert s.manager.room_status(2) == "announced"
     assert s.control.guard.connections_from[source] == 2  # its libzmq connected again
 
@@ -508,7 +508,7 @@ def test_one_keys_connections_past_the_cap_are_cut_the_least_recently_heard_firs
         for _ in range(4):  # at the per-source cap for young connections, never over it
             room += 1
             s.client(keys).send_multipart(frame_to_parts(FRAME._replace(room=room, session=f"127.0.0.1:{room}")))
-        s.pump(lambda last=room: stats["frames"] >= last, timeout=30)
+        s.pump(lambda last=room: stats["frames"] >= last, timeout=300)
         rounds.append(set(guard.key_of) - set().union(*rounds))
         _age(guard)
     (key,) = guard.heard
@@ -520,7 +520,7 @@ def test_one_keys_connections_past_the_cap_are_cut_the_least_recently_heard_firs
     # Another key is not held to the first one's count: its connection speaks and its room opens.
     other = s.client()
     other.send_multipart(frame_to_parts(FRAME._replace(room=100, session="127.0.0.1:100")))
-    s.pump(lambda: s.manager.room_status(100) is not None, timeout=30)
+    s.pump(lambda: s.manager.room_status(100) is not None, timeout=300)
     assert s.manager.room_status(100) == "announced" and len(guard.heard) == 2
 
 
@@ -592,7 +592,7 @@ def test_a_keys_silent_connections_are_shed_the_longest_silent_first_and_a_recei
     assert not live & set(first[:8]) and set(first[8:]) <= live
     assert guard.key_of == {fd: key} and fd in guard.live
     honest.send_multipart(frame_to_parts(FRAME._replace(room=1)))
-    s.pump(lambda: s.manager.room_status(1) is not None, timeout=30)
+    s.pump(lambda: s.manager.room_status(1) is not None, timeout=300)
     assert s.manager.room_status(1) == "announced"
 
 

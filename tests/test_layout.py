@@ -7,6 +7,7 @@ folder, or a socket opened from the core, fails here before review.
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,114 @@ def violations(root: Path) -> list[str]:
 
 def test_imports_run_one_way():
     assert violations(ROOT) == []
+
+
+# Import cycles. Every import statement counts, wherever it stands: at module level, under
+# `if TYPE_CHECKING:`, or inside a function. Moving an import into a function or under
+# TYPE_CHECKING still leaves the two modules depending on each other; it only hides the cycle
+# from the interpreter. Importing `a.b.c` first runs `a/b/__init__.py`; that implicit step is no
+# edge (else every package would be in a cycle with its own modules), but an `__init__.py`'s own
+# imports are edges like any other.
+def project_modules(root: Path) -> dict[str, Path]:
+    return {module_name(path, root): path for folder in PACKAGES for path in sorted((root / folder).rglob("*.py"))}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project's modules its import statements name (`from x import y` names `x.y` if a module)."""
+    modules = project_modules(root)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    target = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in modules:
+                        edges.add(f"{target}.{alias.name}")
+                    elif target in modules:
+                        edges.add(target)
+        graph[module] = edges - {module}
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Each set of modules that import one another in a ring (a strongly connected component), sorted."""
+    graph = import_graph(root)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_back():
+    assert import_cycles(ROOT) == []
+    assert sum(map(len, import_graph(ROOT).values())) > 100  # and the graph is read: the modules import a lot
+
+
+@pytest.mark.parametrize("a,b", [
+    ("from . import b\n", "from .a import X\n"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import Y\n", "from . import a\n"),
+    ("import epd_ring.fsm.b\n", "def f():\n    from .a import X\n    return X\n"),
+])
+def test_a_cycle_is_caught_however_its_imports_are_hidden(tmp_path, a, b):
+    root = _tree(tmp_path, {"fsm/__init__.py": "", "fsm/a.py": a, "fsm/b.py": b, "fsm/c.py": "from .a import X\n"})
+    assert import_cycles(root) == [["epd_ring.fsm.a", "epd_ring.fsm.b"]]
+
+
+def test_imports_one_way_and_a_package_importing_its_modules_are_no_cycle(tmp_path):
+    root = _tree(tmp_path, {"fsm/__init__.py": "from .a import X\nfrom .b import Y\n", "fsm/a.py": "from .b import Y\n",
+                            "fsm/b.py": "from epd_ring.fsm.c import Z\n", "fsm/c.py": "import os\n"})
+    assert import_graph(root)["epd_ring.fsm.a"] == {"epd_ring.fsm.b"}
+    assert import_cycles(root) == []
+
+
+# The top level, as the design card this project was built from names it, and what stands beside it:
+# the docs site, the examples, the `epd_ring` namespace's `__main__`, CI's scripts, front page, licence.
+CARD_TOP = {"fsm/", "executor/", "models/", "tests/", "diagrams/", "pyproject.toml"}
+BESIDE_TOP = {"docs/", "examples/", "epd_ring/", ".ci/", "mkdocs.yml", "README.md", "LICENSE", ".gitignore"}
+
+
+def top_level(root: Path) -> set[str] | None:
+    """The tracked entries at the top of the checkout, folders with a trailing slash (None outside git)."""
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if p.returncode != 0:
+        return None
+    return {name.split("/")[0] + ("/" if "/" in name else "") for name in p.stdout.decode().split("\0") if name}
+
+
+def test_the_top_level_is_the_cards():
+    found = top_level(ROOT)
+    if found is None:
+        pytest.skip("not a git checkout: what is tracked is unknown")
+    assert found == CARD_TOP | BESIDE_TOP
+    assert (ROOT / "diagrams" / "room.svg").is_file() and not (ROOT / "docs" / "diagrams").exists()
 
 
 def test_every_folder_says_what_lives_there():

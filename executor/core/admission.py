@@ -21,7 +21,8 @@ from .rooms import Room
 from .tombstones import Tombstone
 
 if TYPE_CHECKING:
-    from .manager import EncodeManager
+    # The manager as its base declares it: the manager builds an Admission, so admission does not import it.
+    from .lifecycle import Lifecycle
 
 _NOT_OPEN = "room not open to this receiver"
 _NOT_YOURS = "session is another receiver's (its own memory names another key)"
@@ -31,7 +32,7 @@ _TOO_LATE = "room already concluded without this receiver"
 class Admission:
     __slots__ = ("m", "max_announced", "announced", "proves")
 
-    def __init__(self, manager: EncodeManager, max_announced: int):
+    def __init__(self, manager: Lifecycle, max_announced: int):
         self.m = manager
         self.max_announced = max_announced
         self.announced = 0  # rooms receivers announced whose sender has not bound yet

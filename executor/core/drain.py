@@ -28,7 +28,8 @@ from .effects import Release
 from .reasons import Reason, ReasonKind
 
 if TYPE_CHECKING:
-    from .executor import EncodeExecutor
+    # The executor as its base declares it: the executor starts a Drain, so the drain does not import it.
+    from .staging import Staging
 
 DRAINING = Reason(ReasonKind.DRAINING, "encode worker is draining (shutting down); no new transfers")
 DEADLINE = Reason(ReasonKind.DRAIN_DEADLINE, "encode worker drain deadline passed with the room's writes in flight")
@@ -47,7 +48,7 @@ class DrainReport:
 
 
 class Drain:
-    def __init__(self, executor: EncodeExecutor, deadline: float, close_transport: bool):
+    def __init__(self, executor: Staging, deadline: float, close_transport: bool):
         self.executor = executor
         self.deadline = deadline
         self.close_transport = close_transport

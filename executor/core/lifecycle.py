@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epd_ring.fsm import ROOM
 
@@ -24,13 +24,14 @@ from .reasons import Reason, ReasonKind
 from .ring import Extent
 from .rooms import Room
 from .tombstones import Tombstone
-from .transport import Buf, Outcome
+from .transport import Buf, Outcome, Transport
 
 if TYPE_CHECKING:
-    from .admission import Admission
     from .clock import Clock
     from .peers import PeerTable
+    from .ratelog import RateLimitedLog
     from .regions import RegionBook
+    from .tenancy import Tenancy
     from .timers import Deadlines
     from .tombstones import Tombstones
     from .writes import Write, Writes
@@ -38,6 +39,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("epd_ring.manager")
 
 _TIMED_OUT = {"park": ReasonKind.PARK_TIMEOUT, "announce": ReasonKind.ANNOUNCE_TIMEOUT}
+
+
+class Announcing(Protocol):
+    """What a room's steps ask of admission (`Admission`, which reads this module: so not named here)."""
+
+    def announce(self, room: Room) -> None: ...
+
+    def unannounce(self, room: Room) -> None: ...
 
 
 class Lifecycle:
@@ -51,7 +60,10 @@ class Lifecycle:
     writes: Writes
     regions: RegionBook
     peers: PeerTable
-    admission: Admission
+    admission: Announcing
+    transport: Transport
+    tenancy: Tenancy
+    log: RateLimitedLog
     stats: Counter[str]
     observer: Any
     on_conclude: list[Callable[[int, str], None]]

@@ -48,6 +48,8 @@ _HOLDS_CHUNK = frozenset(ROOM.states_tagged("in_flight"))
 class EncodeManager(Lifecycle):
     """Owns the rooms of one encode worker: their frames, writes, deadlines and outcomes."""
 
+    admission: Admission  # the whole of it here; its room steps need only `Announcing`
+
     def __init__(
         self,
         transport: Transport,

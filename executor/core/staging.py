@@ -65,6 +65,11 @@ class Sender:
     # Its one item was taken: it reached the ring path (staged, deferred or dropped) or the tower failed on it.
     offered: bool = False
 
+    @property
+    def bootstrap_room(self) -> int:
+        """The seed's name for `room` (its senders carried it), read by loops written for the seed."""
+        return self.room
+
 
 class Staging:
     manager: EncodeManager
@@ -174,6 +179,11 @@ class Staging:
             self._stage(sender, checked, extent, cost)
         if passed:
             dq.extendleft(reversed(passed))
+
+    def drain_deferred(self) -> None:
+        """The seed's name for `serve_deferred`, kept so an encode loop written for the seed's executor
+        runs unchanged (here "drain" means the shutdown; see the glossary)."""
+        self.serve_deferred()
 
     def has_deferred(self) -> bool:
         return bool(self._deferred)

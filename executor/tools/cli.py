@@ -11,16 +11,16 @@ Exit codes:
 
 from __future__ import annotations
 
-# Only the standard library and the model's argument checks load here: every usage error is
-# found before a command's module (and torch, seconds to import) is loaded.
+# Only the standard library loads here: `--version` and `--help` answer without torch (seconds
+# to import) or the model (the machines, and with them transitions), and every usage error is
+# found before a command's module is loaded. `check` loads the model's flags when it is chosen.
 import argparse
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
-
-from epd_ring.models.check import count_at_least as _int_at_least
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 70, 130
 PROG = "epd-ring"
@@ -50,6 +50,22 @@ def version() -> str:
 
 
 # argument types: each refuses a bad value with a one-line reason -------------
+def _int_at_least(low: int) -> Callable[[str], int]:
+    # as epd_ring.models.check.count_at_least, which `check`'s flags use; not imported from there,
+    # since that would load the model for every command
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
@@ -98,7 +114,32 @@ def port(text: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line (and exit 2, as argparse does)."""
+    """argparse, with its usage errors on one line (and exit 2, as argparse does).
+
+    `later`: adds the rest of this parser's arguments when it is first used (to parse or to show
+    its help), so a command whose flags come from a heavy module loads it only when chosen."""
+
+    def __init__(self, *args: Any, later: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._later = later
+
+    def _complete(self) -> None:
+        if self._later is not None:
+            later, self._later = self._later, None
+            later(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._complete()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._complete()
+        return super().format_usage()
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -134,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description or help, formatter_class=_Help)
+    def command(name: str, help: str, description: str | None = None, **later: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description or help, formatter_class=_Help, **later)
         _common(p, top=False)
         return p
 
@@ -188,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "interleaved blocks and print their ratio (loopback, one ring size)")
     bench.add_argument("--blocks", type=positive_int, default=None,
                        help="--against only: rounds of one block per tree (default: 60)")
+    bench.add_argument("--startup", action="store_true",
+                       help="instead: how long `epd-ring --version` and `--help` take, each in fresh processes")
+    bench.add_argument("--runs", type=positive_int, default=None,
+                       help="--startup only: processes per command (default: 5)")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
     arena = command("bench-arena", "ring bytes each allocation policy needs for one seeded trace of images and videos",
@@ -214,13 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
-    diagrams.add_argument("--dir", default="docs/diagrams", help="the folder (the docs site shows them from there)")
+    diagrams.add_argument("--dir", default="diagrams",
+                          help="the folder, from the repository root (the docs site shows them from there)")
 
-    check = command("check", "explore the formal model exhaustively (exit 1 on a violation), or replay a trace")
-    from epd_ring.models.check import add_arguments
+    command("check", "explore the formal model exhaustively (exit 1 on a violation), or replay a trace",
+            later=_check_arguments)
+    return parser
+
+
+def _check_arguments(check: argparse.ArgumentParser) -> None:
+    from epd_ring.models.check import add_arguments  # the model: loaded only once `check` is chosen
+
     add_arguments(check)
     check.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    return parser
 
 
 def _log_level(args: argparse.Namespace) -> int:
@@ -341,6 +392,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .demo import run
         with DrainOnSignal() as stop:
             return run(rooms=args.rooms or 2000, stop=stop, **common)
+    if args.command == "bench" and args.startup:
+        given = [f for f, v in (("--items", args.items), ("--sizes", args.sizes), ("--seed", args.seed),
+                                ("--against", args.against), ("--blocks", args.blocks),
+                                ("--requests", args.requests), ("--dtype", args.dtype)) if v is not None]
+        given += [f"--{name} {getattr(args, name)}" for name, default in (("transport", "loopback"),
+                                                                           ("model", "tiny-tower"))
+                  if getattr(args, name) != default]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to the controller bench, not --startup")
+        from .bench_startup import run as startup_run
+
+        figures = startup_run(runs=args.runs or 5, echo=_silent if args.json else print)
+        if args.json:
+            _emit_json({"startup": figures})
+        return EXIT_OK
+    if args.command == "bench" and args.runs is not None:
+        raise UsageError("--runs applies only to --startup")
     if args.command == "bench" and args.model == "qwen3-vl-tiny":
         given = [f for f, v in (("--items", args.items), ("--sizes", args.sizes), ("--seed", args.seed),
                                 ("--json", args.json or None)) if v is not None]

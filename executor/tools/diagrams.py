@@ -1,4 +1,4 @@
-"""`epd-ring diagrams`: render every diagram into docs/diagrams/, or check that they are fresh."""
+"""`epd-ring diagrams`: render every diagram into diagrams/, or check that they are fresh."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from epd_ring.fsm import EXTENT, PEER, REGION, ROOM
 from epd_ring.fsm.diagrams import machine_dot
 from epd_ring.models.graphs import model_sources
 
-# Inside the docs site, so its pages show the diagrams; relative to the repository root.
-DIRECTORY = "docs/diagrams"
+# At the top level, as the card lays the project out; the docs site shows them from there
+# (docs/hooks.py). Relative to the repository root.
+DIRECTORY = "diagrams"
 
 
 def _svg(dot: str) -> bytes:

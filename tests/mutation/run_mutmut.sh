@@ -32,18 +32,18 @@ mkdir -p "$WORK/src/epd_ring" "$WORK/stage"
 echo "$COMMIT" > "$WORK/COMMIT"
 # refresh sources and tests from the commit; keep mutants/ so an interrupted pass resumes
 rm -rf "$WORK/stage"/* "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" \
-       "$WORK/tests" "$WORK/docs"
-git -C "$ROOT" archive "$COMMIT" fsm executor models tests docs/diagrams | tar -x -C "$WORK/stage"
+       "$WORK/tests" "$WORK/diagrams"
+git -C "$ROOT" archive "$COMMIT" fsm executor models tests diagrams | tar -x -C "$WORK/stage"
 mv "$WORK/stage/fsm" "$WORK/stage/executor" "$WORK/stage/models" "$WORK/src/epd_ring/"
 mv "$WORK/stage/tests" "$WORK/tests"
-mkdir -p "$WORK/docs" && mv "$WORK/stage/docs/diagrams" "$WORK/docs/diagrams"  # test_diagrams checks the committed ones
+mv "$WORK/stage/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
 find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
 : > "$WORK/src/epd_ring/__init__.py"
 cat > "$WORK/pyproject.toml" <<'TOML'
 [tool.mutmut]
 source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core", "src/epd_ring/models"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
-             "src/epd_ring/executor/tools", "docs/diagrams"]
+             "src/epd_ring/executor/tools", "diagrams"]
 # the unit tests by topic (machines, frames, rooms, tombstones, writes, peers, regions, drain, the
 # executor and its items, the arena and the ring, the loopback transport, settings, ownership and keys,
 # and the wire parser's fuzz; the arena's and the fuzz were missing from the pass at 4e7c0ef; the core's
