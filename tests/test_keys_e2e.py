@@ -267,14 +267,13 @@ def test_a_peer_that_answers_the_probe_then_goes_silent_never_holds_the_loop():
             assert report["digest"][str(room)] == enc.digest(room, 0, item.n_tokens)
         assert enc.transport.stats["opens_stalled"] == 0 and enc.transport.relay.expired == 0
         # Another spelling from the same key, which goes silent from the first connection: its
-        # contact fails at the handshake deadline, and nothing else waits on it.
+        # contact fails (at our connect deadline, before the handshake's own), and nothing else waits on it.
         again.first_forwarded = False
         enc.executor.register("r39001", "127.0.0.1", 0, 39_001, receiver=ka)
         enc.manager.register_receiver(attack_frame(enc, 39_001, again.session, 4096, a.n_tokens, ka))
         enc.executor.execute([("r39001", like(a, 39_001))])
         settle_watching(enc, [39_001], worst, timeout=30)
         assert reason_kind(enc.manager, 39_001) is ReasonKind.PEER_DOWN
-        assert enc.transport.stats["handshakes_failed"] >= 1
         print(f"\nprobe answered, then silence: the attacker's room failed {failed_at:.1f} s in, the honest writes "
               f"landed by {done_at:.1f} s ({enc.transport.stats['submits_handed']} "
               f"submits handed off the loop); slowest submit_write {submits[0] * 1e3:.2f} ms, slowest poll() "

@@ -138,8 +138,13 @@ def test_a_new_incarnation_fails_the_rooms_of_the_one_before_and_every_region_co
         s.pump(lambda: r.incarnation == new.incarnation and r.regions[5].acked and 7 not in r.regions,
                timeout=30, poll=lambda: both(manager.poll, r))
         # Room 5 failed here, once; the new encoder was asked to forget it and did (it never held it).
-        assert r.status == {5: ["failed"], 6: ["failed"], 8: ["success"]}
-        assert r.concluded_here == {5} and r.notices[5] == ["withdrawn"] and r.repeated_notices == []
+        # Room 7, withdrawn while nobody listened, is failed here too when the new incarnation's
+        # answer comes before the acknowledgement of its withdraw (the order is the machine's pace):
+        # either way it is told at most once.
+        status = dict(r.status)
+        seven = status.pop(7, None)
+        assert status == {5: ["failed"], 6: ["failed"], 8: ["success"]} and seven in (None, ["failed"])
+        assert r.concluded_here - {7} == {5} and r.notices[5] == ["withdrawn"] and r.repeated_notices == []
         # Held for the dead process's writes still on the wire, then back.
         assert r.regions[5].state == "withdrawing" and r.regions[6].state == "failed"
         now[0] += 5.0
