@@ -59,6 +59,21 @@ def test_the_walk_reads_the_implementation_not_its_own_bookkeeping(monkeypatch, 
     assert w.failures and all(any(ev[0] == kind for ev in path) for path, _ in w.failures)
 
 
+@pytest.mark.parametrize("late", ["connect", "probe"])
+def test_a_peer_deadline_armed_a_second_late_is_caught(monkeypatch, late):
+    """The spec has no clock: a contact's or a heartbeat's deadline armed late leaves its states as they
+    were, and only the full state's comparison of every armed deadline's value shows it."""
+    from epd_ring.executor.core.timers import Deadlines
+    from epd_ring.models.conformance import Harness
+
+    arm = Deadlines.arm
+    monkeypatch.setattr(Deadlines, "arm", lambda self, when, kind, obj: arm(self, when + (kind == late), kind, obj))
+    h = Harness(Config(1, 2, 1, 1, peers=True, sizes=(1,)))
+    with pytest.raises(AssertionError, match=f"{late} deadline due at"):
+        for event in [("register", 0), ("frame", 0), ("connected", 0), ("tower", 0, 1), ("probe_expired", 0)]:
+            h.step(event)
+
+
 @pytest.mark.parametrize("cfg", [Config(2, 2, 1, 1), Config(3, 2, 1, 1), Config(3, 2, 1, 1, sizes=(1,))], ids=str)
 def test_the_walks_quotients_are_symmetries_of_the_spec(cfg):
     """Reading the arena from its other end (and, with items of one cell, any relabelling of cells) maps
