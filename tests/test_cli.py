@@ -104,6 +104,9 @@ USAGE_ERRORS = [
     (["check", "--spin-collapse"], "--spin-collapse apply only to --engine spin"),
     (["check", "--engine", "spin", "--compare-symmetry"], "apply to the explorer, not --engine spin"),
     (["check", "--engine", "spin", "--spin-hash", "0"], "--spin-hash: must be >= 1"),
+    (["check", "--engine", "explorer", "--spin-no-regions"], "--spin-no-regions apply only to --engine spin"),
+    (["check", "--engine", "explorer", "--spin-memlim", "512"], "--spin-memlim apply only to --engine spin"),
+    (["check", "--engine", "spin", "--spin-memlim", "0"], "--spin-memlim: must be >= 1"),
     (["bench-arena", "--budget", "0"], "--budget: must be at least 1MiB"),
     (["bench-arena", "--budgets", "1GiB", "2XB"], "expected a size"),
     (["bench-arena", "--rate", "0"], "--rate: must be a finite number > 0"),
@@ -270,6 +273,21 @@ def test_json_outputs_parse(epd):
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
+
+
+def test_engine_explorer_is_the_default_check(capsys):
+    """`--engine explorer` names the default: the same space and the same finding as no --engine."""
+    from epd_ring.executor.tools.cli import main
+
+    reports = []
+    for engine in ([], ["--engine", "explorer"]):
+        for variant in ("project", "busy-wait"):
+            code = main(["check", *engine, "--cells", "2", "--sizes", "1,2", "--rooms", "2", "--receivers", "1",
+                         "--variant", variant, "--json"])
+            report = json.loads(capsys.readouterr().out)
+            reports.append((code, report["violation"], [(r["states"], r["transitions"], r["violations"])
+                                                        for r in report["runs"]]))
+    assert reports[:2] == reports[2:] and [r[:2] for r in reports[:2]] == [(0, False), (1, True)]
 
 
 def test_quiet_verbose_and_log_level(epd):
