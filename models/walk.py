@@ -209,13 +209,20 @@ def walk(cfg: Config, *, max_states: int | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epd_ring.models.walk", description=__doc__.split("\n\n")[0])
-    p.add_argument("bound", nargs=4, type=int, metavar=("CELLS", "ROOMS", "RECEIVERS", "FAULTS"))
-    p.add_argument("--sizes", default="1,2", help="item sizes in cells, comma-separated (default 1,2)")
-    p.add_argument("--peers", action="store_true", help="model the peer machine")
-    p.add_argument("--min-coverage", type=float, default=0.0, help="exit 1 below this edge coverage (0..1)")
+    # one positional each: argparse's help cannot show a tuple metavar of a positional (--help crashed)
+    for name in ("cells", "rooms", "receivers", "faults"):
+        p.add_argument(name, type=int, metavar=name.upper())
+    # Each help= starts a line of its own: the mutation pass leaves such lines alone (wording, not behaviour).
+    p.add_argument("--sizes", default="1,2",
+                   help="item sizes in cells, comma-separated (default 1,2)")
+    p.add_argument("--peers", action="store_true",
+                   help="model the peer machine")
+    p.add_argument("--min-coverage", type=float, default=0.0,
+                   help="exit 1 below this edge coverage (0..1)")
     a = p.parse_args(argv)
     logging.getLogger("epd_ring").setLevel(logging.CRITICAL)  # injected tower errors are events here, not news
-    cfg = Config(*a.bound, sizes=tuple(int(x) for x in a.sizes.split(",")), peers=a.peers)
+    cfg = Config(a.cells, a.rooms, a.receivers, a.faults, sizes=tuple(int(x) for x in a.sizes.split(",")),
+                 peers=a.peers)
     w = walk(cfg, progress=lambda w: print(f"  ... {w.states} states, {w.edges} edges, {w.seconds:.0f} s",
                                             file=sys.stderr, flush=True))
     print(w.summary())

@@ -275,6 +275,30 @@ def test_json_outputs_parse(epd):
     assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
 
 
+def test_every_option_of_the_model_commands_says_what_it_does(monkeypatch, capsys):
+    """Each option has its help (the mutation pass leaves help text alone, not whether there is one)."""
+    import argparse
+
+    from epd_ring.models import walk
+    from epd_ring.models.check import add_arguments
+
+    given: list[tuple[str, object]] = []
+    add = argparse.ArgumentParser.add_argument
+
+    def recording(self, *names, **kw):
+        given.append((names[0], kw.get("help")))
+        return add(self, *names, **kw)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "add_argument", recording)
+    add_arguments(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        walk.main(["--help"])
+    capsys.readouterr()
+    options = [(name, text) for name, text in given if name.startswith("--") and name != "--help"]
+    assert {"--cells", "--engine", "--spin-no-regions", "--min-coverage"} <= {name for name, _ in options}
+    assert [name for name, text in options if not (isinstance(text, str) and text)] == []
+
+
 def test_engine_explorer_is_the_default_check(capsys):
     """`--engine explorer` names the default: the same space and the same finding as no --engine."""
     from epd_ring.executor.tools.cli import main
