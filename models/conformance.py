@@ -390,6 +390,7 @@ class Harness:
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
+        # the fault budget is the spec's alone: the implementation has none, so it is the harness's count
         return (tuple(rooms), slots, deferred, self.faults, None, peers)
 
     # -- time ------------------------------------------------------------------------
@@ -522,7 +523,8 @@ class Harness:
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
         elif name in ("frame", "frame_after_backoff"):
             if name == "frame_after_backoff":
-                m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()  # the backoff passed
+                # the backoff passed: set, not waited out on the clock, which would pass deadlines planned later
+                m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()
             room = m.rooms.get(self.room(i))
             parked_timer = room.timer if room is not None and room.state == "parked" else None
             m.register_receiver(self.frames[i][self.frames_sent[i]])
