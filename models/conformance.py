@@ -31,6 +31,7 @@ from epd_ring.executor.core import (
     LoopbackTransport,
     Outcome,
     Pump,
+    ReasonKind,
     ReceiverFrame,
 )
 from epd_ring.fsm import REGION, InvalidTransition
@@ -90,6 +91,19 @@ def fires(event: tuple) -> tuple[tuple[str, int], ...]:
         return (("probe", event[1]),)
     return ()
 
+
+# The reason kind a room fails with, by the spec event that fails it (an expiry by the state it expired
+# in). The spec keeps no history: a room failed by its park deadline and one failed by an abort may be one
+# spec state. The core keeps the kind in its tombstone and may branch on it later (a late frame, a late
+# sender), so the harness owns it: it compares the kind after every event, and the walk keys its states by
+# it (`Harness.history`), so every spec edge is walked from each history the core can tell apart.
+FAILED_BY = {"abort": ReasonKind.CALLER, "tower_error": ReasonKind.TOWER, "write_unsure": ReasonKind.WRITE_TIMED_OUT,
+             # the harness stages an item larger than the whole arena for a staging error
+             "stage_error": ReasonKind.TOO_LARGE, "tower": ReasonKind.TOO_LARGE,
+             "write_deadline": ReasonKind.WRITE_DEADLINE, "withdraw": ReasonKind.WITHDRAWN,
+             **dict.fromkeys(("frame", "frame_after_backoff", "refused", "connect_expired", "probe_refused",
+                              "probe_expired"), ReasonKind.PEER_DOWN),
+             ("expire", "parked"): ReasonKind.PARK_TIMEOUT, ("expire", "announced"): ReasonKind.ANNOUNCE_TIMEOUT}
 
 # Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
 NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
@@ -198,6 +212,7 @@ class Harness:
         self.plan, self.arms = list(plan), list(arms)
         self.foreseen = len(self.plan)  # the plan's first events, known before any was taken
         self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
+        self.why = [""] * R  # the reason kind each room failed with, by the event that failed it (FAILED_BY)
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -262,6 +277,18 @@ class Harness:
             for c in self.span(e):
                 out[c] = e
         return out
+
+    def reasons(self) -> tuple[str, ...]:
+        """The reason kind each failed room's tombstone keeps, read from the core ("" for a room not failed)."""
+        out = []
+        for i in range(self.cfg.rooms):
+            reason = self.manager.failure_reason(self.room(i))
+            out.append(reason.kind.value if reason is not None else "")
+        return tuple(out)
+
+    def history(self) -> tuple[str, ...]:
+        """What the core keeps of each room's past that the spec does not: the reason kind it failed with."""
+        return tuple(self.why)
 
     def told(self, i: int, session: str) -> str:
         """The outcome the session's receiver was told for room i, as the spec keeps it (state.told_after)."""
@@ -519,6 +546,7 @@ class Harness:
             self.foreseen = min(self.foreseen, j)
         self._set_timeouts(j)
         before = self._armed_now()
+        was = [m.room_status(self.room(k)) or "new" for k in range(self.cfg.rooms)]
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
         elif name in ("frame", "frame_after_backoff"):
@@ -612,6 +640,10 @@ class Harness:
             raise ValueError(f"unknown event {event}")
         self.pump.flush()
         self._observe()
+        for k, rs in enumerate(was):
+            if rs not in ("success", "failed") and m.room_status(self.room(k)) == "failed":
+                kind = FAILED_BY.get((name, rs)) or FAILED_BY.get(name)
+                self.why[k] = kind.value if kind is not None else f"failed by {name} from {rs}"
         self.arms_made.append(frozenset((kind, key) for kind, key, _ in self._armed_now() - before))
 
     def _session_for(self, i: int, k: int) -> str:
@@ -655,6 +687,7 @@ def check_full_state(h: Harness) -> None:
     """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
     receivers. Raise AssertionError."""
     m, N = h.manager, h.cfg.receivers
+    assert h.reasons() == h.history(), f"failed rooms' reason kinds {h.reasons()}, not {h.history()}"
     for i in range(h.cfg.rooms):
         rid = h.room(i)
         room = m.rooms.get(rid)
