@@ -216,12 +216,13 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
                 f"{r.represented_per_s:,.0f} states/s of the unreduced space")
         fair = liveness.assumptions(cfg.variant)
         out(f"  liveness under {', '.join(fair)} (docs/formal-model.md): {r.fair_ends:,} states where no assumed-fair "
-            f"event is enabled, each judged: every room that began concluded, every region released or written")
+            f"event is enabled, each judged: every room that began concluded, every region released or written, "
+            f"every concluded room's sender reaped")
         report["runs"][-1].update(fairness=list(fair), fair_ends=r.fair_ends)
         if not r.violations:
             out("  no violation: every invariant holds in every reachable state, no deadlock, "
                 "a quiescent state is reachable from every state, and every fair behaviour concludes every "
-                "room and releases every region")
+                "room, releases every region and reaps every concluded room's sender")
             continue
         status = 1
         spec = Spec(cfg)
