@@ -48,6 +48,7 @@ def cell_sizes(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
+    # Each help= starts a line of its own: the mutation pass leaves such lines alone (wording, not behaviour).
     d = DEFAULTS
     p.add_argument("--cells", type=count_at_least(1), default=None,
                    help=f"cells of the arena in the model (default: {d['cells']})")
@@ -55,8 +56,10 @@ def add_arguments(p) -> None:
                    help=f"item sizes in cells the tower may produce, comma-separated (default: "
                         f"{','.join(map(str, d['sizes']))}; a size above --cells fails its room)")
     # The model's ring was slots once; say what replaced the flag rather than "unrecognized argument".
-    p.add_argument("--slots", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--rooms", type=count_at_least(1), default=None, help=f"rooms in the model (default: {d['rooms']})")
+    p.add_argument("--slots", type=int, default=None,
+                   help=argparse.SUPPRESS)
+    p.add_argument("--rooms", type=count_at_least(1), default=None,
+                   help=f"rooms in the model (default: {d['rooms']})")
     p.add_argument("--receivers", type=count_at_least(1), default=None,
                    help=f"receivers per room (default: {d['receivers']})")
     p.add_argument("--faults", type=count_at_least(0), default=None,
@@ -71,24 +74,30 @@ def add_arguments(p) -> None:
     p.add_argument("--late-landing", action="store_true",
                    help="a failed write may land after its quarantine ended: shows the hazard the quarantine's "
                         "bound guards against (finds violations by design)")
-    p.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
-    p.add_argument("--compare-symmetry", action="store_true", help="run with and without symmetry reduction")
-    p.add_argument("--save-traces", metavar="DIR", help="write each violation's trace as JSON")
+    p.add_argument("--no-symmetry", action="store_true",
+                   help="explore without symmetry reduction")
+    p.add_argument("--compare-symmetry", action="store_true",
+                   help="run with and without symmetry reduction")
+    p.add_argument("--save-traces", metavar="DIR",
+                   help="write each violation's trace as JSON")
     p.add_argument("--replay", metavar="FILE",
                    help="replay a saved trace instead of exploring (its configuration comes from the file)")
     p.add_argument("--engine", choices=["explorer", "spin"], default="explorer",
                    help="the Python explorer, or SPIN on Promela generated from the same declarations and rules")
-    p.add_argument("--spin-opt", default=None, help="spin only: gcc optimisation for pan (default -O0 below 100k "
-                   "states' worth of bound, else -O2: compiling at -O2 takes ~30 s)")
-    p.add_argument("--spin-collapse", action="store_true", help="spin only: pan -DCOLLAPSE, lossless state "
-                   "compression")
+    p.add_argument("--spin-opt", default=None,
+                   help="spin only: gcc optimisation for pan (default -O0 below 100k "
+                        "states' worth of bound, else -O2: compiling at -O2 takes ~30 s)")
+    p.add_argument("--spin-collapse", action="store_true",
+                   help="spin only: pan -DCOLLAPSE, lossless state compression")
     p.add_argument("--spin-hash", type=count_at_least(1), default=None,
                    help="spin only: pan -w, log2 of the hash table size")
-    p.add_argument("--spin-memlim", type=count_at_least(1), default=None, help="spin only: pan -DMEMLIM, in MB "
-                   "(default: 8192)")
-    p.add_argument("--spin-keep", metavar="DIR", help="spin only: keep the Promela model, pan.c and trails in DIR")
-    p.add_argument("--spin-no-regions", action="store_true", help="spin only: the encode side alone, without "
-                   "the receivers' regions (Config(regions=False)), for bigger bounds")
+    p.add_argument("--spin-memlim", type=count_at_least(1), default=None,
+                   help="spin only: pan -DMEMLIM, in MB (default: 8192)")
+    p.add_argument("--spin-keep", metavar="DIR",
+                   help="spin only: keep the Promela model, pan.c and trails in DIR")
+    p.add_argument("--spin-no-regions", action="store_true",
+                   help="spin only: the encode side alone, without "
+                        "the receivers' regions (Config(regions=False)), for bigger bounds")
 
 
 SPIN_FLAGS = ("spin_opt", "spin_collapse", "spin_hash", "spin_memlim", "spin_keep", "spin_no_regions")
@@ -207,12 +216,13 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
                 f"{r.represented_per_s:,.0f} states/s of the unreduced space")
         fair = liveness.assumptions(cfg.variant)
         out(f"  liveness under {', '.join(fair)} (docs/formal-model.md): {r.fair_ends:,} states where no assumed-fair "
-            f"event is enabled, each judged: every room that began concluded, every region released or written")
+            f"event is enabled, each judged: every room that began concluded, every region released or written, "
+            f"every concluded room's sender reaped")
         report["runs"][-1].update(fairness=list(fair), fair_ends=r.fair_ends)
         if not r.violations:
             out("  no violation: every invariant holds in every reachable state, no deadlock, "
                 "a quiescent state is reachable from every state, and every fair behaviour concludes every "
-                "room and releases every region")
+                "room, releases every region and reaps every concluded room's sender")
             continue
         status = 1
         spec = Spec(cfg)

@@ -31,6 +31,7 @@ from epd_ring.executor.core import (
     LoopbackTransport,
     Outcome,
     Pump,
+    ReasonKind,
     ReceiverFrame,
 )
 from epd_ring.fsm import REGION, InvalidTransition
@@ -90,6 +91,19 @@ def fires(event: tuple) -> tuple[tuple[str, int], ...]:
         return (("probe", event[1]),)
     return ()
 
+
+# The reason kind a room fails with, by the spec event that fails it (an expiry by the state it expired
+# in). The spec keeps no history: a room failed by its park deadline and one failed by an abort may be one
+# spec state. The core keeps the kind in its tombstone and may branch on it later (a late frame, a late
+# sender), so the harness owns it: it compares the kind after every event, and the walk keys its states by
+# it (`Harness.history`), so every spec edge is walked from each history the core can tell apart.
+FAILED_BY = {"abort": ReasonKind.CALLER, "tower_error": ReasonKind.TOWER, "write_unsure": ReasonKind.WRITE_TIMED_OUT,
+             # the harness stages an item larger than the whole arena for a staging error
+             "stage_error": ReasonKind.TOO_LARGE, "tower": ReasonKind.TOO_LARGE,
+             "write_deadline": ReasonKind.WRITE_DEADLINE, "withdraw": ReasonKind.WITHDRAWN,
+             **dict.fromkeys(("frame", "frame_after_backoff", "refused", "connect_expired", "probe_refused",
+                              "probe_expired"), ReasonKind.PEER_DOWN),
+             ("expire", "parked"): ReasonKind.PARK_TIMEOUT, ("expire", "announced"): ReasonKind.ANNOUNCE_TIMEOUT}
 
 # Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
 NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
@@ -198,6 +212,7 @@ class Harness:
         self.plan, self.arms = list(plan), list(arms)
         self.foreseen = len(self.plan)  # the plan's first events, known before any was taken
         self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
+        self.why = [""] * R  # the reason kind each room failed with, by the event that failed it (FAILED_BY)
 
     def room(self, i: int) -> int:
         return self.ROOM_BASE + i
@@ -230,6 +245,13 @@ class Harness:
             del self.armed[key]
         for h in m.writes.by_handle:
             self.armed.setdefault(("write", h, ""), now + m.write_timeout)
+        # a peer's contact and heartbeat are re-armed as they go: each arming is its own (by its timer's id)
+        for k in range(self.cfg.receivers) if self.cfg.peers else ():
+            peer = m.peers.get(f"p.{k}")
+            if peer is not None and peer.timer:
+                self.armed.setdefault(("connect", k, peer.timer), now + m.peers.connect_timeout)
+            if peer is not None and peer.beat.timer:
+                self.armed.setdefault(("probe", k, peer.beat.timer), now + m.peers.probe_interval)
         for h, write in self.pump.handles().items():  # transport handle -> the core's write
             w = m.writes.by_handle[write]
             if h not in self.handle_room:
@@ -255,6 +277,18 @@ class Harness:
             for c in self.span(e):
                 out[c] = e
         return out
+
+    def reasons(self) -> tuple[str, ...]:
+        """The reason kind each failed room's tombstone keeps, read from the core ("" for a room not failed)."""
+        out = []
+        for i in range(self.cfg.rooms):
+            reason = self.manager.failure_reason(self.room(i))
+            out.append(reason.kind.value if reason is not None else "")
+        return tuple(out)
+
+    def history(self) -> tuple[str, ...]:
+        """What the core keeps of each room's past that the spec does not: the reason kind it failed with."""
+        return tuple(self.why)
 
     def told(self, i: int, session: str) -> str:
         """The outcome the session's receiver was told for room i, as the spec keeps it (state.told_after)."""
@@ -383,6 +417,7 @@ class Harness:
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
+        # the fault budget is the spec's alone: the implementation has none, so it is the harness's count
         return (tuple(rooms), slots, deferred, self.faults, None, peers)
 
     # -- time ------------------------------------------------------------------------
@@ -511,11 +546,13 @@ class Harness:
             self.foreseen = min(self.foreseen, j)
         self._set_timeouts(j)
         before = self._armed_now()
+        was = [m.room_status(self.room(k)) or "new" for k in range(self.cfg.rooms)]
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
         elif name in ("frame", "frame_after_backoff"):
             if name == "frame_after_backoff":
-                m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()  # the backoff passed
+                # the backoff passed: set, not waited out on the clock, which would pass deadlines planned later
+                m.peers.get(f"p.{self.frames_sent[i]}").retry_at = self.clock.now()
             room = m.rooms.get(self.room(i))
             parked_timer = room.timer if room is not None and room.state == "parked" else None
             m.register_receiver(self.frames[i][self.frames_sent[i]])
@@ -603,6 +640,10 @@ class Harness:
             raise ValueError(f"unknown event {event}")
         self.pump.flush()
         self._observe()
+        for k, rs in enumerate(was):
+            if rs not in ("success", "failed") and m.room_status(self.room(k)) == "failed":
+                kind = FAILED_BY.get((name, rs)) or FAILED_BY.get(name)
+                self.why[k] = kind.value if kind is not None else f"failed by {name} from {rs}"
         self.arms_made.append(frozenset((kind, key) for kind, key, _ in self._armed_now() - before))
 
     def _session_for(self, i: int, k: int) -> str:
@@ -630,15 +671,15 @@ class Harness:
         self.apply(event)
         check_full_state(self)
         got = self.abstract()
-        want = {canonical(s.state) for s in options}
-        if canonical(got) not in want:
+        # exactly one of the spec's successors: the harness keeps the spec's labelling of rooms and cells
+        if got not in {s.state for s in options}:
             raise AssertionError(
                 f"after {event_name(event)} the implementation is in\n  {self.spec.describe(got)}\n"
                 "but the spec allows only\n" + "\n".join(f"  {self.spec.describe(s.state)}" for s in options))
         problem = self.spec.invariant(got)
         if problem:
             raise AssertionError(f"invariant {problem[0]} broken on the implementation: {problem[1]}")
-        self.state = got  # the implementation's labelling of the same canonical state
+        self.state = got  # one of the spec's successors, exactly
         return got
 
 
@@ -646,6 +687,7 @@ def check_full_state(h: Harness) -> None:
     """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
     receivers. Raise AssertionError."""
     m, N = h.manager, h.cfg.receivers
+    assert h.reasons() == h.history(), f"failed rooms' reason kinds {h.reasons()}, not {h.history()}"
     for i in range(h.cfg.rooms):
         rid = h.room(i)
         room = m.rooms.get(rid)
@@ -671,6 +713,13 @@ def check_full_state(h: Harness) -> None:
         if s.state == "quarantined":
             want = h.armed[("extent", h.cell(s), "quarantine")]
             assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
+    for _, kind, obj in h.pending():
+        if kind in ("connect", "probe"):
+            k = h.deadline_key(kind, obj)[1]
+            want = h.armed[(kind, k, obj.timer)]
+            assert obj.due == want, f"peer p.{k}'s {kind} deadline due at {obj.due}, not {want}"
+        else:  # every other kind is compared above, from the object that holds it
+            assert kind in ("announce", "park", "write", "quarantine"), f"a deadline of kind {kind} is not compared"
 
 
 def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:

@@ -1,4 +1,5 @@
-"""Liveness under named fairness: every room that began concludes, and every region is released.
+"""Liveness under named fairness: every room that began concludes, every region is released, and every
+sender whose room concluded is reaped.
 
 The spec's graph is acyclic (the rank grows on every step), so a behaviour that never
 ends is a finite path that then stays in one state forever. Such a behaviour is *fair*
@@ -36,7 +37,7 @@ FAIRNESS = {
 }
 
 # The kinds of liveness violation, in the order a state is judged.
-KINDS = ("room-never-concludes", "region-never-released")
+KINDS = ("room-never-concludes", "region-never-released", "sender-never-reaped")
 
 # What a variant drops: without a write deadline a write the transport never reports stays in flight.
 DROPPED = {"no-write-deadline": ("F1",)}
@@ -57,9 +58,11 @@ def began(room: tuple) -> bool:
 
 
 def judge(state: tuple) -> tuple[str, str] | None:
-    """(kind, detail) when `state`, kept forever, leaves a room unconcluded or a region unreleased; else None.
+    """(kind, detail) when `state`, kept forever, leaves a room unconcluded, a region unreleased or a
+    concluded room's sender unreaped; else None.
 
-    A region is settled when released, or written (a success hands the region to its receiver)."""
+    A region is settled when released, or written (a success hands the region to its receiver). A sender
+    kept after its room concluded holds its request in the executor forever (F4's `reap` ends it)."""
     rooms = state[0]
     for i, r in enumerate(rooms):
         if began(r) and r[RS] not in CONCLUDED:
@@ -69,6 +72,9 @@ def judge(state: tuple) -> tuple[str, str] | None:
             g = rcv[0]
             if g not in ("written", "released"):
                 return "region-never-released", f"room {i} is {r[RS]} but a receiver's region stays {g}"
+    for i, r in enumerate(rooms):
+        if r[SND] == 1 and r[RS] in CONCLUDED:
+            return "sender-never-reaped", f"room {i} is {r[RS]} but its sender stays registered"
     return None
 
 

@@ -389,12 +389,14 @@ def _macros(cfg: Config) -> list[str]:
 
 
 def _done(cfg: Config) -> list[str]:
-    """liveness.judge: every room that began concluded (ROOMS_DONE), every region released or written."""
+    """liveness.judge: every room that began concluded (ROOMS_DONE), every region released or written, every
+    concluded room's sender reaped (SENDERS_DONE)."""
     R, N = cfg.rooms, cfg.receivers
     rooms = " && ".join(f"((room[{i}].snd == 0 && room[{i}].reg == 0) || CONCLUDED(room[{i}].rs))" for i in range(R))
     regions = " && ".join(f"(room[{i}].reg <= {j} || room[{i}].rg[{j}] == G_written || room[{i}].rg[{j}] == G_released)"
                           for i in range(R) for j in range(N)) if cfg.regions else "1"
-    return [f"#define ROOMS_DONE ({rooms})", f"#define REGIONS_DONE ({regions})"]
+    senders = " && ".join(f"(room[{i}].snd != 1 || !CONCLUDED(room[{i}].rs))" for i in range(R))
+    return [f"#define ROOMS_DONE ({rooms})", f"#define REGIONS_DONE ({regions})", f"#define SENDERS_DONE ({senders})"]
 
 
 def _final_and_rank(cfg: Config) -> list[str]:
@@ -530,8 +532,9 @@ def _liveness_arm(enabled: list[str], fair: list[str]) -> str:
     """models/liveness.py: staying forever where events are enabled but none assumed fair is a fair behaviour, so
     such a state must be done. The arm changes nothing unless it reports (a self-loop SPIN does not store twice)."""
     return ("  :: atomic { LIVE && !(" + (" || ".join(fair) or "0") + ") && (" + " || ".join(enabled)
-            + ") -> d_step {\n       if :: ROOMS_DONE && REGIONS_DONE -> skip\n"
-            "          :: else -> kind = (ROOMS_DONE -> K_REGION_NEVER_RELEASED : K_ROOM_NEVER_CONCLUDES);\n"
+            + ") -> d_step {\n       if :: ROOMS_DONE && REGIONS_DONE && SENDERS_DONE -> skip\n"
+            "          :: else -> kind = (!ROOMS_DONE -> K_ROOM_NEVER_CONCLUDES : "
+            "(!REGIONS_DONE -> K_REGION_NEVER_RELEASED : K_SENDER_NEVER_REAPED));\n"
             "             if :: (ASSERTED >> kind) & 1 -> report() :: else -> skip fi; kind = 0\n       fi } }\n")
 
 

@@ -7,6 +7,10 @@ path was checked when it was first walked) and then stepped in lockstep (checked
 successors, its invariants and `check_full_state`). A step's target not seen before joins the
 frontier with its path; prefixes are shared through parent links.
 
+A state is taken once per history the core keeps of it (`with_history`: each failed room's reason
+kind, which the spec does not keep and the core may branch on later), so a late frame reaches a room
+failed by its park deadline even where a room failed otherwise is the same spec state and nearer.
+
 Coverage counts edges `(state, event, target)` up to relabelling: the implementation is
 deterministic (the arena places an extent at the lowest free cells), so where the spec lets an
 event reach several states (any run of free cells), it walks one of them; the rest, and the states
@@ -26,7 +30,7 @@ from itertools import permutations
 
 from .conformance import Harness, NotByClock
 from .explore import canonical, event_name
-from .spec import LEN, SIZE, SLOTI, Config, Spec
+from .spec import LEN, RS, SIZE, SLOTI, Config, Spec
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Walk:
     spec_states: int = 0
     spec_edges: int = 0
     states: int = 0  # spec states (up to relabelling) the implementation was brought to
+    nodes: int = 0  # spec states with a history (`with_history`): each one's edges are walked
     edges: int = 0  # spec edges walked on the implementation
     steps: int = 0  # events applied, replays included
     seconds: float = 0.0
@@ -56,7 +61,8 @@ class Walk:
         return (f"({c.cells},{c.rooms},{c.receivers},{c.faults}) sizes {c.sizes}"
                 f"{' peers' if c.peers else ''}: {self.edges}/{self.spec_edges} edges "
                 f"({100 * self.edge_coverage:.1f}%), {self.states}/{self.spec_states} states "
-                f"({100 * self.state_coverage:.1f}%); deadlines fired through the clock and poll() on "
+                f"({100 * self.state_coverage:.1f}%), {self.nodes} with their histories; "
+                f"deadlines fired through the clock and poll() on "
                 f"{self.deadlines['clock']} edges, not the clock's next on {self.deadlines['not by clock']}; "
                 f"{self.steps} events in {self.seconds:.0f} s, "
                 f"{len(self.failures)} nonconforming")
@@ -142,6 +148,14 @@ def spec_graph(spec: Spec, canon: Callable[[tuple], tuple] = canonical) -> tuple
     return len(seen), edges
 
 
+def with_history(state: tuple, history: tuple[str, ...]) -> tuple:
+    """The state with each failed room's reason kind in its room state: the walk's key, so that a spec state
+    the core reaches with rooms failed for different reasons is walked once per history (see
+    `conformance.FAILED_BY`); relabelling rooms moves the kind with its room."""
+    rooms = tuple(r if not w else (f"{r[RS]}:{w}", *r[RS + 1:]) for r, w in zip(state[0], history))
+    return (rooms, *state[1:])
+
+
 def walk(cfg: Config, *, max_states: int | None = None,
          progress: Callable[[Walk], None] | None = None) -> Walk:
     """Walk every spec edge reachable on the implementation at bound `cfg` (see the module's docstring)."""
@@ -154,7 +168,9 @@ def walk(cfg: Config, *, max_states: int | None = None,
     parent: list[tuple[int, tuple | None]] = [(-1, None)]
     armed: list[frozenset] = [frozenset()]  # node id -> the deadlines the event into it armed
     reached: list[tuple] = [spec.initial()]  # node id -> its state as the implementation labels it
+    # a node is a spec state with a history (`with_history`); the first node of each spec state counts its edges
     seen = {canon(spec.initial()): 0}
+    first = {canon(spec.initial()): 0}
     frontier = deque([0])
 
     def path_of(n: int) -> tuple[list[tuple], list[frozenset]]:
@@ -168,6 +184,7 @@ def walk(cfg: Config, *, max_states: int | None = None,
 
     while frontier:
         node = frontier.popleft()
+        counts = first[canon(reached[node])] == node
         path, arms = path_of(node)
         events: list[tuple] = []
         for st in spec.successors(reached[node]):
@@ -188,11 +205,12 @@ def walk(cfg: Config, *, max_states: int | None = None,
                 out.deadlines["not by clock"] += 1
                 h = None
                 continue
-            out.edges += 1
+            out.edges += counts
             out.deadlines["clock"] += h.fired["clock"] - before["clock"]
-            target = canon(got)
+            target = canon(with_history(got, h.history()))
             if target not in seen and (max_states is None or len(parent) < max_states):
                 seen[target] = len(parent)
+                first.setdefault(canon(got), len(parent))
                 parent.append((node, ev))
                 armed.append(h.arms_made[-1])
                 reached.append(got)
@@ -200,22 +218,29 @@ def walk(cfg: Config, *, max_states: int | None = None,
             h = None  # stepped: the next event starts from the node again
         if progress is not None and time.perf_counter() - last >= 5.0:
             last = time.perf_counter()
-            out.states, out.seconds = len(parent), last - t0
+            out.states, out.nodes, out.seconds = len(first), len(parent), last - t0
             progress(out)
-    out.states = len(parent)
+    out.states, out.nodes = len(first), len(parent)
     out.seconds = time.perf_counter() - t0
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epd_ring.models.walk", description=__doc__.split("\n\n")[0])
-    p.add_argument("bound", nargs=4, type=int, metavar=("CELLS", "ROOMS", "RECEIVERS", "FAULTS"))
-    p.add_argument("--sizes", default="1,2", help="item sizes in cells, comma-separated (default 1,2)")
-    p.add_argument("--peers", action="store_true", help="model the peer machine")
-    p.add_argument("--min-coverage", type=float, default=0.0, help="exit 1 below this edge coverage (0..1)")
+    # one positional each: argparse's help cannot show a tuple metavar of a positional (--help crashed)
+    for name in ("cells", "rooms", "receivers", "faults"):
+        p.add_argument(name, type=int, metavar=name.upper())
+    # Each help= starts a line of its own: the mutation pass leaves such lines alone (wording, not behaviour).
+    p.add_argument("--sizes", default="1,2",
+                   help="item sizes in cells, comma-separated (default 1,2)")
+    p.add_argument("--peers", action="store_true",
+                   help="model the peer machine")
+    p.add_argument("--min-coverage", type=float, default=0.0,
+                   help="exit 1 below this edge coverage (0..1)")
     a = p.parse_args(argv)
     logging.getLogger("epd_ring").setLevel(logging.CRITICAL)  # injected tower errors are events here, not news
-    cfg = Config(*a.bound, sizes=tuple(int(x) for x in a.sizes.split(",")), peers=a.peers)
+    cfg = Config(a.cells, a.rooms, a.receivers, a.faults, sizes=tuple(int(x) for x in a.sizes.split(",")),
+                 peers=a.peers)
     w = walk(cfg, progress=lambda w: print(f"  ... {w.states} states, {w.edges} edges, {w.seconds:.0f} s",
                                             file=sys.stderr, flush=True))
     print(w.summary())

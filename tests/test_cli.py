@@ -107,6 +107,9 @@ USAGE_ERRORS = [
     (["check", "--spin-collapse"], "--spin-collapse apply only to --engine spin"),
     (["check", "--engine", "spin", "--compare-symmetry"], "apply to the explorer, not --engine spin"),
     (["check", "--engine", "spin", "--spin-hash", "0"], "--spin-hash: must be >= 1"),
+    (["check", "--engine", "explorer", "--spin-no-regions"], "--spin-no-regions apply only to --engine spin"),
+    (["check", "--engine", "explorer", "--spin-memlim", "512"], "--spin-memlim apply only to --engine spin"),
+    (["check", "--engine", "spin", "--spin-memlim", "0"], "--spin-memlim: must be >= 1"),
     (["bench-arena", "--budget", "0"], "--budget: must be at least 1MiB"),
     (["bench-arena", "--budgets", "1GiB", "2XB"], "expected a size"),
     (["bench-arena", "--rate", "0"], "--rate: must be a finite number > 0"),
@@ -318,6 +321,45 @@ def test_json_outputs_parse(epd):
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
+
+
+def test_every_option_of_the_model_commands_says_what_it_does(monkeypatch, capsys):
+    """Each option has its help (the mutation pass leaves help text alone, not whether there is one)."""
+    import argparse
+
+    from epd_ring.models import walk
+    from epd_ring.models.check import add_arguments
+
+    given: list[tuple[str, object]] = []
+    add = argparse.ArgumentParser.add_argument
+
+    def recording(self, *names, **kw):
+        given.append((names[0], kw.get("help")))
+        return add(self, *names, **kw)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "add_argument", recording)
+    add_arguments(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        walk.main(["--help"])
+    capsys.readouterr()
+    options = [(name, text) for name, text in given if name.startswith("--") and name != "--help"]
+    assert {"--cells", "--engine", "--spin-no-regions", "--min-coverage"} <= {name for name, _ in options}
+    assert [name for name, text in options if not (isinstance(text, str) and text)] == []
+
+
+def test_engine_explorer_is_the_default_check(capsys):
+    """`--engine explorer` names the default: the same space and the same finding as no --engine."""
+    from epd_ring.executor.tools.cli import main
+
+    reports = []
+    for engine in ([], ["--engine", "explorer"]):
+        for variant in ("project", "busy-wait"):
+            code = main(["check", *engine, "--cells", "2", "--sizes", "1,2", "--rooms", "2", "--receivers", "1",
+                         "--variant", variant, "--json"])
+            report = json.loads(capsys.readouterr().out)
+            reports.append((code, report["violation"], [(r["states"], r["transitions"], r["violations"])
+                                                        for r in report["runs"]]))
+    assert reports[:2] == reports[2:] and [r[:2] for r in reports[:2]] == [(0, False), (1, True)]
 
 
 def test_quiet_verbose_and_log_level(epd):

@@ -256,17 +256,22 @@ def test_one_deepstack_level_is_split_off_and_shipped():
     assert m.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
 
 
-@pytest.mark.parametrize("deep_width, deep_dtype", [(24, torch.float16), (20, torch.float32)])
-def test_deepstack_half_no_receiver_can_take_fails_its_room(deep_width, deep_dtype):
-    # Three levels of hidden 8 are 24 float32 columns; another dtype, or a width
-    # that is no multiple of hidden, matches no frame's deep_levels.
-    rig = make_rig(n_deep=3)
+@pytest.mark.parametrize("n_deep", [1, 2, 3])
+@pytest.mark.parametrize("mismatch", ["dtype", "width", "levels"])
+def test_deepstack_half_no_receiver_can_take_fails_its_room(n_deep, mismatch):
+    # n levels of hidden 8 are 8n float32 columns; another dtype, or a width that is no multiple
+    # of hidden, matches no frame's deep_levels; n + 1 whole levels match none of n-level frames.
+    # Every level count: with one level, a chunk marked +1 instead of -1 would match the frames.
+    deep_width, deep_dtype = {"dtype": (8 * n_deep, torch.float16), "width": (8 * n_deep + 4, torch.float32),
+                              "levels": (8 * (n_deep + 1), torch.float32)}[mismatch]
+    rig = make_rig(n_deep=n_deep)
     ex, m = rig.executor, rig.manager
     rig.open_room(1, rid="r")
     item = EncodeItem("image", 2, encoded=torch.ones(2, 8),
                       encoded_deepstack=torch.ones(2, deep_width, dtype=deep_dtype))
     ex.send_item("r", item)
-    assert reason_kind(m, 1) is ReasonKind.FRAME  # the chunk's width is no multiple of hidden
+    ex.poll()
+    assert reason_kind(m, 1) is ReasonKind.FRAME
     assert m.stats["items_refused"] == 0
     assert rig.transport.submitted == 0 and ex.ring.live == 0
 

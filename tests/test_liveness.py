@@ -1,6 +1,6 @@
-"""Liveness under named fairness (models/liveness.py, docs/formal-model.md): every room that began concludes and
-every region is released on every fair behaviour, in the explorer and in SPIN; dropping an assumption gives a
-counterexample (a room or region stuck forever) in both."""
+"""Liveness under named fairness (models/liveness.py, docs/formal-model.md): every room that began concludes,
+every region is released and every concluded room's sender is reaped on every fair behaviour, in the explorer and
+in SPIN; dropping an assumption gives a counterexample (a room, region or sender stuck forever) in both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import liveness
 from epd_ring.models.explore import explore
-from epd_ring.models.spec import CONCLUDED, INFL, RS, Config
+from epd_ring.models.spec import CONCLUDED, INFL, RS, SND, Config
 
 CFG = Config(cells=1, rooms=2, receivers=2, faults=1, sizes=(1,))
 # The smallest bound that shows a write never reported: one room, one receiver, no faults.
@@ -82,3 +82,18 @@ def test_each_named_assumption_is_needed(name, cfg, monkeypatch):
     monkeypatch.setitem(liveness.DROPPED, cfg.variant, (name,))
     r = explore(cfg)
     assert set(r.violations) & set(liveness.KINDS), sorted(r.violations)
+
+
+@pytest.mark.parametrize("engine", ["explorer", pytest.param("spin", marks=needs_spin)])
+def test_without_reap_in_f4_a_concluded_rooms_sender_is_never_reaped(engine, monkeypatch):
+    """F4's `reap` is what ends a concluded room's sender: with F4 serving deferred sends alone, a fair
+    behaviour keeps one forever (every room concluded, every region settled), in both engines."""
+    text, events = liveness.FAIRNESS["F4"]
+    assert "reap" in events
+    monkeypatch.setitem(liveness.FAIRNESS, "F4", (text, tuple(e for e in events if e != "reap")))
+    cfg = Config(cells=1, rooms=1, receivers=1, faults=0, sizes=(1,))
+    r = explore(cfg) if engine == "explorer" else spin_tool.check(cfg)
+    assert sorted(r.violations) == ["sender-never-reaped"]
+    last = r.violations["sender-never-reaped"].trace[-1][1]
+    assert liveness.judge(last)[0] == "sender-never-reaped"
+    assert all(room[RS] in CONCLUDED for room in last[0]) and any(room[SND] == 1 for room in last[0])

@@ -59,8 +59,9 @@ SPACES: dict[Config, tuple[tuple[int, ...], dict[str, tuple[int, str | None]]]] 
 }
 # without the symmetry reduction: every state stands for itself
 UNREDUCED = {C(1, 2, 2, 1): (2786, 10051, 16, 15, 107, 2786)}
-# config -> (spec edges, spec states, deadlines fired through the clock, events): walked whole, none skipped
-WALKS = {C(1, 1, 1, 1): (68, 37, 6, 282), C(1, 1, 1, 1, peers=True, sizes=(1,)): (167, 79, 33, 844)}
+# config -> (spec edges, spec states, states with their histories, deadlines fired through the clock, events):
+# walked whole, none skipped
+WALKS = {C(1, 1, 1, 1): (68, 37, 60, 6, 380), C(1, 1, 1, 1, peers=True, sizes=(1,)): (167, 79, 115, 33, 1038)}
 
 needs_spin = pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
 
@@ -104,7 +105,7 @@ def test_the_smallest_walks_cover_the_spec_through_the_clock(cfg, caplog):
     caplog.set_level(logging.CRITICAL, logger="epd_ring")  # injected tower errors are events here
     w = walk(cfg)
     assert w.failures == []
-    assert (w.spec_edges, w.spec_states, w.deadlines["clock"], w.steps) == WALKS[cfg]
+    assert (w.spec_edges, w.spec_states, w.nodes, w.deadlines["clock"], w.steps) == WALKS[cfg]
     assert (w.edges, w.states, w.deadlines["not by clock"]) == (w.spec_edges, w.spec_states, 0)
 
 
@@ -250,7 +251,7 @@ def _print_figures() -> None:
     logging.getLogger("epd_ring").setLevel(logging.CRITICAL)
     for cfg in WALKS:
         w = walk(cfg)
-        print(cfg, "walk", (w.spec_edges, w.spec_states, w.deadlines["clock"], w.steps))
+        print(cfg, "walk", (w.spec_edges, w.spec_states, w.nodes, w.deadlines["clock"], w.steps))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import ManagerRig, TableTower, drive, reason_kind, reason_text
 
 from epd_ring.executor import EncodeExecutor, EncodeManager, FakeClock, LoopbackTransport, MonotonicClock
+from epd_ring.executor.core import settings
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor.core.settings import count, seconds
 
@@ -258,6 +259,10 @@ def test_fixed_slot_settings_map_onto_the_arena_and_do_not_mix_with_it():
     # ring_slots x ring_bytes: an arena that holds that many of the largest items, each capped at ring_bytes
     ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=3, ring_bytes=128)
     assert (ex.ring.arena_bytes, ex.ring.max_item_bytes, ex.ring.deep_bytes, ex.max_deferred) == (384, 128, 1152, 24)
+    # either one alone takes the other's default: 64 slots, or 256 MiB per slot
+    ex = EncodeExecutor(manager, TableTower(), "cpu", ring_bytes=128)
+    assert (ex.ring.arena_bytes, ex.ring.max_item_bytes) == (64 * 128, 128)
+    assert settings.arena(None, None, 3, None) == (3 * (256 << 20), 256 << 20, 3)
     for mixed in (dict(ring_slots=3, arena_bytes=4096), dict(ring_bytes=128, max_item_bytes=64)):
         with pytest.raises(ValueError, match="arena_bytes"):
             EncodeExecutor(manager, TableTower(), "cpu", **mixed)

@@ -115,6 +115,24 @@ def test_cli_engine_spin(capsys):
     assert "drain" in out.splitlines()[-1]
 
 
+def test_cli_spin_flags_reach_pan(monkeypatch, capsys, explored):
+    """--spin-no-regions checks the encode side alone (the explorer's space with regions off) and
+    --spin-memlim is pan's memory bound: too small a bound stops pan."""
+    from epd_ring.executor.tools.cli import main
+
+    seen = []
+    check = spin_tool.check
+    monkeypatch.setattr(spin_tool, "check", lambda cfg, **kw: seen.append((cfg, kw["memlim_mb"])) or check(cfg, **kw))
+    size = ["--cells", "1", "--rooms", "2", "--receivers", "1"]
+    assert main(["check", "--engine", "spin", *size, "--spin-no-regions", "--spin-memlim", "512", "--quiet"]) == 0
+    cfg, memlim = seen[-1]
+    assert not cfg.regions and memlim == 512
+    assert f" {explored(cfg).states:,} states" in capsys.readouterr().out
+    # a bound below the hash table's (-w22: 32 MB) stops pan: no verdict
+    assert main(["check", "--engine", "spin", *size, "--spin-no-regions", "--spin-memlim", "1", "--quiet"]) != 0
+    assert seen[-1][1] == 1 and "out of memory at 1 MB" in capsys.readouterr().err
+
+
 def test_spin_finds_an_extent_reused_while_a_write_may_still_read_it(explored):
     """The seed-style arena (a range handed out again once its room is terminal): SPIN's trail, replayed
     on the spec, ends in an allocation over a two-cell extent whose unsure write may still land."""

@@ -187,7 +187,7 @@ def run(args, out=print) -> int:
     if not r.violations:
         out("  no violation: no assertion fails and no invalid end state in any reachable state, and every state "
             f"where no event assumed fair ({', '.join(liveness.assumptions(cfg.variant))}) is enabled has every room "
-            "concluded and every region released")
+            "concluded, every region released and every concluded room's sender reaped")
         return 0
     spec = Spec(cfg)
     for kind, v in sorted(r.violations.items()):
