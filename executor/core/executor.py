@@ -181,8 +181,8 @@ class EncodeExecutor(Staging):
         ring_total = arena_bytes + deep_arena_bytes
         if settings.share("peer_ring_share", peer_ring_share) < 1 and manager.peers.max_bytes is None:
             manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
-        # Chunks parked for receivers not all registered (charged to no peer) may hold at most this share
-        # together (unless the manager was given `max_parked_bytes`). 1.0: no bound.
+        # One identity's chunks parked for receivers not all registered (charged to no peer) may hold at
+        # most this share (unless the manager was given `max_parked_bytes`). 1.0: no bound.
         if settings.share("parked_ring_share", parked_ring_share) < 1 and manager.max_parked_bytes is None:
             manager.max_parked_bytes = max(1, int(ring_total * parked_ring_share))
         # Each identity's share of the ring and of the deferred queue (shares.py): 1 / the identities seen,
