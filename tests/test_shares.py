@@ -216,3 +216,13 @@ def test_identity_ring_share_is_checked_and_a_fixed_share_holds_before_a_second_
     rig.clock.advance(5.0)
     rig.executor.poll()
     assert reason_kind(rig.manager, 2) is ReasonKind.CAPACITY  # a bounded wait, like a peer's bound
+
+
+def test_the_fairness_bench_meets_its_goal_on_a_short_run_of_two_cases():
+    """The bench's own check, on its fake clock: the victim loses no room and its p99 stays within 1.2x."""
+    from epd_ring.executor.tools.bench_fairness import GOAL_P99_X, simulate
+
+    for case in ("stuck", "parked+held"):
+        base, hit = simulate(case, False, seconds=3.0), simulate(case, True, seconds=3.0)
+        assert hit.victim_rooms == base.victim_rooms > 0 and hit.attacker_rooms > 0
+        assert hit.victim_failed == 0 and hit.p99_ms <= GOAL_P99_X * base.p99_ms, case
