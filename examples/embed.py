@@ -107,7 +107,7 @@ def main() -> int:
         pump.flush()  # after any call into the core: what it decided goes out now
         pump.tick()  # completions, deadlines, deferred sends, and what they decide: once per tick
         executor.reap_concluded_senders({rid for rid, _ in scheduled})
-        if scheduled and not executor.has_deferred():  # backpressure: no tower run while sends wait
+        if scheduled and executor.can_take():  # backpressure: no tower run while the arena is full
             batch, scheduled = scheduled[:3], scheduled[3:]
             executor.execute(batch)  # never raises for a bad batch: its rooms fail, receivers are told
             pump.flush()  # the writes are submitted here

@@ -248,7 +248,7 @@ class Rig:
 def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
              max_deferred: int | None = None, arena_bytes: int | None = None, parked_ring_share: float = 0.5,
-             **manager_kw) -> Rig:
+             identity_ring_share: float | None = None, **manager_kw) -> Rig:
     """A rig whose arena holds `slots` items of `slot_bytes` (each capped at that), or is `arena_bytes` uncapped."""
     clock = FakeClock()
     transport = LoopbackTransport(clock)
@@ -257,7 +257,8 @@ def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep:
     tower = TableTower(hidden=hidden, n_deep=n_deep)
     sizes = dict(arena_bytes=arena_bytes) if arena_bytes is not None else dict(ring_slots=slots, ring_bytes=slot_bytes)
     executor = drive(EncodeExecutor(manager, tower, "cpu", max_deferred=max_deferred,
-                                    parked_ring_share=parked_ring_share, **sizes))
+                                    parked_ring_share=parked_ring_share, identity_ring_share=identity_ring_share,
+                                    **sizes))
     return Rig(clock, transport, executor.manager, executor, tower)
 
 

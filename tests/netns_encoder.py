@@ -7,7 +7,7 @@ test can cut links while rooms are in flight. It prints one JSON line at start
 ({"endpoint", "session"}) and one answer per command:
 
   {"cmd": "submit", "rooms": [[ROOM, H, W], ...]}  queue rooms; each goes through `execute` in
-                                                   batches, only while nothing is deferred
+                                                   batches, while the arena can take them
   {"cmd": "wait", "rooms": [...], "timeout": T}    answered once they all concluded (or at T):
                                                    per room its state, reason kind, times, sha256
   {"cmd": "state"}                                 ring, peers, transport and control counters, and
@@ -97,8 +97,8 @@ def main() -> None:
         return out
 
     def feed() -> None:
-        if not queued or executor.has_deferred():
-            return  # backpressure, as an encode loop does: no tower run while sends wait
+        if not queued or not executor.can_take():
+            return  # backpressure, as an encode loop does: no tower run while the arena is full
         chunk = [queued.popleft() for _ in range(min(batch, len(queued)))]
         items = []
         for room, h, w in chunk:
@@ -106,9 +106,6 @@ def main() -> None:
             items.append((room, EncodeItem("image", model.tower.tokens_for(h, w), pixel_values=pixels)))
             executor.register(f"r{room}", host, 0, room, receiver=owner)
         pump.flush()
-        now = time.monotonic()
-        for room, _ in items:
-            submitted[room] = now
         executor.execute([(f"r{room}", item) for room, item in items])
         pump.flush()
         for room, item in items:
@@ -130,6 +127,8 @@ def main() -> None:
             kind = cmd["cmd"]
             if kind == "submit":
                 queued.extend(tuple(r) for r in cmd["rooms"])
+                arrived = time.monotonic()  # latency counts from the request's arrival, gate included
+                submitted.update((r[0], arrived) for r in cmd["rooms"])
                 answer({"ok": True})
             elif kind == "wait":
                 waiting = (cmd["rooms"], time.monotonic() + cmd.get("timeout", 0))

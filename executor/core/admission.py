@@ -98,6 +98,8 @@ class Admission:
             room = m.open_room(frame.room)
         if room.owner is None:
             room.owner = identity
+            if room.share is not None:
+                m.claimed(room)
         known = room.frames.get(frame.session)
         if known is not None:
             if known == frame:

@@ -35,6 +35,7 @@ from .drain import DRAINING, Drain
 from .manager import Chunk, EncodeManager
 from .reasons import Reason, ReasonKind, as_reason
 from .ring import Ring
+from .shares import Shares
 from .staging import Sender, Staging
 from .tower import TowerModel
 
@@ -154,6 +155,7 @@ class EncodeExecutor(Staging):
         copy_fence: Callable[[], Any] | None = None,
         peer_ring_share: float = 0.5,
         parked_ring_share: float = 0.5,
+        identity_ring_share: float | None = None,
     ):
         arena_bytes, max_item_bytes, old_slots = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
@@ -179,10 +181,16 @@ class EncodeExecutor(Staging):
         ring_total = arena_bytes + deep_arena_bytes
         if settings.share("peer_ring_share", peer_ring_share) < 1 and manager.peers.max_bytes is None:
             manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
-        # Chunks parked for receivers not all registered (charged to no peer) may hold at most this share
-        # together (unless the manager was given `max_parked_bytes`). 1.0: no bound.
+        # One identity's chunks parked for receivers not all registered (charged to no peer) may hold at
+        # most this share (unless the manager was given `max_parked_bytes`). 1.0: no bound.
         if settings.share("parked_ring_share", parked_ring_share) < 1 and manager.max_parked_bytes is None:
             manager.max_parked_bytes = max(1, int(ring_total * parked_ring_share))
+        # Each identity's share of the ring and of the deferred queue (shares.py): 1 / the identities seen,
+        # or this fixed fraction. 1.0: no bound.
+        if identity_ring_share is not None:
+            settings.share("identity_ring_share", identity_ring_share)
+        manager.shares = Shares(ring_total, self.max_deferred, identity_ring_share)
+        self.shares = manager.shares
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
         self._copy_fence = copy_fence
@@ -190,7 +198,6 @@ class EncodeExecutor(Staging):
         self._inference = torch.inference_mode()  # reused: creating one per batch costs ~1 us
         self.senders: dict[Any, Sender] = {}
         self._room_sender: dict[int, Sender] = {}
-        self._deferred: deque[tuple[Any, Any]] = deque()
         self._head_waits = False
         self._concluded: list[Any] = []
         self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
@@ -320,7 +327,7 @@ class EncodeExecutor(Staging):
         does both around this call)."""
         n = self.finish_copies() if self._copies else 0
         n += self.manager.poll()
-        if self._deferred:
+        if self.shares.deferred:
             self.serve_deferred()
         if self._drain is not None:
             self._drain.step()
@@ -400,7 +407,7 @@ class EncodeExecutor(Staging):
             "extents": {s: counts.get(s, 0) for s in EXTENT.states},
             "quarantined": counts.get("quarantined", 0),
             **ring.gauges(),
-            "deferred": len(self._deferred),
+            "deferred": self.shares.deferred,
             "rooms": len(m.rooms),
         }
 
@@ -417,7 +424,7 @@ class EncodeExecutor(Staging):
         ring = self.ring
         arena = ring.main_arena
         lines = [f"ring: arena of {arena.capacity} B, {arena.in_use} B in {ring.live} extents, largest free "
-                 f"{arena.largest_free} B, {len(self._deferred)} deferred"]
+                 f"{arena.largest_free} B, {self.shares.deferred} deferred"]
         for s in ring.extents.values():
             extra = f" room={s.room}" if s.room is not None else ""
             if s.writes_in_flight:

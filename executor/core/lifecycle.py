@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .peers import PeerTable
     from .ratelog import RateLimitedLog
     from .regions import RegionBook
+    from .shares import Shares
     from .tenancy import Tenancy
     from .timers import Deadlines
     from .tombstones import Tombstones
@@ -70,6 +71,7 @@ class Lifecycle:
     held_since: dict[int, float]
     parked_since: dict[int, float]
     parked_bytes: int
+    shares: Shares
     park_timeout: float
     announce_timeout: float
     quarantine_s: float
@@ -94,6 +96,21 @@ class Lifecycle:
             for action in self._room_enter[now]:
                 self.actions[action](room)
         return now
+
+    def claimed(self, room: Room) -> None:
+        """A frame claimed a room the engine named no identity for: what it holds is that identity's now."""
+        old = room.share
+        if old is None or old.identity == room.owner:
+            return
+        new = room.share = self.shares.of(room.owner)
+        ext = room.extent
+        if ext is not None and ext.share is old:
+            old.held -= ext.cost
+            new.held += ext.cost
+            ext.share = new
+        if room.parked_bytes:
+            old.parked -= room.parked_bytes
+            new.parked += room.parked_bytes
 
     def open_room(self, room_id: int) -> Room:
         room = self.rooms[room_id] = Room(room_id)
@@ -147,6 +164,8 @@ class Lifecycle:
     def _start_writes(self, room: Room) -> None:
         if room.parked_bytes:  # its receivers are all here: the chunk no longer counts as parked
             self.parked_bytes -= room.parked_bytes
+            if room.share is not None:
+                room.share.parked -= room.parked_bytes
             room.parked_bytes = 0
         chunk = room.chunk
         if chunk is None:
@@ -216,7 +235,10 @@ class Lifecycle:
             self.held_since.pop(room.id, None)
         if room.parked_bytes:
             self.parked_bytes -= room.parked_bytes
+            if room.share is not None:
+                room.share.parked -= room.parked_bytes
             room.parked_bytes = 0
+        room.extent = None
         if self.parked_since:
             self.parked_since.pop(room.id, None)
         if state == "failed" and room.frames:

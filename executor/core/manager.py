@@ -33,6 +33,7 @@ from .ratelog import RateLimitedLog
 from .reasons import Reason, ReasonKind, as_reason
 from .regions import RegionBook
 from .rooms import ACCEPTS_CHUNK, Chunk, Room, RoomConflict
+from .shares import Share, Shares
 from .tenancy import Tenancy
 from .timers import Deadlines
 from .tombstones import Tombstone, Tombstones
@@ -118,6 +119,9 @@ class EncodeManager(Lifecycle):
             "max_parked_bytes", max_parked_bytes, 1)
         # Rooms whose item waits because the parked chunks hold that bound: since when.
         self.parked_since: dict[int, float] = {}
+        # Every identity's share of the ring (shares.py); the executor sizes it to its ring. Without
+        # one (a manager on its own) nothing is bounded by identity.
+        self.shares = Shares(0, 0, 1.0)
         self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
 
     # settings held by the parts -------------------------------------------
@@ -255,30 +259,45 @@ class EncodeManager(Lifecycle):
         that a write may still land in was released): the record may age out once nothing holds it."""
         self.tombs.unpin(room_id)
 
-    def hold(self, room_id: int, nbytes: int) -> None:
-        """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: once its writes
-        start, for its receivers' peers, until each one's write reports or the room ends with none in flight
+    def hold(self, room_id: int, nbytes: int, extent: Any = None) -> None:
+        """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: charged to the
+        room's identity until the extent is free again (shares.py), and once its writes start, to its
+        receivers' peers until each one's write reports or the room ends with none in flight
         (`_start_writes`, `_conclude`)."""
         room = self.rooms.get(room_id)
         if room is not None:
+            share = room.share = self.shares.of(room.owner)
+            if extent is not None:
+                room.extent = extent
+                extent.share = share
+                extent.cost = nbytes
+                share.held += nbytes
             room.uncharged_bytes = nbytes
             if room.state == "registered":  # its receivers are not all here: the chunk parks
                 room.parked_bytes = nbytes
                 self.parked_bytes += nbytes
+                share.parked += nbytes
+
+    def share_of(self, room_id: int) -> Share:
+        """The share a room's items count against: its identity's (the unclaimed one's, if it has none yet)."""
+        room = self.rooms.get(room_id)
+        return self.shares.of(room.owner if room is not None else None)
 
     def held_back(self, room_id: int, nbytes: int) -> bool:
-        """Must the room's chunk of `nbytes` wait without ring space? True while a receiver's peer
-        holds its bound (`max_peer_bytes`); such a wait lasts at most the write timeout, then the room
-        fails (kind `capacity`) and this answers False (its item is dropped when staged). True too
-        while the chunk would park (its receivers are not all registered) and the parked chunks hold
-        their bound (`max_parked_bytes`); that wait lasts at most the park timeout, then the room fails
-        as a parked one would (kind `park_timeout`)."""
+        """Must the room's chunk of `nbytes` wait without ring space? True while its identity holds its
+        share of the ring (shares.py), or a receiver's peer holds its bound (`max_peer_bytes`); such a
+        wait lasts at most the write timeout, then the room fails (kind `capacity`) and this answers
+        False (its item is dropped when staged). True too while the chunk would park (its receivers are
+        not all registered) and its identity's parked chunks hold their bound (`max_parked_bytes`); that
+        wait lasts at most the park timeout, then the room fails as a parked one would (kind
+        `park_timeout`)."""
         peers = self.peers
         cap = peers.max_bytes
         parked_cap = self.max_parked_bytes
-        # No bound can be passed (every peer together, and the parked chunks, hold too little): the
-        # per-item case.
-        if (cap is None or peers.held_total + nbytes <= cap) and (
+        shares = self.shares
+        # No bound can be passed (one identity only, every peer together and every parked chunk hold
+        # too little): the per-item case.
+        if shares.cap is None and (cap is None or peers.held_total + nbytes <= cap) and (
                 parked_cap is None or self.parked_bytes + nbytes <= parked_cap):
             if self.held_since:
                 self.held_since.pop(room_id, None)
@@ -288,10 +307,14 @@ class EncodeManager(Lifecycle):
         room = self.rooms.get(room_id)
         if room is None:
             return False
-        # A ring holding nothing parked may always take one parked chunk.
-        if parked_cap is not None and room.state == "registered" and self.parked_bytes \
-                and self.parked_bytes + nbytes > parked_cap:
-            return self._parked_wait(room)
+        share = shares.of(room.owner)
+        if shares.over(share, nbytes):
+            return self._held_wait(room, f"identity {share.identity!r} held {share.held} B of the ring (its share "
+                                         f"is {shares.cap} B)", "identity_held_back")
+        # An identity holding nothing parked may always park one chunk.
+        if parked_cap is not None and room.state == "registered" and share.parked \
+                and share.parked + nbytes > parked_cap:
+            return self._parked_wait(room, share)
         if self.parked_since:
             self.parked_since.pop(room_id, None)
         if cap is None or peers.held_total + nbytes <= cap or not room.frames:
@@ -302,19 +325,22 @@ class EncodeManager(Lifecycle):
         if peer is None:
             self.held_since.pop(room_id, None)
             return False
+        return self._held_wait(room, f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound "
+                                     f"is {peers.max_bytes} B)", "held_back")
+
+    def _held_wait(self, room: Room, why: str, stat: str) -> bool:
+        """The room's chunk waits on a bound of held bytes: at most the write timeout, then it fails."""
         now = self.clock.now()
-        since = self.held_since.get(room_id)
+        since = self.held_since.get(room.id)
         if since is None:
-            since = self.held_since[room_id] = now
-            self.stats["held_back"] += 1
+            since = self.held_since[room.id] = now
+            self.stats[stat] += 1
         if now - since < self.writes.timeout:
             return True
-        self.fail(room, Reason(ReasonKind.CAPACITY,
-                               f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound is "
-                               f"{self.peers.max_bytes} B) for {self.writes.timeout} s"))
+        self.fail(room, Reason(ReasonKind.CAPACITY, f"{why} for {self.writes.timeout} s"))
         return False
 
-    def _parked_wait(self, room: Room) -> bool:
+    def _parked_wait(self, room: Room, share: Share) -> bool:
         """The room's chunk would park past the parked chunks' bound: it waits, at most the park timeout."""
         now = self.clock.now()
         since = self.parked_since.get(room.id)
@@ -326,7 +352,7 @@ class EncodeManager(Lifecycle):
         got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
         self.fail(room, Reason(ReasonKind.PARK_TIMEOUT,
                                f"{got} receivers registered within {self.park_timeout} s while the chunks parked "
-                               f"for unregistered receivers held their bound ({self.parked_bytes} B of "
+                               f"for unregistered receivers held their bound ({share.parked} B of "
                                f"{self.max_parked_bytes} B)"))
         return False
 

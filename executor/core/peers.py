@@ -16,8 +16,8 @@ Two rules keep one stuck receiver from costing the others:
   start (or wait for a peer's contact), its chunk's ring bytes are held (`hold`)
   against the peer of each of its receivers until that receiver's write reports
   (or, with no write in flight, until the room concludes). A chunk parked for a
-  receiver that has not registered has no peer to charge: parked chunks are bounded
-  together instead (`EncodeManager.max_parked_bytes`, `held_back`). A room with a
+  receiver that has not registered has no peer to charge: each identity's parked
+  chunks are bounded instead (`EncodeManager.max_parked_bytes`, `held_back`). A room with a
   receiver whose peer holds `max_bytes` does not take ring space (`over_bound`);
   the executor keeps it deferred without blocking the others.
 - Health: the first overdue write makes an `up` peer `suspect` (no new writes,

@@ -36,7 +36,7 @@ class Extent:
     `deep_offset` of the deepstack arena, or -1 and 0). `index` numbers leases, for logs."""
 
     __slots__ = ("index", "offset", "nbytes", "deep_offset", "deep_nbytes", "state", "ring", "room",
-                 "writes_in_flight", "unsure", "timer", "due")
+                 "writes_in_flight", "unsure", "timer", "due", "share", "cost")
 
     def __init__(self, index: int, ring: Ring, offset: int, nbytes: int, deep_offset: int = -1,
                  deep_nbytes: int = 0):
@@ -52,6 +52,9 @@ class Extent:
         self.unsure = False
         self.timer = 0
         self.due = 0.0
+        # The identity's share it is charged to (shares.py) and how much, until it is free again.
+        self.share: Any = None
+        self.cost = 0
 
     # guards named in the extent declaration
     def writes_pending(self) -> bool:
@@ -161,6 +164,10 @@ class Ring:
         if dest == "free":
             slot.room = None
             slot.unsure = False
+            share = slot.share
+            if share is not None:  # its bytes count against its identity no more
+                share.held -= slot.cost
+                slot.share = None
             if self.extents.pop(slot.index, None) is not None:
                 self.main_arena.free(slot.offset)
                 if slot.deep_offset >= 0:

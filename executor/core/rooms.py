@@ -12,6 +12,7 @@ from .reasons import Reason
 if TYPE_CHECKING:
     from .frames import ReceiverFrame
     from .ring import Extent
+    from .shares import Share
     from .writes import Write
 
 # Derived from the declaration: where a chunk may be handed over, and where a room waits
@@ -48,7 +49,7 @@ class Chunk:
 class Room:
     __slots__ = ("id", "state", "n", "frames", "chunk", "timer", "due", "reason", "writes_left",
                  "sender", "announced", "cause", "withdrawn", "owner", "uncharged_bytes",
-                 "parked_bytes")
+                 "parked_bytes", "share", "extent")
 
     def __init__(self, room_id: int):
         self.id = room_id
@@ -73,6 +74,9 @@ class Room:
         # Of those, the bytes counted against the parked chunks' bound (`EncodeManager.parked_bytes`)
         # while its receivers are not all registered.
         self.parked_bytes = 0
+        # The identity share its extent (and its parked bytes) are charged to, and that extent (shares.py).
+        self.share: Share | None = None
+        self.extent: Extent | None = None
 
     # guard named in the room declaration
     def all_receivers(self) -> bool:

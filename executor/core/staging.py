@@ -1,14 +1,15 @@
 """Lease, stage, defer: how an encoded item gets into an extent (base of `EncodeExecutor`).
 
 An item leases an extent of the ring's arena sized to its bytes at once, or
-waits in the deferred queue (bounded). The queue is strict FIFO: while its head
-does not fit, nothing behind it is served and new items queue behind it, so a
-large item is never overtaken by small ones; it waits only for bytes already
-leased to come free, which every extent's deadlines bound (park, write,
-quarantine). An item that could never fit (larger than the whole arena, or than
-`max_item_bytes`) fails its room at once (`too_large`). Its embedding is copied
-into the extent's registered memory; on CUDA the copy is asynchronous, so the
-chunk goes to the manager only once its copy fence has passed.
+waits in the deferred queue (bounded): one FIFO per identity, served
+round-robin (shares.py). While a send that is within every bound does not fit,
+nothing is served and new items queue behind it, so a large item is never
+overtaken by small ones; it waits only for bytes already leased to come free,
+which every extent's deadlines bound (park, write, quarantine). An item that
+could never fit (larger than the whole arena, or than `max_item_bytes`) fails
+its room at once (`too_large`). Its embedding is copied into the extent's
+registered memory; on CUDA the copy is asynchronous, so the chunk goes
+to the manager only once its copy fence has passed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from .manager import Chunk, EncodeManager
 from .reasons import Reason, ReasonKind
 from .ring import Extent, Ring
+from .shares import Share, Shares
 
 log = logging.getLogger("epd_ring.executor")
 
@@ -77,7 +79,7 @@ class Staging:
     senders: dict[Any, Sender]
     stats: Counter[str]
     max_deferred: int
-    _deferred: deque[tuple[Any, Any]]
+    shares: Shares  # the manager's: ring bytes and deferred sends by identity
     _copies: deque[tuple[Any, Sender, Chunk]]
     _copy_fence: Callable[[], Any] | None
     _host_copy: bool
@@ -106,18 +108,22 @@ class Staging:
             kind = ReasonKind.TOO_LARGE if isinstance(exc, TooLarge) else ReasonKind.ITEM
             manager.fail_room(room, Reason(kind, f"staging failed: {exc}"))
             return
-        if self._deferred:
+        shares = self.shares
+        if shares.deferred:
             self.serve_deferred()  # deferred sends are served before new ones
-        # Deferred sends that serve_deferred passed over wait on their receivers' peers' bound, not the
-        # bytes; only a head that waits for bytes keeps this item behind it.
+        # Deferred sends that serve_deferred passed over wait on a bound (their identity's share, their
+        # receivers' peers'), not the bytes; only a head that waits for bytes keeps this item behind it.
         extent = None
-        cost = self.ring.extent_cost(checked[1], checked[3])  # what a peer's bound counts
-        if not (self._deferred and self._head_waits) and not manager.held_back(room, cost):
+        cost = self.ring.extent_cost(checked[1], checked[3])  # what the shares and a peer's bound count
+        if not (shares.deferred and self._head_waits) and not manager.held_back(room, cost):
             extent = self.ring.lease(checked[1], checked[3])
         if extent is None:
-            if len(self._deferred) >= self.max_deferred:
+            share = manager.share_of(room)
+            if len(share.queue) >= shares.queue_cap or (
+                    shares.deferred >= self.max_deferred and not self._evict_deferred()):
                 manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
-                                               f"deferred queue full ({self.max_deferred} sends)"))
+                                               f"deferred queue full ({len(share.queue)} sends of this identity, "
+                                               f"{shares.queue_cap} its part; {self.max_deferred} in all)"))
                 return
             enc = item.encoded
             if isinstance(enc, torch.Tensor):
@@ -125,36 +131,74 @@ class Staging:
                 item.encoded = enc.clone()
                 if isinstance(item.encoded_deepstack, torch.Tensor):
                     item.encoded_deepstack = item.encoded_deepstack.clone()
-            self._deferred.append((rid, item))
+            shares.defer(share, (rid, item))
             self.stats["deferred"] += 1
             if manager.observer is not None:
                 manager.observer.deferred(room)
             return
         self._stage(sender, checked, extent, cost)
 
-    def serve_deferred(self) -> None:
-        """Stage deferred sends, oldest first, while the oldest fits (strict FIFO: see the module).
+    def _evict_deferred(self) -> bool:
+        """The queue is full but this identity's part of it is not: the newest send of an identity past
+        its part fails (kind `deferred_full`) to make the place. False if none is past its part."""
+        shares = self.shares
+        over = shares.over_queue()
+        if over is None:
+            return False
+        rid, _ = over.queue[-1]
+        shares.remove(over, len(over.queue) - 1)
+        self.stats["deferred_evicted"] += 1
+        sender = self.senders.get(rid)
+        if sender is not None:
+            if self.manager.observer is not None:
+                self.manager.observer.undeferred(sender.room)
+            self.manager.fail_room(sender.room, Reason(ReasonKind.DEFERRED_FULL, "deferred queue full: this "
+                                                       "identity held more than its part of it"))
+        return True
 
-        A send whose receiver's peer holds its bound of ring bytes is passed over: it keeps its place
-        and blocks nobody (a stuck receiver must not hold up the healthy ones' sends)."""
-        dq = self._deferred
-        manager = self.manager
-        passed: list[tuple[Any, Any]] = []
+    def serve_deferred(self) -> None:
+        """Stage deferred sends: one per identity per turn, round-robin, each identity's oldest first
+        (shares.py), while the one served fits.
+
+        A send held back by a bound (its identity's share, its receiver's peer's bound, the parked bound)
+        is passed over: it keeps its place and blocks nobody (a stuck receiver or a greedy identity must
+        not hold up the others' sends). A send that waits for bytes (within every bound, but the arena
+        has no extent for it) stops the serving, for every identity: nothing overtakes it, so a large
+        item is never starved by small ones."""
+        shares = self.shares
         self._head_waits = False
-        while dq:
-            rid, item = dq[0]
+        start: dict[Any, int] = {}  # per identity: how many of its oldest sends were passed over
+        progress = True
+        while progress:
+            progress = False
+            for share in list(shares.waiting.values()):
+                i, staged = self._serve_one(share, start.get(share.identity, 0))
+                start[share.identity] = i
+                if self._head_waits:
+                    return
+                if staged:
+                    progress = True
+                    shares.rotate(share)
+
+    def _serve_one(self, share: Share, i: int) -> tuple[int, bool]:
+        """Serve `share`'s oldest send not passed over (from its `i`-th on): (sends passed, staged one?)."""
+        q = share.queue
+        shares = self.shares
+        manager = self.manager
+        while i < len(q):
+            rid, item = q[i]
             sender = self.senders.get(rid)
             if sender is None:
-                dq.popleft()
+                shares.remove(share, i)
                 self.stats["deferred_dropped"] += 1  # its sender was reaped
                 continue
             room = sender.room
             cost = self.ring.extent_cost(*_sizes(item))
             if manager.held_back(room, cost):
-                passed.append(dq.popleft())
+                i += 1
                 continue
             if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
-                dq.popleft()
+                shares.remove(share, i)
                 if manager.observer is not None:
                     manager.observer.undeferred(room)
                 self.stats["items_for_concluded_rooms"] += 1
@@ -164,21 +208,21 @@ class Staging:
                 # the item since (dropped `encoded`, say): fail its room, not the loop.
                 checked = self._check(item)
             except Exception as exc:
-                dq.popleft()
+                shares.remove(share, i)
                 if manager.observer is not None:
                     manager.observer.undeferred(room)
                 manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed for a deferred send: {exc}"))
                 continue
             extent = self.ring.lease(checked[1], checked[3])
             if extent is None:
-                self._head_waits = True  # the head waits for bytes to come free; nothing behind it overtakes it
-                break
-            dq.popleft()
+                self._head_waits = True  # it waits for bytes to come free; nothing overtakes it
+                return i, False
+            shares.remove(share, i)
             if manager.observer is not None:
                 manager.observer.undeferred(room)
             self._stage(sender, checked, extent, cost)
-        if passed:
-            dq.extendleft(reversed(passed))
+            return i, True
+        return i, False
 
     def drain_deferred(self) -> None:
         """The seed's name for `serve_deferred`, kept so an encode loop written for the seed's executor
@@ -186,15 +230,28 @@ class Staging:
         self.serve_deferred()
 
     def has_deferred(self) -> bool:
-        return bool(self._deferred)
+        """Whether any send waits in the deferred queue (the seed's meaning). Not the loop's gate: a
+        send held back by its own identity's share or its peer's bound is deferred while the arena
+        takes everyone else's items; ask `can_take`."""
+        return bool(self.shares.deferred)
+
+    def can_take(self) -> bool:
+        """Can the arena take the next item? The encode loop's gate before a tower run.
+
+        False while a deferred send within every bound waits for bytes (the arena is full: a tower run
+        now would only add to the queue), or while the deferred queue holds all it may. Sends passed
+        over because their identity or their receiver's peer holds its bound do not close it."""
+        shares = self.shares
+        return not (shares.deferred and self._head_waits) and shares.deferred < self.max_deferred
 
     @property
     def deferred_count(self) -> int:
-        return len(self._deferred)
+        return self.shares.deferred
 
     def deferred_requests(self) -> list[Any]:
-        """Request ids of the deferred sends, oldest (served first) first."""
-        return [rid for rid, _ in self._deferred]
+        """Request ids of the deferred sends, identity by identity in the order they are served, each
+        identity's oldest first."""
+        return [rid for rid, _ in self.shares.entries()]
 
     def copy_fences(self) -> list[tuple[Any, int]]:
         """(fence, room) of each copy still pending: a driver that steps finer than a tick (the model's
@@ -208,10 +265,9 @@ class Staging:
 
     def drop_deferred(self) -> int:
         """Forget every deferred send (their rooms failed, at a drain); return how many."""
-        n = len(self._deferred)
+        n = self.shares.clear()
         if n:
             self.stats["deferred_dropped"] += n
-            self._deferred.clear()
         return n
 
     def _check(self, item: Any) -> Checked:
@@ -251,7 +307,7 @@ class Staging:
         manager = self.manager
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
-        manager.hold(room, cost)
+        manager.hold(room, cost, slot)
         obs = manager.observer
         if obs is not None:
             obs.copy_started(room)

@@ -208,7 +208,7 @@ class RingMetrics(Observer):
             if state not in ("success", "failed"):
                 live.add_metric([state], room_states.get(state, 0))
         yield live
-        yield GaugeMetricFamily("epd_ring_deferred", "items waiting for room in the arena", value=len(ex._deferred))
+        yield GaugeMetricFamily("epd_ring_deferred", "items waiting for room in the arena", value=ex.deferred_count)
         yield GaugeMetricFamily("epd_ring_parked", "rooms whose chunk is parked waiting for receivers",
                                 value=room_states.get("parked", 0))
         yield GaugeMetricFamily("epd_ring_writes_in_flight", "writes submitted and not yet reported",

@@ -257,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a failed write's extent is held (the core's quarantine_s)")
     arena.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
+    fair = command("bench-fairness", "what one identity's stuck, failing, parking or slow receivers cost others",
+                   "Replay the cases of issue 30 on the loopback with a fake clock: a victim identity and an "
+                   "attacker sharing one encode worker, each case with and without the attacker on the same "
+                   "arrivals. Print the victim's failed-room share, its p50/p99 wait from arrival (against the "
+                   "attacker-free p99) and the peak arena use.")
+    fair.add_argument("--cases", nargs="+", choices=["stuck", "timeout", "fail", "sessions", "parked", "parked+held",
+                                                     "slow"], default=None, help="which cases (default: all)")
+    fair.add_argument("--seconds", type=positive_float, default=30.0, help="seconds of arrivals (simulated)")
+    fair.add_argument("--items", type=positive_int, default=64, help="items the arena holds")
+    fair.add_argument("--rate", type=positive_float, default=20.0, help="the victim's rooms per second (the "
+                                                                       "attacker sends half that)")
+    fair.add_argument("--seed", type=int, default=0, help="seed of the arrivals")
+    fair.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
     diagrams.add_argument("--dir", default="diagrams",
@@ -469,6 +483,12 @@ def _dispatch(args: argparse.Namespace) -> int:
                            quiet=quiet or args.json, echo=_silent if args.json else print)
         if args.json:
             _emit_json(report)
+        return EXIT_OK
+    if args.command == "bench-fairness":
+        from .bench_fairness import CASES, run as fairness_run
+
+        fairness_run(tuple(args.cases or CASES), as_json=args.json, seconds=args.seconds, items=args.items,
+                     victim_rate=args.rate, seed=args.seed)
         return EXIT_OK
     if args.command == "check" and args.engine == "spin":
         from epd_ring.models.check import CheckInputError, apply_defaults

@@ -191,7 +191,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
             doomed = transport.receivers.get("prefill-doomed:0")
             if doomed is not None:
                 doomed.kill()
-        if queue and not executor.has_deferred():  # backpressure: no tower run while sends wait
+        if queue and executor.can_take():  # backpressure: no tower run while the arena is full
             run_now = [queue.popleft() for _ in range(min(batch, len(queue)))]
             if any(p.item.meta["poison"] for p in run_now):
                 # a room that already concluded (its receiver's peer went down first) is not failed by the batch

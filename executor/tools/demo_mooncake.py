@@ -111,7 +111,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             for room, *_ in chunk:
                 executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=owner[room])
             pump.flush()
-            while executor.has_deferred():  # backpressure: no tower run while sends wait
+            while not executor.can_take():  # backpressure: no tower run while the arena is full
                 pump.tick()
             if any(p[2] == "tower_error" for p in chunk):
                 batch_mates.update(p[0] for p in chunk if p[2] != "tower_error")
