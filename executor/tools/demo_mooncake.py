@@ -150,7 +150,11 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
         if recorder is not None:
             recorder.write(timeline, f"epd-ring demo over Mooncake: {rooms} rooms, {slots} slots, batch {batch}, "
                                      f"fault rate {fault_rate}, seed {seed} (wall time)")
-        reports = {name: proc.ask(cmd="report", timeout=3) for name, proc in procs.items() if proc.proc.poll() is None}
+        # Each receiver's report waits for the statuses of its concluded rooms: on a loaded machine a
+        # notice can still be on its way when the encoder has concluded.
+        told_to = {name: [p[0] for p in plans if name in p[3] and name in p[5] and p[0] in outcome] for name in procs}
+        reports = {name: proc.ask(cmd="report", wait_rooms=told_to[name], timeout=30)
+                   for name, proc in procs.items() if proc.proc.poll() is None}
         table: dict[str, Counter] = {}
         mismatched, told_wrong, checked, bad = [], 0, 0, 0
         for room, item, fault, names, shard, regs in plans:
