@@ -301,7 +301,9 @@ def states(results: dict[int, dict], rooms) -> set[str]:
 
 
 def latencies(results: dict[int, dict], rooms) -> list[float]:
-    return sorted(results[r]["concluded"] - results[r]["submitted"] for r in rooms)
+    """Each room's latency from its request's arrival at the encoder, before the loop's gate on
+    deferred sends: a room held there by another peer's writes waited as much as one in the ring."""
+    return sorted(results[r]["concluded"] - results[r]["arrived"] for r in rooms)
 
 
 def _ms(xs: list[float]) -> str:
@@ -312,7 +314,7 @@ def test_healthy_fanout_across_hosts(world):
     res = world.run(("b",), ("c",), ("b", "c"), each=8)
     assert states(res, res) == {"success"}
     world.check(res)
-    figure("healthy latency (submit to success)", _ms(latencies(res, res)))
+    figure("healthy latency (arrival to success)", _ms(latencies(res, res)))
 
 
 def test_partition_of_one_receiver_fails_its_rooms_and_heal_restores_it(world, hosts):
@@ -335,7 +337,7 @@ def test_partition_of_one_receiver_fails_its_rooms_and_heal_restores_it(world, h
     figure("time to fail a cut receiver's rooms (cut to last failed)",
            f"{b_failed - t_cut:.1f} s (write deadline {SETTINGS['write_timeout']} s)")
     figure("healthy receiver during the cut, its rooms submitted while the cut one's were pending "
-           "(submit to success)", _ms(latencies(cut, only_c)) +
+           "(arrival to success)", _ms(latencies(cut, only_c)) +
            f"; {sum(cut[r]['concluded'] < b_failed for r in only_c)} concluded before the cut receiver's last failure")
     hosts.heal("b")
     t_heal = time.monotonic()
@@ -581,4 +583,4 @@ def test_a_cut_receiver_under_load_and_the_healthy_one_beside_it(world, hosts):
     world.check({r: res[r] for r in only_c}, hosts=["c"])
     figure("under load: time to fail the cut receiver's rooms (cut to last failed)",
            f"{max(res[r]['concluded'] for r in only_b) - t_cut:.1f} s ({len(only_b)} rooms)")
-    figure("under load: healthy receiver during the cut (submit to success)", _ms(latencies(res, only_c)))
+    figure("under load: healthy receiver during the cut (arrival to success)", _ms(latencies(res, only_c)))
