@@ -3,7 +3,8 @@
 Each host is a network namespace (tests/netns.py) on one bridge: the encoder (10.99.0.1, a
 process running tests/netns_encoder.py), receivers B and C (the project's receiver process,
 `--hostname` its own address). Real Mooncake TCP between them and the CURVE control plane.
-A partition takes a host's switch port down. Every received byte is checked by sha256.
+A partition takes a host's switch port down; a slow link is a token-bucket limit (`tc ... tbf`)
+on both ends of a host's link. Every received byte is checked by sha256.
 
 What carries a cut is the encoder's own deadlines, set short through its settings (write
 deadline, connect deadline, park deadline, backoff), never Mooncake's TCP timeouts (which
@@ -176,14 +177,15 @@ class World:
         self.encoder = Encoder(self.hosts, self.keypair, self.instance[0])
         self.encoder.started()
 
-    def rooms(self, *layout: tuple[str, ...], each: int = 1, read: bool = True) -> dict[int, tuple[int, int]]:
+    def rooms(self, *layout: tuple[str, ...], each: int = 1, read: bool = True,
+              size: tuple[int, int] | None = None) -> dict[int, tuple[int, int]]:
         """New rooms, `each` per receiver set in `layout`; each receiver expects and registers its own
-        (`read`: and the encoder has read every frame)."""
+        (`read`: and the encoder has read every frame). `size`: every image's (h, w) in pixels."""
         made: dict[int, tuple[int, int]] = {}
         for _ in range(each):
             for members in layout:
                 room, self._next = self._next, self._next + 1
-                h, w = STEP * (1 + room % 5), STEP * (1 + (room * 7) % 6)
+                h, w = size or (STEP * (1 + room % 5), STEP * (1 + (room * 7) % 6))
                 self.plans[room] = (list(members), (h, w))
                 made[room] = (h, w)
                 for host in members:
@@ -259,6 +261,8 @@ def shared(network):
 def world(shared):
     """The shared world, healed: links up, nobody stopped, B and C running and reachable."""
     shared.hosts.heal("enc", "b", "c")
+    for host in ("b", "c"):
+        shared.hosts.unlimit(host)  # a test that failed may have left its slow link
     for host, r in list(shared.receivers.items()):
         r.proc.send_signal(signal.SIGCONT)
         if r.proc.poll() is not None:
@@ -445,6 +449,55 @@ def b_down_since(world: World, session: str, since: float, wait: float = 10.0) -
         if downs or time.monotonic() > deadline:
             return downs
         time.sleep(0.05)
+
+
+# A slow link: B's limited to 4 mbit/s each way with a deep queue (1 s), its rooms 192 KB each
+# (24 x 32 merged tokens of 256 bytes): each write takes about 0.4 s on the link, under the write
+# deadline (1.5 s), and the heartbeat's probes (every second while B has work) wait behind them.
+SLOW_RATE, SLOW_QUEUE = "4mbit", "1s"
+SLOW_SIZE = (24 * STEP, 32 * STEP)
+
+
+def slow_link_stream(world: World, rounds: int = 12) -> tuple[dict[int, dict], list, dict]:
+    """Rounds of one room to B (limited) and one to C, each round submitted once the last
+    concluded: B's link carries its writes one after another. (results, B's peer downs during
+    the stream, the encoder's state after it)."""
+    hosts, b = world.hosts, world.receivers["b"]
+    hosts.limit("b", SLOW_RATE, SLOW_QUEUE)
+    try:
+        t0 = time.monotonic()
+        results: dict[int, dict] = {}
+        for _ in range(rounds):
+            made = world.rooms(("b",), ("c",), size=SLOW_SIZE)
+            world.encoder.submit(made)
+            results.update(world.encoder.wait(made))
+        downs = b_down_since(world, b.session, t0, wait=0)
+        state = world.encoder.ask(cmd="state")
+        assert hosts.throttled("b") > 0, "the limit never held a packet back: the link was not slow"
+    finally:
+        hosts.unlimit("b")
+    return results, downs, state
+
+
+def test_a_slow_receiver_on_a_rate_limited_link_stays_up_and_the_one_beside_it_is_unharmed(world):
+    # Issue 29: over a slow link the heartbeat's probe waits behind the receiver's own writes, and
+    # its connect deadline took a working receiver down and failed its rooms. B must stay up, every
+    # room of its succeed, and C's beside it.
+    warm = world.run(("b",), ("c",))
+    assert states(warm, warm) == {"success"}
+    res, downs, state = slow_link_stream(world)
+    only_b = [r for r in res if world.plans[r][0] == ["b"]]
+    only_c = [r for r in res if world.plans[r][0] == ["c"]]
+    assert downs == [], downs
+    assert states(res, only_b) == {"success"}
+    assert states(res, only_c) == {"success"}
+    world.check(res)
+    stats = state["peer_stats"]
+    figure(f"slow link ({SLOW_RATE} each way, {SLOW_QUEUE} queue), B's rooms of "
+           f"{TOWER.tokens_for(*SLOW_SIZE) * HIDDEN * 4 // 1024} KB one after another (arrival to success)",
+           _ms(latencies(res, only_b)) + f"; {stats.get('probes', 0)} probes in all, "
+           f"{stats.get('probes_answered_by_writes', 0)} answered by a write that landed")
+    figure("slow link: the healthy receiver beside it (arrival to success)", _ms(latencies(res, only_c)))
 
 
 def test_partition_of_the_encoder_from_every_receiver(world, hosts):
