@@ -433,8 +433,11 @@ def test_wedged_receiver_fails_its_rooms_and_others_succeed(world):
     with_b = [r for r in rooms if "b" in world.plans[r][0]]
     assert states(res, with_b) == {"failed"}
     assert {res[r]["kind"] for r in with_b} <= FAILED_KINDS
-    assert states(res, [r for r in rooms if r not in with_b]) == {"success"}
+    only_c = [r for r in rooms if r not in with_b]
+    assert states(res, only_c) == {"success"}
     world.check(res)
+    figure("the healthy receiver beside a wedged one, its rooms submitted with the wedged one's (arrival to success)",
+           _ms(latencies(res, only_c)))
     first_success(world, ("b",))
 
 
@@ -565,10 +568,13 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
     try:
         world.encoder.submit(made)
         until_state(world, lambda st: st["in_flight"] > 0, "no write in flight")
+        t_kill = time.monotonic()
         world.restart_encoder()  # kill -9, with B's writes in flight and C's rooms at any point
+        t_new = time.monotonic()  # the new incarnation is up (it said where it listens)
     finally:
         hosts.heal("b")
     assert world.encoder.ask(cmd="state")["incarnation"] != old
+    back = {}
     for host in ("b", "c"):
         mine = [r for r in made if host in world.plans[r][0]]
         deadline = time.monotonic() + 120
@@ -576,6 +582,7 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
             report = world.receivers[host].ask(cmd="report", timeout=1)
             still = {r for r in mine if report["open_regions"].get(str(r)) not in (None, "written")}
             if not still:
+                back[host] = time.monotonic()
                 break
             assert time.monotonic() < deadline, (host, still, report)
         assert report["protocol_errors"] == [] and report["incarnation"]
@@ -587,11 +594,16 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
         # Failed here (the old incarnation ended) and never told again by the new one.
         assert all(room not in report["concluded_here"] or report["notices"].get(str(room), []).count("failed") == 0
                    for room in mine)
+    figure("an encoder restarted (kill -9, B cut with writes in flight): its new incarnation up to every "
+           "region back", ", ".join(f"{host.upper()} {back[host] - t_new:.2f} s" for host in back) +
+           f" (the kill to the new incarnation up: {t_new - t_kill:.2f} s)")
     # The memory is reused: new rooms through the new encoder, every byte checked.
     first_success(world, ("b", "c"))
     res = world.run(("b",), ("c",), ("b", "c"), each=3)
     assert states(res, res) == {"success"}
     world.check(res)
+    figure("the healthy receiver after an encoder restart, its rooms beside B's (arrival to success)",
+           _ms(latencies(res, [r for r in res if world.plans[r][0] == ["c"]])))
 
 
 @pytest.mark.parametrize("required", [False, True], ids=["skips", "required-fails"])
