@@ -5,7 +5,9 @@ bridge. Each host has one veth pair: `eth0` inside the host, its other end a por
 bridge in the switch namespace. Nothing is created in the namespace the tests run in, and
 every name is fixed and ours (`NAMES`), so a run removes exactly what it made, and the
 leftovers of a run that died, by exact name, before it starts. A partition takes a host's
-switch port down: the host's own link stays up, as when a cable or a switch port fails.
+switch port down: the host's own link stays up, as when a cable or a switch port fails. A slow
+link is a token-bucket filter (`tc ... tbf`) on both ends of a host's pair: its switch port (what
+the host is sent) and its `eth0` (what it sends); removed as the root qdisc of those two devices.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class NetnsUnavailable(RuntimeError):
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=check)
+
+
+def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10, check=check)
 
 
 def namespace(host: str) -> str:
@@ -119,6 +125,28 @@ class Hosts:
     def heal(self, *hosts: str) -> None:
         for host in hosts:
             _ip("-n", SWITCH, "link", "set", port(host), "up")
+
+    def _ends(self, host: str) -> list[tuple[str, str]]:
+        """(namespace, device) of both ends of the host's link."""
+        return [(SWITCH, port(host)), (namespace(host), "eth0")]
+
+    def limit(self, host: str, rate: str = "4mbit", queue: str = "1s") -> None:
+        """A slow link: each way limited to `rate`, with up to `queue` of packets waiting (a deep
+        queue, as a congested link has: what is sent behind a write waits for it)."""
+        if shutil.which("tc") is None:
+            raise NetnsUnavailable("no `tc` command (iproute2)")
+        for ns, dev in self._ends(host):
+            _tc("-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "16kb",
+                "latency", queue)
+
+    def unlimit(self, host: str) -> None:
+        for ns, dev in self._ends(host):
+            _tc("-n", ns, "qdisc", "del", "dev", dev, "root", check=False)  # none there: nothing to do
+
+    def throttled(self, host: str) -> int:
+        """How many times the limit held a packet back on the way to the host (tbf's `overlimits`)."""
+        out = _tc("-s", "-n", SWITCH, "qdisc", "show", "dev", port(host)).stdout.split()
+        return int(out[out.index("overlimits") + 1]) if "tbf" in out and "overlimits" in out else 0
 
     def prefix(self, host: str) -> list[str]:
         """A command prefix that runs a process on `host`."""

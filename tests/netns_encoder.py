@@ -9,10 +9,15 @@ test can cut links while rooms are in flight. It prints one JSON line at start
   {"cmd": "submit", "rooms": [[ROOM, H, W], ...]}  queue rooms; each goes through `execute` in
                                                    batches, while the arena can take them
   {"cmd": "wait", "rooms": [...], "timeout": T}    answered once they all concluded (or at T):
-                                                   per room its state, reason kind, times, sha256
+                                                   per room its state, reason kind, times, sha256;
+                                                   the times: "arrived" (its submit command was
+                                                   read, before the loop's gate on deferred sends),
+                                                   "submitted" (it went through `execute`, after
+                                                   the gate), "concluded"
   {"cmd": "state"}                                 ring, peers, transport and control counters, and
                                                    each peer's state changes as the loop saw them
                                                    ("peer_log": [[SESSION, STATE, TIME, REASON], ...]),
+                                                   the peer table's counters ("peer_stats"),
                                                    its incarnation, its live control connections
   {"cmd": "exit"}
 
@@ -62,6 +67,7 @@ def main() -> None:
     owner = cfg["owner"]  # the prefill instance's key: every room is its
     batch = cfg.get("batch", 4)
     queued: deque = deque()
+    arrived: dict[int, float] = {}  # a latency counts from here: the gate's wait is the room's too
     submitted: dict[int, float] = {}
     concluded: dict[int, tuple[str, float]] = {}
     expected: dict[int, str] = {}
@@ -92,7 +98,8 @@ def main() -> None:
             state, at = concluded.get(r, (manager.room_status(r), None))
             reason = manager.failure_reason(r)
             out[str(r)] = {"state": state, "kind": reason.kind.value if reason else None,
-                           "detail": reason.detail if reason else None, "submitted": submitted.get(r),
+                           "detail": reason.detail if reason else None, "arrived": arrived.get(r),
+                           "submitted": submitted.get(r),
                            "concluded": at, "sha256": expected.get(r)}
         return out
 
@@ -106,6 +113,8 @@ def main() -> None:
             items.append((room, EncodeItem("image", model.tower.tokens_for(h, w), pixel_values=pixels)))
             executor.register(f"r{room}", host, 0, room, receiver=owner)
         pump.flush()
+        now = time.monotonic()
+        submitted.update((room, now) for room, _ in items)  # through the gate: not where latency counts
         executor.execute([(f"r{room}", item) for room, item in items])
         pump.flush()
         for room, item in items:
@@ -126,15 +135,17 @@ def main() -> None:
             cmd = json.loads(line)
             kind = cmd["cmd"]
             if kind == "submit":
+                now = time.monotonic()
+                for r in cmd["rooms"]:
+                    arrived.setdefault(r[0], now)
                 queued.extend(tuple(r) for r in cmd["rooms"])
-                arrived = time.monotonic()  # latency counts from the request's arrival, gate included
-                submitted.update((r[0], arrived) for r in cmd["rooms"])
                 answer({"ok": True})
             elif kind == "wait":
                 waiting = (cmd["rooms"], time.monotonic() + cmd.get("timeout", 0))
             elif kind == "state":
                 answer({"live_extents": len(executor.ring.extents), "arena": executor.ring.gauges(),
-                        "peers": manager.peers.snapshot(), "transport": dict(transport.stats),
+                        "peers": manager.peers.snapshot(), "peer_stats": dict(manager.peers.stats),
+                        "transport": dict(transport.stats),
                         "control": dict(control.stats), "in_flight": transport.in_flight, "queued": len(queued),
                         "peer_log": list(peer_log), "incarnation": control.incarnation.decode(),
                         "connections": len(control.guard.live) if control.guard else 0})
