@@ -74,6 +74,9 @@ def add_arguments(p) -> None:
     p.add_argument("--late-landing", action="store_true",
                    help="a failed write may land after its quarantine ended: shows the hazard the quarantine's "
                         "bound guards against (finds violations by design)")
+    p.add_argument("--restarts", type=count_at_least(0), default=0, metavar="N",
+                   help="the encoder may restart up to N times (a new incarnation): its side is lost, the "
+                        "receivers fail the rooms of the dead one and take every region back (default: 0)")
     p.add_argument("--no-symmetry", action="store_true",
                    help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true",
@@ -110,7 +113,7 @@ def apply_defaults(args) -> None:
                               "the --sizes items have (a slot per item is --sizes 1)")
     engine = getattr(args, "engine", "explorer")
     if engine == "spin":
-        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry")
+        given = [f"--{k.replace('_', '-')}" for k in ("replay", "no_symmetry", "compare_symmetry", "restarts")
                  if getattr(args, k, None)]
         if given:
             raise CheckInputError(f"{', '.join(given)} apply to the explorer, not --engine spin")
@@ -149,7 +152,8 @@ def _run_replay(args, out, report: dict) -> int:
     given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k, None) is not None]
     given += [f for f, on in (("--no-symmetry", args.no_symmetry), ("--compare-symmetry", args.compare_symmetry),
                               ("--save-traces", args.save_traces), ("--channels", getattr(args, "channels", False)),
-                              ("--late-landing", getattr(args, "late_landing", False))) if on]
+                              ("--late-landing", getattr(args, "late_landing", False)),
+                              ("--restarts", getattr(args, "restarts", 0))) if on]
     if given:
         raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
                               f"cannot be combined with it")
@@ -180,13 +184,18 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         apply_defaults(args)
         return _run_replay(args, out, report)
     apply_defaults(args)
-    cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
-                 peers=getattr(args, "peers", False), sizes=args.sizes,
-                 channels=getattr(args, "channels", False), late_landing=getattr(args, "late_landing", False))
+    try:
+        cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
+                     peers=getattr(args, "peers", False), sizes=args.sizes,
+                     channels=getattr(args, "channels", False), late_landing=getattr(args, "late_landing", False),
+                     restarts=getattr(args, "restarts", 0))
+    except ValueError as exc:  # switches that do not go together: a usage error, not a crash
+        raise CheckInputError(str(exc)) from None
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
     report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers, "channels": cfg.channels,
-                          "late_landing": cfg.late_landing}, runs=[])
+                          "late_landing": cfg.late_landing, **({"restarts": cfg.restarts} if cfg.restarts else {})},
+                  runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
     for symmetry in runs:
@@ -194,7 +203,8 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         out(f"checking {cfg.variant}: {cfg.cells} cells, items of {'/'.join(map(str, cfg.sizes))} cells, "
             f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, "
             f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{'notice channels, ' if cfg.channels else ''}"
-            f"{'late landings, ' if cfg.late_landing else ''}{label} symmetry reduction")
+            f"{'late landings, ' if cfg.late_landing else ''}"
+            f"{f'{cfg.restarts} encoder restart(s), ' if cfg.restarts else ''}{label} symmetry reduction")
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 

@@ -31,13 +31,16 @@ from .state import (
     SIZE,
     SLOTI,
     SND,
+    SND_DEAD,
     SS,
     STAGEABLE,
     TOLD,
+    TOLD_NONE,
     UNSURE,
     W_FLIGHT,
     W_GHOST,
     W_IDLE,
+    W_LANDED,
     W_STRAY,
     WD,
     WD_NONE,
@@ -56,11 +59,18 @@ class Events(Rules):
     ROOM_FAMILIES = ("_register", "_frame", "_tower", "_copied", "_write_outcomes", "_late_landings", "_deadlines",
                      "_withdraws", "_abort", "_write_deadlines", "_deliveries", "_withdraws_seen")
     GLOBAL_FAMILIES = ("_connect_outcomes", "_deferred_served", "_reap", "_quarantine_ends", "_probe_outcomes")
+    # With `Config.restarts`: what an orphan (a room of a dead incarnation) still does, in place of the room
+    # families, and the restart itself, after the global families (added only then: the default's order and
+    # cost are unchanged).
+    ORPHAN_FAMILIES = ("_late_landings", "_reclaims")
+    RESTART_FAMILIES = ("_restarts",)
 
     def __init__(self, config) -> None:
         super().__init__(config)
         self._room_families = tuple(getattr(self, f) for f in self.ROOM_FAMILIES)
-        self._global_families = tuple(getattr(self, f) for f in self.GLOBAL_FAMILIES)
+        self._orphan_families = tuple(getattr(self, f) for f in self.ORPHAN_FAMILIES)
+        self._global_families = tuple(getattr(self, f) for f in self.GLOBAL_FAMILIES
+                                      + (self.RESTART_FAMILIES if self.restarts else ()))
 
     def _emit(self, out: list, d: Draft, event: tuple) -> None:
         # A cell no room's extent covers holds nothing that matters any more: forget whose bytes
@@ -88,6 +98,8 @@ class Events(Rules):
                     x = rooms[k] = list(x)
                     x[RCV] = tuple(sorted(x[RCV]))
         st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), d.deferred, d.faults, d.halt, d.peers)
+        if d.restarts is not None:
+            st += (d.restarts,)
         out.append(Step(event, st, d.violation, d.detail))
 
     # -- senders and receivers ---------------------------------------------------------------
@@ -424,3 +436,84 @@ class Events(Rules):
                 d = Draft.of(state)
                 self._move_slot(d, s, "release")
                 self._emit(out, d, ("release", s))
+
+    # -- encoder restarts (Config.restarts; the receiver's side as executor/drivers/receiver.py has it) --------
+    def _restarts(self, state: tuple, out: list) -> None:
+        """The encoder's process dies and a new incarnation answers at its address.
+
+        The encoder's side is lost: its rooms, extents, writes in flight, deferred sends (a fresh arena: the
+        dead writes read the dead process's memory, never the new one's). Each room that had begun becomes an
+        orphan; a room that had not is a room of the new incarnation. Every receiver learns of the new
+        incarnation in the same step (within one reconnect, or `give_up_s` without any encoder: nothing moves
+        its region in between) and does what the receiver's `_orphan` does: a room not told success is
+        failed here, once; an `offered` region is withdrawn (towards the new incarnation); each held
+        region waits for its reclaim (`_reclaims`). A write of the dead incarnation still in flight may land
+        until then."""
+        left = state[6]
+        rooms = state[0]
+        if not left or not any((r[SND] or r[REG]) and r[SND] != SND_DEAD for r in rooms):
+            return
+        d = Draft.of(state)
+        d.restarts = left - 1
+        d.cells = [list(self._free_cell) for _ in d.cells]
+        d.deferred = ()
+        for ro in d.rooms:
+            if (ro[SND] or ro[REG]) and ro[SND] != SND_DEAD:
+                self._orphan(ro)
+        self._emit(out, d, ("restart",))
+
+    _free_cell = ("free", -1, False, 1)
+
+    def _orphan(self, ro: list) -> None:
+        """Room `ro` of the incarnation that died, as its receivers see it from now on."""
+        rc = receivers(ro)
+        for k, (g, w, t) in enumerate(rc):
+            w = W_GHOST if w == W_FLIGHT else w  # the dead process's kernel may still deliver it
+            if g not in ("written", "released"):  # told success, or no longer held: the receiver leaves it
+                g = self._region_step(g, "withdraw") if g == "offered" else g
+                t = self._concluded_here(t)
+            rc[k] = (g, w, t)
+        ro[RS] = "success" if ro[RS] == "success" else "failed"
+        ro[SND], ro[CH], ro[TOLD], ro[INFL], ro[SIZE], ro[SLOTI] = SND_DEAD, CH_DROPPED, ro[REG], 0, 0, -1
+        ro[GHOST] = sum(x[1] in (W_GHOST, W_STRAY) for x in rc)
+
+    @staticmethod
+    def _concluded_here(told: str) -> str:
+        """The receiver fails a room of a dead incarnation only if no encoder told it an outcome."""
+        return "failed" if told == TOLD_NONE else told
+
+    @staticmethod
+    def _repeated(told: str, notice: str) -> str:
+        """An outcome from the new incarnation for a room concluded here (it held the room from a frame queued
+        across the restart, and fails it on the withdraw behind that frame) is a repeat: nothing changes."""
+        return told
+
+    def _dead_write_at_reclaim(self, w: int) -> int:
+        """Where a dead incarnation's write into a region is once its receiver reclaims the region. The bound
+        the receiver relies on: `reclaim_s` outlasts every such write, so one that has not landed never will.
+        With `Config.late_landing` the transport broke it: the write stays, a stray that may still land."""
+        if w == W_GHOST:
+            return W_STRAY if self.late_landing else W_IDLE
+        return W_IDLE if w == W_LANDED else w
+
+    def _reclaims(self, state: tuple, i: int, out: list) -> None:
+        """An orphan's receiver reclaims a region it holds once its reclaim delay passed: a `failed` one
+        (it waited only for the dead encoder's release), or a `withdrawing` one once the new incarnation
+        acknowledged the withdraw too (`reclaim`), maybe after a repeated `failed` from it
+        (`reclaim_after_repeat`). The region is released: its memory may be carved again."""
+        r = state[0][i]
+        for k, x in first_of_each(r[RCV]):
+            if x[0] not in ("failed", "withdrawing"):
+                continue
+            for ev in ("reclaim", "reclaim_after_repeat") if x[0] == "withdrawing" else ("reclaim",):
+                d = Draft.of(state)
+                ro = d.rooms[i]
+                rc = receivers(ro)
+                g, w, t = rc[k]
+                if ev == "reclaim_after_repeat":
+                    t = self._repeated(t, "failed")
+                nw = self._dead_write_at_reclaim(w)
+                if w in (W_GHOST, W_STRAY) and nw == W_IDLE:
+                    ro[GHOST] -= 1
+                rc[k] = (self._region_step(g, "release" if g == "failed" else "ack"), nw, t)
+                self._emit(out, d, (ev, i, k))

@@ -48,20 +48,20 @@ def canonical(state: tuple) -> tuple:
     the rooms they name are relabelled. Two states get the same canonical form
     exactly when a permutation of rooms maps one onto the other.
     """
-    rooms, cells, deferred, faults, halt, peers = state
+    rooms, cells, deferred = state[0], state[1], state[2]
     keys = _keys(state)
     R = len(rooms)
     rmap = [0] * R
     for new, k in enumerate(keys):
         rmap[k[-1]] = new
     if rmap == _IDENTITY[R]:
-        return state if deferred.__class__ is tuple else (rooms, cells, tuple(deferred), faults, halt, peers)
+        return state if deferred.__class__ is tuple else (rooms, cells, tuple(deferred), *state[3:])
     new_rooms = [None] * R
     for i, r in enumerate(rooms):
         new_rooms[rmap[i]] = r
     new_cells = tuple(sl if sl[CONTENT] < 0 else (sl[SS], rmap[sl[CONTENT]], *sl[UNSURE:]) for sl in cells)
     new_deferred = tuple(rmap[i] for i in deferred) if deferred else ()
-    return (tuple(new_rooms), new_cells, new_deferred, faults, halt, peers)
+    return (tuple(new_rooms), new_cells, new_deferred, *state[3:])
 
 
 _IDENTITY = [list(range(n)) for n in range(16)]
@@ -294,7 +294,8 @@ def trace_to_json(config: Config, violation: Violation) -> str:
                    **({} if config.regions else {"regions": False}),
                    **({"peers": True} if config.peers else {}),
                    **({"channels": True} if config.channels else {}),
-                   **({"late_landing": True} if config.late_landing else {})},
+                   **({"late_landing": True} if config.late_landing else {}),
+                   **({"restarts": config.restarts} if config.restarts else {})},
         "violation": violation.kind,
         "hazard": violation.hazard,
         "detail": violation.detail,

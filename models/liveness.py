@@ -34,6 +34,8 @@ FAIRNESS = {
            ("connected", "refused", "connect_expired")),
     "F6": ("with channels: each notice on its way to a receiver is eventually delivered, and each withdraw a "
            "receiver sent eventually reaches the encoder", ("deliver", "withdraw_seen")),
+    "F7": ("with restarts: after an encoder restart each receiver's reclaim delay passes and the new incarnation "
+           "answers its withdraws", ("reclaim", "reclaim_after_repeat")),
 }
 
 # The kinds of liveness violation, in the order a state is judged.

@@ -85,6 +85,7 @@ class Rules:
         self.peers = config.peers
         self.channels = config.channels
         self.late_landing = config.late_landing
+        self.restarts = config.restarts
         self._read_couplings()
 
     def _read_couplings(self) -> None:

@@ -27,6 +27,10 @@ A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`:
   of its own, never a step of the loop. Refused and unanswered contacts spend the
   fault budget. Write failures do not move peers here (the model counts writes per
   room, not per receiver); the suites cover suspect peers.
+- with `Config.restarts`, a seventh part: the encoder restarts left. A restart loses everything the
+  encoder held; each room that had begun becomes an orphan (its sender `SND_DEAD`), kept only for its
+  receivers' regions and the dead incarnation's writes that may still land in them (models/events.py,
+  `_restarts`, `_reclaims`).
 
 Room, extent and region moves are looked up in the fsm/ declarations (`ROOM`, `EXTENT`,
 `REGION`), not copied, and what a move obliges elsewhere (a parked room parks its
@@ -81,6 +85,7 @@ from .state import (  # noqa: F401
     SIZE,
     SLOTI,
     SND,
+    SND_DEAD,
     SS,
     TOLD,
     TOLD_MARK,
@@ -160,6 +165,11 @@ class Config:
     # A ghost write may land after its extent's quarantine ended (the transport broke the bound the
     # quarantine relies on): a hazard switch, not a design. Off: the quarantine outlasts every write.
     late_landing: bool = False
+    # Encoder restarts (issue 29): up to this many times the encoder's process dies and a new incarnation
+    # takes its address. Everything the encoder held is lost (rooms, extents, writes in flight, the deferred
+    # queue); the receivers conclude every room of the dead incarnation not told success as failed, once,
+    # and take every region back after their reclaim delay. Off (0): the state and its counts are as before.
+    restarts: int = 0
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -173,6 +183,13 @@ class Config:
         if (self.channels or self.late_landing) and (not self.regions or self.variant == "seed"):
             raise ValueError("channels and late_landing model the receivers' regions: they need regions=True "
                              "and a variant other than seed")  # a list from a trace file reads back as a tuple
+        if self.restarts < 0:
+            raise ValueError("restarts must be >= 0")
+        if self.restarts and (not self.regions or self.variant == "seed" or self.channels or self.peers):
+            # Without channels a notice reaches its receiver in the step that sends it, so at the restart every
+            # receiver's view is the dead encoder's last word; a peer table would be lost with the rest.
+            raise ValueError("restarts model the receivers' side of an encoder restart: they need regions=True, "
+                             "a variant other than seed, and neither channels nor peers")
 
 
 def _outcome_on_way(ch: int) -> bool:
@@ -216,14 +233,17 @@ class Spec(Events):
         room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), 0, -1)
         cell = (EXTENT.initial, -1, False, 1)
         peers = (PEER.initial,) * self.N if self.peers else ()
-        return ((room,) * self.cfg.rooms, (cell,) * self.cfg.cells, (), self.cfg.faults, None, peers)
+        state = ((room,) * self.cfg.rooms, (cell,) * self.cfg.cells, (), self.cfg.faults, None, peers)
+        return state + (self.cfg.restarts,) if self.restarts else state
 
     def is_final(self, state: tuple) -> bool:
         """Quiescent: every room concluded and told, every cell free, nothing held or deferred."""
-        rooms, slots, deferred, _, halt, _ = state
+        rooms, slots, deferred, halt = state[0], state[1], state[2], state[4]
         return (halt is None and not deferred
                 and all(s[SS] == "free" for s in slots)
-                and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] == self.N and r[SND] == 2
+                # an orphan's receivers that had not registered never will (their frames go to a new room)
+                and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] and (r[REG] == self.N or r[SND] == SND_DEAD)
+                        and r[SND] in (2, SND_DEAD)
                         and r[INFL] == 0 and r[GHOST] == 0
                         and all(x[0] in ("written", "released") and x[1] == W_IDLE and x[2] == r[RS]
                                 and (len(x) == 3 or (x[CHAN] == 0 and x[WD] in (WD_NONE, WD_ACKED)))
@@ -232,7 +252,7 @@ class Spec(Events):
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
         """Safety checked in every state: (violation, detail) or None."""
-        rooms, slots, _, _, halt, peers = state
+        rooms, slots, halt, peers = state[0], state[1], state[4], state[5]
         if halt == "crash":
             return "crash", "the encode loop raised"
         if halt == "peer-wait":
@@ -287,9 +307,15 @@ class Spec(Events):
         if state[4] is not None:
             return []
         out: list[Step] = []
-        for i in range(len(state[0])):
-            for family in self._room_families:
-                family(state, i, out)
+        if self.restarts:
+            for i, r in enumerate(state[0]):
+                # an orphan has no encoder: only its receivers and the dead incarnation's writes move
+                for family in self._orphan_families if r[SND] == SND_DEAD else self._room_families:
+                    family(state, i, out)
+        else:
+            for i in range(len(state[0])):
+                for family in self._room_families:
+                    family(state, i, out)
         for family in self._global_families:
             family(state, out)
         return out
@@ -316,11 +342,13 @@ class Spec(Events):
             total += sl[SS] != "quarantined" or not sl[LEN]
         for ps in state[5]:
             total += _PEER_RANK[ps]
+        if self.restarts:
+            total += self.cfg.restarts - state[6]
         return total + (state[4] is not None)
 
     def describe_parts(self, state: tuple) -> list[str]:
         """One short description per room and extent (and the deferred queue), for traces and diagrams."""
-        rooms, slots, deferred, _, halt, peers = state
+        rooms, slots, deferred, halt, peers = state[0], state[1], state[2], state[4], state[5]
         parts = []
         for i, r in enumerate(rooms):
             s, z = r[SLOTI], r[SIZE]
@@ -330,6 +358,9 @@ class Spec(Events):
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
             rx = ",".join(REGION_MARK[x[0]] + W_MARK[x[1]] + TOLD_MARK[x[2]] + _channel_mark(x) for x in r[RCV])
             rx = f" rx={rx}" if rx else ""
+            if r[SND] == SND_DEAD:  # an orphan: its receivers' view of the room, and the dead writes
+                parts.append(f"room{i}={r[RS]}[orphan reg{r[REG]}/{self.N}{g}{rx}]")
+                continue
             parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else ""
@@ -342,6 +373,8 @@ class Spec(Events):
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
         for k, ps in enumerate(peers):
             parts.append(f"peer{k}={ps}")
+        if self.restarts and state[6] < self.cfg.restarts:
+            parts.append(f"incarnation{self.cfg.restarts - state[6]}")
         if halt:
             parts.append(f"HALT={halt}")
         return parts

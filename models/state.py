@@ -1,8 +1,8 @@
 """The layout of the spec's global state, and the draft a successor is built in.
 
-A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`; see
-models/spec.py for what each part means. The constants here name the places in
-a room and a cell tuple and the values they take.
+A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`, with the restarts
+left appended when `Config.restarts` is on; see models/spec.py for what each part means. The
+constants here name the places in a room and a cell tuple and the values they take.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from dataclasses import dataclass
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
 CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
 RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
+# A room's sender (SND): none yet, registered, reaped; or, with `Config.restarts`, the room's encoder
+# incarnation died: the room is an orphan, only its receivers' regions (and the dead writes into them) are left.
+SND_DEAD = 3
 # The write into one receiver's region: none that can land (never issued, or done), in
 # flight, reported failed or timed out but may still land, or landed late (the encoder
 # cannot tell: it waits out the quarantine either way).
@@ -56,23 +59,25 @@ class Step:
 class Draft:
     """One successor being built: mutable copies of the rooms and cells, and what else the step changes."""
 
-    __slots__ = ("cells", "deferred", "detail", "faults", "halt", "peers", "rooms", "violation")
+    __slots__ = ("cells", "deferred", "detail", "faults", "halt", "peers", "restarts", "rooms", "violation")
 
-    def __init__(self, rooms: list, cells: list, deferred: tuple, faults: int, peers: tuple) -> None:
+    def __init__(self, rooms: list, cells: list, deferred: tuple, faults: int, peers: tuple,
+                 restarts: int | None = None) -> None:
         self.rooms, self.cells = rooms, cells
         self.deferred, self.faults, self.peers = deferred, faults, peers
+        self.restarts = restarts  # restarts left, None without `Config.restarts` (the state has no 7th part)
         self.halt: str | None = None
         self.violation: str | None = None
         self.detail = ""
 
     @classmethod
     def of(cls, state: tuple) -> Draft:
-        rooms, cells, deferred, faults, _, peers = state
-        return cls([list(x) for x in rooms], [list(x) for x in cells], deferred, faults, peers)
+        return cls([list(x) for x in state[0]], [list(x) for x in state[1]], state[2], state[3], state[5],
+                   state[6] if len(state) > 6 else None)
 
     def copy(self) -> Draft:
         d = Draft([list(x) for x in self.rooms], [list(x) for x in self.cells], self.deferred, self.faults,
-                  self.peers)
+                  self.peers, self.restarts)
         d.halt, d.violation, d.detail = self.halt, self.violation, self.detail
         return d
 
