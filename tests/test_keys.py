@@ -9,9 +9,8 @@ sessions inside its own share of the peer table. The real engine's side is in te
 
 from __future__ import annotations
 
-import os
-
 import gc
+import os
 import sys
 import threading
 import time

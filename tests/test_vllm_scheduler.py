@@ -16,19 +16,18 @@ if not os.environ.get("EPD_RING_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vllm_tiny import TOKENS_PER_IMAGE, image_request, make_tiny_llava, runner_output, scheduler, vllm_config
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole
+from vllm.v1.request import RequestStatus
+from vllm_tiny import TOKENS_PER_IMAGE, image_request, make_tiny_blip2, runner_output, scheduler, vllm_config
 
-from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorRole  # noqa: E402
-from vllm.v1.request import RequestStatus  # noqa: E402
-
-from epd_ring.executor.connectors.vllm import EpdRingConnector, EpdRingWorkerMetadata, Room  # noqa: E402
+from epd_ring.executor.connectors.vllm import EpdRingConnector, EpdRingWorkerMetadata, Room
 
 ROOM = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 7000, "bootstrap_room": 42}
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return make_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
+    return make_tiny_blip2(tmp_path_factory.mktemp("tiny-blip2"))
 
 
 @pytest.fixture(scope="module")
@@ -102,16 +101,18 @@ def test_a_failed_room_fails_only_its_requests(consumer_config):
     s.add_request(image_request("c3", ["img-b"], ROOM))
     out = s.schedule()
     assert sorted(load.mm_hash for load in out.ec_connector_metadata.loads) == ["img-a", "img-b"]
-    outputs = s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(
+    s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(
         failed_loads={"img-a": "peer_lost"}, loaded={"img-b"})))
-    failed = {o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None}
-    assert failed == {"c1", "c2"}
-    assert "c1" not in s.requests and "c2" not in s.requests
-    assert s.requests["c3"].status == RequestStatus.WAITING
+    # vLLM takes the unavailable requests before it reads the step's connector output: they fail
+    # on the next step, and meanwhile the failed item keeps them deferred, never encoded here
     out = s.schedule()
     assert set(out.num_scheduled_tokens) == {"c3"} and out.scheduled_encoder_inputs == {}
+    assert out.ec_connector_metadata.loads == []  # the failed item is not asked for again
+    outputs = s.update_from_output(out, runner_output(out))
+    failed = {o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None}
+    assert failed == {"c1", "c2"}
+    assert "c1" not in s.requests and "c2" not in s.requests and "c3" in s.requests
     # a later request for the failed item loads it afresh
-    s.update_from_output(out, runner_output(out))
     s.add_request(image_request("c4", ["img-a"], ROOM))
     assert [load.request_id for load in s.schedule().ec_connector_metadata.loads] == ["c4"]
 
@@ -125,3 +126,20 @@ def test_an_aborted_consumer_request_cancels_the_load_nobody_else_waits_for(cons
     assert s.schedule().ec_connector_metadata.cancelled_loads == ["img-a"]
     # a load reported after the cancel is no item of anyone's
     assert not s.ec_connector.has_cache_item("img-a")
+
+
+def test_a_failed_producer_room_fails_its_request_and_stops_holding_the_engine(producer_config):
+    s = scheduler(producer_config)
+    s.add_request(image_request("p1", ["img-a"], ROOM, max_tokens=8))
+    s.add_request(image_request("p2", ["img-b"], {**ROOM, "bootstrap_room": 43}, max_tokens=8))
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(failed={"p1": "receiver_refused"})))
+    out = s.schedule()
+    outputs = s.update_from_output(out, runner_output(out))
+    failed = {o.request_id for eco in outputs.values() for o in eco.outputs if o.finish_reason is not None}
+    assert failed == {"p1"} and "p2" in s.requests
+    s.finish_requests({"p2"}, RequestStatus.FINISHED_ABORTED)
+    assert s.ec_connector.has_pending_push_work()  # p2's room is live still
+    out = s.schedule()
+    s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(concluded={"p2"})))
+    assert not s.ec_connector.has_pending_push_work()

@@ -1,5 +1,6 @@
-"""A tiny LLaVA made here (no model hub): config, word-level tokenizer, PIL image processor; and
-vLLM's own configuration and v1 Scheduler built over it with epd-ring's EC connector."""
+"""A tiny BLIP-2 made here (no model hub): config, word-level tokenizer, PIL image processor; and
+vLLM's own configuration and v1 Scheduler over it with epd-ring's EC connector. BLIP-2, not LLaVA:
+vLLM's LLaVA and PaliGemma modules import torchvision, which has no CPU wheel for our torch here."""
 
 from __future__ import annotations
 
@@ -16,28 +17,36 @@ TOKENS_PER_IMAGE = 4
 CONNECTOR = {"ec_connector": "EpdRingConnector", "ec_connector_module_path": "epd_ring.executor.connectors.vllm"}
 
 
-def make_tiny_llava(path: Path) -> Path:
+def make_tiny_blip2(path: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaProcessor,
-                              PreTrainedTokenizerFast)
+    from transformers import (
+        Blip2Config,
+        Blip2Processor,
+        Blip2QFormerConfig,
+        Blip2VisionConfig,
+        BlipImageProcessor,
+        OPTConfig,
+        PreTrainedTokenizerFast,
+    )
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=28, patch_size=14, projection_dim=32)
-    text = LlamaConfig(vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
-                         vision_feature_layer=-1, projector_hidden_act="gelu")
-    config.architectures = ["LlavaForConditionalGeneration"]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        pad_token="<unk>", extra_special_tokens={"image_token": "<image>"})
+    vision = Blip2VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=28, patch_size=14)
+    qformer = Blip2QFormerConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 encoder_hidden_size=32)
+    text = OPTConfig(vocab_size=len(WORDS), hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=2,
+                     word_embed_proj_dim=64, max_position_embeddings=256)
+    config = Blip2Config(vision_config=vision.to_dict(), qformer_config=qformer.to_dict(),
+                         text_config=text.to_dict(), num_query_tokens=TOKENS_PER_IMAGE, image_token_index=IMAGE_TOKEN)
+    config.architectures = ["Blip2ForConditionalGeneration"]
     config.dtype = "float32"
     config.save_pretrained(path)
-    images = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=14,
-                   vision_feature_select_strategy="default", image_token="<image>",
-                   num_additional_image_tokens=1).save_pretrained(path)
     tokenizer.save_pretrained(path)
+    images = BlipImageProcessor(size={"height": 28, "width": 28})
+    Blip2Processor(image_processor=images, tokenizer=tokenizer, num_query_tokens=TOKENS_PER_IMAGE).save_pretrained(path)
     return path
 
 

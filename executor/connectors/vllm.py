@@ -144,7 +144,7 @@ class EpdRingConnector(ECConnectorBase):
         self._items: list[Item] = []
         self._live: set[str] = set()
         self._finished: list[str] = []
-        # consumer: mm_hash -> "loading" | "ready"; the requests waiting on a load
+        # consumer: mm_hash -> "loading" | "ready" | "failed"; the requests waiting on a load
         self._state: dict[str, str] = {}
         self._waiters: dict[str, set[str]] = {}
         self._to_load: list[Load] = []
@@ -173,6 +173,8 @@ class EpdRingConnector(ECConnectorBase):
                 continue
             ready = False
             self._waiters.setdefault(h, set()).add(request.request_id)
+            if self._state.get(h) == "failed":  # fails with the others at the next take, not loaded again
+                self._unavailable.add(request.request_id)
             if h not in self._state:
                 self._state[h] = "loading"
                 self._to_load.append(Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room))
@@ -221,12 +223,14 @@ class EpdRingConnector(ECConnectorBase):
                 self._waiters.pop(h, None)
         for h in meta.failed_loads:
             if self._state.get(h) == "loading":
-                # every request waiting on the item fails; a later request for it loads afresh
-                del self._state[h]
+                # every request waiting on the item fails (vLLM takes them a step later: meanwhile they
+                # stay deferred, never encoded here); a request after that loads it afresh
+                self._state[h] = "failed"
                 self._unavailable |= self._waiters.pop(h, set())
 
     def take_unavailable_requests(self) -> set[str]:
         failed, self._unavailable = self._unavailable, set()
+        self._state = {h: state for h, state in self._state.items() if state != "failed"}
         return failed
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
