@@ -1,5 +1,8 @@
 """The layout is the architecture: imports run one way, tools -> drivers -> core -> fsm.
 
+An engine's adapter (executor/connectors/, vLLM's EC connector) sits beside the tools, over the
+drivers, and nothing of ours imports it: the engine stays an optional extra.
+
 Read from the source's own import statements (ast), so a new file in the wrong
 folder, or a socket opened from the core, fails here before review.
 """
@@ -19,6 +22,7 @@ PACKAGES = {"fsm": "epd_ring.fsm", "executor": "epd_ring.executor", "models": "e
 
 # Layer of a module, by its dotted name; the facade `epd_ring.executor` itself re-exports the core.
 LAYERS = [
+    ("epd_ring.executor.connectors", "connectors"),
     ("epd_ring.executor.tools", "tools"),
     ("epd_ring.executor.drivers", "drivers"),
     ("epd_ring.executor.core", "core"),
@@ -33,6 +37,7 @@ ALLOWED = {
     "models": {"fsm", "core", "models"},
     "drivers": {"fsm", "core", "drivers"},
     "tools": {"fsm", "core", "drivers", "tools", "models"},
+    "connectors": {"fsm", "core", "drivers", "connectors"},
 }
 
 # What only the edge may touch: I/O libraries and blocking.
@@ -250,6 +255,11 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("fsm/bad.py", "from epd_ring.models.spec import Spec\n", "fsm imports epd_ring.models"),
     ("models/bad.py", "import threading\n", "imports threading"),
     ("models/bad.py", "from epd_ring.executor.drivers import control\n", "models imports epd_ring.executor.drivers"),
+    ("executor/core/bad.py", "from epd_ring.executor.connectors.vllm import EpdRingConnector\n",
+     "core imports epd_ring.executor.connectors"),
+    ("executor/drivers/bad.py", "from ..connectors import vllm\n", "drivers imports epd_ring.executor.connectors"),
+    ("executor/tools/bad.py", "from ..connectors.vllm import Room\n", "tools imports epd_ring.executor.connectors"),
+    ("executor/connectors/bad.py", "from ..tools.demo import run\n", "connectors imports epd_ring.executor.tools"),
 ])
 def test_a_file_in_the_wrong_place_is_caught(tmp_path, rel, text, needle):
     found = violations(_tree(tmp_path, {rel: text}))
@@ -262,5 +272,7 @@ def test_allowed_directions_pass(tmp_path):
         "executor/drivers/ok.py": "import zmq\nimport threading\nfrom ..core.frames import F\n",
         "executor/core/ok.py": "from epd_ring.fsm import ROOM\nfrom .ring import Ring\nimport time\ntime.monotonic()\n",
         "models/ok.py": "from epd_ring.executor.core import EncodeExecutor\n",
+        "executor/connectors/ok.py": "import zmq\nfrom ..drivers.mooncake import load_engine\n"
+                                     "from ..core import Pump\n",
     })
     assert violations(root) == []
