@@ -111,6 +111,23 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
             for room, *_ in chunk:
                 executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=owner[room])
             pump.flush()
+            # The frames registered above are on their way: wait for them (bounded), so each item meets
+            # its receivers as its injection says, whatever the machine's pace (a frame late under load
+            # would park its chunk, and enough parked chunks fail a room no fault was injected into).
+            alive = {name for name, proc in procs.items() if proc.proc.poll() is None}
+            want = {p[0]: len(p[5]) for p in chunk if p[2] != "late" and p[5] and set(p[5]) <= alive}
+
+            def missing(want: dict[int, int] = want) -> bool:
+                for r, n in want.items():
+                    live = manager.rooms.get(r)
+                    if (len(live.frames) < n) if live is not None else manager.room_status(r) is None:
+                        return True
+                return False
+
+            until = time.monotonic() + 10
+            while missing() and time.monotonic() < until:
+                pump.tick()
+                time.sleep(0.001)
             while not executor.can_take():  # backpressure: no tower run while the arena is full
                 pump.tick()
             if any(p[2] == "tower_error" for p in chunk):
