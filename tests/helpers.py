@@ -369,3 +369,23 @@ def figure(request, name: str, value: str) -> None:
     line = f"[figure] {name}: {value}"
     print(line)
     request.node.user_properties.append(("figure", line))
+
+
+def reachable_states(cfg) -> list[tuple]:
+    """Every canonical state the model reaches from its start, breadth first (small bounds only)."""
+    from epd_ring.models.explore import canonical
+    from epd_ring.models.spec import Spec
+
+    spec = Spec(cfg)
+    start = canonical(spec.initial())
+    seen, frontier = {start}, [start]
+    while frontier:
+        nxt = []
+        for state in frontier:
+            for step in spec.successors(state):
+                c = canonical(step.state)
+                if c not in seen:
+                    seen.add(c)
+                    nxt.append(c)
+        frontier = nxt
+    return list(seen)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import reachable_states
 
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.executor.tools.cli import main as cli_main
-from epd_ring.models.explore import canonical, replay, trace_to_json
+from epd_ring.models.explore import replay, trace_to_json
 from epd_ring.models.spec import CONCLUDED, RCV, RS, Config, Spec
 from epd_ring.models.state import CHAN, WD, WD_SENT, chan_notices
 
@@ -25,28 +26,11 @@ ONE = dict(cells=1, rooms=1, receivers=1, faults=1, sizes=(1,))
 TWO_ROOMS = dict(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,))
 
 
-def _states(cfg: Config) -> list[tuple]:
-    """Every reachable canonical state (small bounds only)."""
-    spec = Spec(cfg)
-    start = canonical(spec.initial())
-    seen, frontier = {start}, [start]
-    while frontier:
-        nxt = []
-        for state in frontier:
-            for step in spec.successors(state):
-                c = canonical(step.state)
-                if c not in seen:
-                    seen.add(c)
-                    nxt.append(c)
-        frontier = nxt
-    return list(seen)
-
-
 def test_channels_off_leave_the_state_space_as_it_was(explored):
     # Off is the default, and a receiver stays the three-field tuple the conformance walk reads.
     cfg = Config(**TWO_ROOMS)
     assert cfg == Config(**TWO_ROOMS, channels=False, late_landing=False)
-    assert all(len(x) == 3 for st in _states(cfg) for r in st[0] for x in r[RCV])
+    assert all(len(x) == 3 for st in reachable_states(cfg) for r in st[0] for x in r[RCV])
 
 
 @pytest.mark.parametrize("bound", [TWO_ROOMS, dict(TWO_ROOMS, receivers=2)], ids=["1-receiver", "2-receivers"])
@@ -60,7 +44,7 @@ def test_with_channels_the_invariants_hold_in_a_larger_space(bound, explored):
 @pytest.mark.parametrize("bound", [ONE, TWO_ROOMS, dict(TWO_ROOMS, receivers=2)],
                          ids=["1-room", "2-rooms", "2-receivers"])
 @needs_spin
-def test_with_channels_spin_stores_exactly_the_explorers_states(bound, explored):
+def test_with_channels_spin_stores_exactly_the_explorersreachable_states(bound, explored):
     cfg = Config(**bound, channels=True)
     spin, ours = spin_tool.check(cfg), explored(cfg)
     assert spin.violations == ours.violations == {}
@@ -71,7 +55,7 @@ def test_a_withdraw_crosses_an_outcome_and_a_release_notice():
     """Reached: the receiver withdrew (its withdraw not yet heard) while the outcome is on its way to
     it; and while a release notice is on its way. The invariants hold there (they are checked in every
     state by the explorer tests above); here the states themselves are asserted to exist."""
-    states = _states(Config(**ONE, channels=True))
+    states = reachable_states(Config(**ONE, channels=True))
     crossings = [(r, x) for st in states for r in st[0] for x in r[RCV] if x[WD] == WD_SENT and x[CHAN]]
     on_way = [set(chan_notices(x[CHAN])) for _, x in crossings]
     assert any(n & {"success"} for n in on_way), "a withdraw never crossed a Success"
@@ -84,7 +68,7 @@ def test_a_withdraw_crosses_an_outcome_and_a_release_notice():
 
 def test_after_a_crossing_the_receiver_is_told_the_rooms_outcome_once_and_its_region_released():
     spec = Spec(Config(**ONE, channels=True))
-    finals = [st for st in _states(spec.cfg) if spec.is_final(st)]
+    finals = [st for st in reachable_states(spec.cfg) if spec.is_final(st)]
     withdrawn_success = [x for st in finals for r in st[0] for x in r[RCV] if r[RS] == "success" and x[WD]]
     # a receiver that withdrew while Success was on its way: told success once, acked, released
     assert withdrawn_success and all(x[0] == "released" and x[2] == "success" for x in withdrawn_success)

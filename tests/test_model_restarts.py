@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import reachable_states
 from test_model_invariants import _mutated
 
 from epd_ring.executor.tools.cli import main as cli_main
 from epd_ring.models import liveness
 from epd_ring.models.events import Events
-from epd_ring.models.explore import canonical, explore, replay, trace_to_json
+from epd_ring.models.explore import explore, replay, trace_to_json
 from epd_ring.models.spec import RCV, RS, SND, Config, Spec
 from epd_ring.models.state import SND_DEAD, TOLD_NONE, TOLD_TWICE, W_GHOST, told_after
 
@@ -34,23 +35,6 @@ PINNED = {
 }
 
 
-def _states(cfg: Config) -> list[tuple]:
-    """Every reachable canonical state (tiny bounds only)."""
-    spec = Spec(cfg)
-    start = canonical(spec.initial())
-    seen, frontier = {start}, [start]
-    while frontier:
-        nxt = []
-        for state in frontier:
-            for step in spec.successors(state):
-                c = canonical(step.state)
-                if c not in seen:
-                    seen.add(c)
-                    nxt.append(c)
-        frontier = nxt
-    return list(seen)
-
-
 def _orphans(state: tuple) -> list[tuple]:
     return [r for r in state[0] if r[SND] == SND_DEAD]
 
@@ -59,7 +43,7 @@ def test_restarts_off_leave_the_state_as_it_was():
     # Off is the default: the state keeps its six parts (the pinned counts are test_model_pins.py's).
     cfg = C(1, 2, 1, 1)
     assert cfg == C(1, 2, 1, 1, restarts=0)
-    assert all(len(st) == 6 and not _orphans(st) for st in _states(cfg))
+    assert all(len(st) == 6 and not _orphans(st) for st in reachable_states(cfg))
     assert not any(st.event[0] == "restart" for st in Spec(cfg).successors(Spec(cfg).initial()))
 
 
@@ -73,14 +57,14 @@ def test_the_restart_switch_has_its_pinned_size_and_no_violation(cfg, explored):
 def test_a_second_restart_orphans_the_rooms_of_the_second_incarnation():
     # A restart needs a room that began since the last one: the second comes only once the other room began
     # in the second incarnation, and it orphans that one too.
-    second = [st for st in _states(C(1, 2, 1, 1, restarts=2)) if st[6] == 0]
+    second = [st for st in reachable_states(C(1, 2, 1, 1, restarts=2)) if st[6] == 0]
     assert second and all(len(_orphans(st)) == 2 for st in second)
 
 
 def test_after_a_restart_every_region_comes_back_and_each_room_was_told_once():
     spec = Spec(ONE)
     seen_at_restart = set()
-    for st in _states(ONE):
+    for st in reachable_states(ONE):
         for step in spec.successors(st):
             if step.event[0] != "restart":
                 continue
@@ -93,7 +77,7 @@ def test_after_a_restart_every_region_comes_back_and_each_room_was_told_once():
     assert {("offered", TOLD_NONE, "withdrawing", "failed"), ("failed", "failed", "failed", "failed"),
             ("written", "success", "written", "success"), ("released", "failed", "released", "failed")} \
         <= seen_at_restart
-    ends = [st for st in _states(ONE) if _orphans(st) and not spec.successors(st)]
+    ends = [st for st in reachable_states(ONE) if _orphans(st) and not spec.successors(st)]
     assert ends and all(spec.is_final(st) for st in ends)
     assert all(x[0] in ("written", "released") and x[2] == st[0][0][RS] for st in ends for x in st[0][0][RCV])
 
@@ -101,7 +85,7 @@ def test_after_a_restart_every_region_comes_back_and_each_room_was_told_once():
 def test_a_dead_write_may_land_until_its_region_is_reclaimed():
     # A write in flight at the restart is the dead incarnation's: it may land, in the region still held.
     spec = Spec(ONE)
-    landed = [(st, s) for st in _states(ONE) for s in spec.successors(st)
+    landed = [(st, s) for st in reachable_states(ONE) for s in spec.successors(st)
               if s.event[0] == "late_landing" and _orphans(st)]
     assert landed and all(st[0][0][RCV][0][1] == W_GHOST and st[0][0][RCV][0][0] != "released"
                           for st, _ in landed)

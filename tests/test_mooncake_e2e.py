@@ -560,32 +560,71 @@ def test_mooncake_bench_prints_controller_and_raw_figures(capsys):
     assert "ctrl GB/s" in out and "raw GB/s" in out and figures[1 << 20][0] > 0
 
 
-class SilentPeer:
-    """A 'peer' that accepts TCP and never answers: the engine's handshake would wait 60 s on it."""
+class HostilePeer:
+    """A receiver's handshake port played by an attacker, on loopback.
 
-    def __init__(self):
+    - `trickle`: answers the engine's probe, then sends its descriptor one byte every 10 s (each
+      byte well inside the engine's 60 s per read: the engine would wait for hours);
+    - `silent`: accepts and never answers (probe-then-silence: the kernel accepts for it);
+    - `blackhole`: its listen queue is full, so a connection attempt gets no answer at all."""
+
+    def __init__(self, kind: str):
         import socket
         import threading
 
+        self.kind, self.stop, self.held = kind, threading.Event(), []
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
+        self.sock.listen(0 if kind == "blackhole" else 64)
         self.session = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.held = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        if kind == "blackhole":
+            filler = socket.create_connection(self.sock.getsockname())  # the queue's one place, never accepted
+            self.held.append(filler)
+        else:
+            threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
+        import threading
+
         while True:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.held.append(conn)  # accepted, never read, never answered
+            self.held.append(conn)
+            if self.kind == "trickle":
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        import json
+
+        from epd_ring.executor.drivers.handshake import HandshakeError, frame, read_frame
+        try:
+            kind, _ = read_frame(conn, time.monotonic() + 60)
+            reply = frame(kind, json.dumps({"name": self.session, "buffers": [{"addr": 4096, "length": 64}]})
+                          .encode())
+            if kind != 1:  # the probe is answered at once: only the segment's descriptor is trickled
+                conn.sendall(reply)
+                return
+            for b in reply:
+                if self.stop.wait(10.0):
+                    return
+                conn.sendall(bytes([b]))
+        except (OSError, HandshakeError):
+            pass
 
     def close(self):
+        self.stop.set()
         self.sock.close()
         for c in self.held:
             c.close()
+
+
+class SilentPeer(HostilePeer):
+    """A 'peer' that accepts TCP and never answers: the engine's handshake would wait 60 s on it."""
+
+    def __init__(self):
+        super().__init__("silent")
 
 
 def timed(worst: list, name: str, fn, *args):
@@ -766,66 +805,6 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
         a.close()
         b.close()
         enc.close()
-
-
-class HostilePeer:
-    """A receiver's handshake port played by an attacker, on loopback.
-
-    - `trickle`: answers the engine's probe, then sends its descriptor one byte every 10 s (each
-      byte well inside the engine's 60 s per read: the engine would wait for hours);
-    - `silent`: accepts and never answers (probe-then-silence: the kernel accepts for it);
-    - `blackhole`: its listen queue is full, so a connection attempt gets no answer at all."""
-
-    def __init__(self, kind: str):
-        import socket
-        import threading
-
-        self.kind, self.stop, self.held = kind, threading.Event(), []
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(0 if kind == "blackhole" else 64)
-        self.session = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        if kind == "blackhole":
-            filler = socket.create_connection(self.sock.getsockname())  # the queue's one place, never accepted
-            self.held.append(filler)
-        else:
-            threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-            if self.kind == "trickle":
-                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn):
-        import json
-
-        from epd_ring.executor.drivers.handshake import HandshakeError, frame, read_frame
-        try:
-            kind, _ = read_frame(conn, time.monotonic() + 60)
-            reply = frame(kind, json.dumps({"name": self.session, "buffers": [{"addr": 4096, "length": 64}]})
-                          .encode())
-            if kind != 1:  # the probe is answered at once: only the segment's descriptor is trickled
-                conn.sendall(reply)
-                return
-            for b in reply:
-                if self.stop.wait(10.0):
-                    return
-                conn.sendall(bytes([b]))
-        except (OSError, HandshakeError):
-            pass
-
-    def close(self):
-        self.stop.set()
-        self.sock.close()
-        for c in self.held:
-            c.close()
 
 
 @pytest.mark.parametrize("attack", ["trickle", "silent", "blackhole"])

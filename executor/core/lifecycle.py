@@ -112,6 +112,13 @@ class Lifecycle:
             old.parked -= room.parked_bytes
             new.parked += room.parked_bytes
 
+    def _unpark(self, room: Room) -> None:
+        """The room's chunk counts against the parked bound, and its identity's, no more."""
+        self.parked_bytes -= room.parked_bytes
+        if room.share is not None:
+            room.share.parked -= room.parked_bytes
+        room.parked_bytes = 0
+
     def open_room(self, room_id: int) -> Room:
         room = self.rooms[room_id] = Room(room_id)
         if self.observer is not None:
@@ -163,10 +170,7 @@ class Lifecycle:
 
     def _start_writes(self, room: Room) -> None:
         if room.parked_bytes:  # its receivers are all here: the chunk no longer counts as parked
-            self.parked_bytes -= room.parked_bytes
-            if room.share is not None:
-                room.share.parked -= room.parked_bytes
-            room.parked_bytes = 0
+            self._unpark(room)
         chunk = room.chunk
         if chunk is None:
             return
@@ -234,10 +238,7 @@ class Lifecycle:
         if self.held_since:
             self.held_since.pop(room.id, None)
         if room.parked_bytes:
-            self.parked_bytes -= room.parked_bytes
-            if room.share is not None:
-                room.share.parked -= room.parked_bytes
-            room.parked_bytes = 0
+            self._unpark(room)
         room.extent = None
         if self.parked_since:
             self.parked_since.pop(room.id, None)

@@ -146,12 +146,10 @@ class Staging:
         if over is None:
             return False
         rid, _ = over.queue[-1]
-        shares.remove(over, len(over.queue) - 1)
-        self.stats["deferred_evicted"] += 1
         sender = self.senders.get(rid)
+        self._undefer(over, len(over.queue) - 1, None if sender is None else sender.room)
+        self.stats["deferred_evicted"] += 1
         if sender is not None:
-            if self.manager.observer is not None:
-                self.manager.observer.undeferred(sender.room)
             self.manager.fail_room(sender.room, Reason(ReasonKind.DEFERRED_FULL, "deferred queue full: this "
                                                        "identity held more than its part of it"))
         return True
@@ -198,9 +196,7 @@ class Staging:
                 i += 1
                 continue
             if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
-                shares.remove(share, i)
-                if manager.observer is not None:
-                    manager.observer.undeferred(room)
+                self._undefer(share, i, room)
                 self.stats["items_for_concluded_rooms"] += 1
                 continue
             try:
@@ -208,21 +204,23 @@ class Staging:
                 # the item since (dropped `encoded`, say): fail its room, not the loop.
                 checked = self._check(item)
             except Exception as exc:
-                shares.remove(share, i)
-                if manager.observer is not None:
-                    manager.observer.undeferred(room)
+                self._undefer(share, i, room)
                 manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed for a deferred send: {exc}"))
                 continue
             extent = self.ring.lease(checked[1], checked[3])
             if extent is None:
                 self._head_waits = True  # it waits for bytes to come free; nothing overtakes it
                 return i, False
-            shares.remove(share, i)
-            if manager.observer is not None:
-                manager.observer.undeferred(room)
+            self._undefer(share, i, room)
             self._stage(sender, checked, extent, cost)
             return i, True
         return i, False
+
+    def _undefer(self, share: Share, i: int, room: int | None) -> None:
+        """`share`'s `i`-th send leaves the deferred queue (staged, dropped or failed)."""
+        self.shares.remove(share, i)
+        if room is not None and self.manager.observer is not None:
+            self.manager.observer.undeferred(room)
 
     def drain_deferred(self) -> None:
         """The seed's name for `serve_deferred`, kept so an encode loop written for the seed's executor

@@ -11,8 +11,9 @@ slot of any write that did not report DONE, since a -1 does not prove that
 nothing lands later.
 
 First contact with a peer never runs on the encode loop: `connect` hands the
-session to a `Connector` (threads that probe the peer, open its segment and read
-the identity its ownership page names) and the answer comes back through
+session to a `Connector` (threads that fetch the peer's segment descriptor with a
+total deadline, have the engine open the segment from our relay, and read the
+identity its ownership page names: handshake.py) and the answer comes back through
 `peer_reports`, read by the controller's `poll()`; the controller's connect
 deadline decides when a silent peer is down.
 """
@@ -427,12 +428,12 @@ class MooncakeTransport(Transport):
         p.status = [_PENDING] * len(p.bufs)
         if name is None:
             # Never opened through our handshake: the engine would open it itself, inside the
-            # submit, under its mutex, at the peer's pace. The write fails instead.
+            # submit, under its mutex, at the peer's pace. The write fails instead (no id: no retry).
             self.stats["writes_before_contact"] += 1
             p.status = [_FAILED] * len(p.bufs)
-            p.retried = [True] * len(p.bufs)
-        for i in range(len(p.bufs) if name is not None else 0):
-            self._submit(p, i)
+        else:
+            for i in range(len(p.bufs)):
+                self._submit(p, i)
         self._pending[handle] = p
         return handle
 
