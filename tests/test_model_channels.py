@@ -44,7 +44,7 @@ def test_with_channels_the_invariants_hold_in_a_larger_space(bound, explored):
 @pytest.mark.parametrize("bound", [ONE, TWO_ROOMS, dict(TWO_ROOMS, receivers=2)],
                          ids=["1-room", "2-rooms", "2-receivers"])
 @needs_spin
-def test_with_channels_spin_stores_exactly_the_explorersreachable_states(bound, explored):
+def test_with_channels_spin_stores_exactly_the_explorers_states(bound, explored):
     cfg = Config(**bound, channels=True)
     spin, ours = spin_tool.check(cfg), explored(cfg)
     assert spin.violations == ours.violations == {}
