@@ -21,8 +21,9 @@ from .rooms import Room
 from .tombstones import Tombstone
 
 if TYPE_CHECKING:
-    # The manager as its base declares it: the manager builds an Admission, so admission does not import it.
     from .lifecycle import Lifecycle
+    from .ratelog import RateLimitedLog
+    from .tenancy import Tenancy
 
 _NOT_OPEN = "room not open to this receiver"
 _NOT_YOURS = "session is another receiver's (its own memory names another key)"
@@ -30,26 +31,31 @@ _TOO_LATE = "room already concluded without this receiver"
 
 
 class Admission:
-    __slots__ = ("m", "max_announced", "announced", "proves")
+    """Owns the count of rooms announced before their sender and what a frame may do; a frame that
+    passes steps its room through the room steps (`m`, the manager's `Lifecycle`)."""
 
-    def __init__(self, manager: Lifecycle, max_announced: int):
-        self.m = manager
+    __slots__ = ("m", "tenancy", "log", "max_announced", "announced", "proves")
+
+    def __init__(self, steps: Lifecycle, tenancy: Tenancy, log: RateLimitedLog, max_announced: int, proves: bool):
+        self.m = steps
+        self.tenancy = tenancy  # sessions and announced rooms by identity
+        self.log = log
         self.max_announced = max_announced
         self.announced = 0  # rooms receivers announced whose sender has not bound yet
-        manager.peers.on_owner = self.owner_proven
-        # Whether contacts name a session's owner (read once: the transport is set-up only).
-        self.proves = bool(getattr(manager.transport, "proves_ownership", False))
+        steps.peers.on_owner = self.owner_proven
+        # Whether contacts name a session's owner (the transport's, read once at set-up).
+        self.proves = proves
 
     # a room announced by receivers before its sender ------------------------------
     def announce(self, room: Room) -> None:
         room.announced = True
         self.announced += 1
-        self.m.tenancy.announced[room.owner] += 1
+        self.tenancy.announced[room.owner] += 1
 
     def unannounce(self, room: Room) -> None:
         room.announced = False
         self.announced -= 1
-        self.m.tenancy.announced[room.owner] -= 1
+        self.tenancy.announced[room.owner] -= 1
         self.m.deadlines.cancel(room)
 
     # frames ----------------------------------------------------------------------
@@ -68,7 +74,7 @@ class Admission:
             # The session's own memory names another key: told so at the frame's own endpoint,
             # under its own key (the status socket serves only the key the frame came with).
             return self.foreign(frame, _NOT_YOURS)
-        claimed = m.tenancy.session_owner(session)
+        claimed = self.tenancy.session_owner(session)
         if claimed not in (None, identity) and proven is None and not self.proves:
             # Another identity's session: no reply at all, since any reply would be addressed
             # by that session (a confused deputy is what this refuses).
@@ -82,24 +88,24 @@ class Admission:
         # another identity named first is no claim on it: the contact's proof decides, and this
         # frame's room waits for it (no write goes to a peer before its contact answers).
         if claimed in (None, identity) or proven == identity:
-            why = m.tenancy.claim(identity, session, take=proven == identity)
+            why = self.tenancy.claim(identity, session, take=proven == identity)
             if why:
                 return self.foreign(frame, why)
         if room is None:
             if tomb is not None:
                 self.tell_late(frame, tomb)
                 return True
-            if self.announced >= self.max_announced or not m.tenancy.may_announce(identity):
+            if self.announced >= self.max_announced or not self.tenancy.may_announce(identity):
                 m.stats["frames_refused"] += 1
                 m.tell_failed(frame, frame.room, Reason(ReasonKind.CAPACITY, "too many rooms waiting for their sender"))
-                m.log.warning("announce_limit", "refused frames: announce limit reached (%s in all, %s per identity)",
-                              self.max_announced, m.tenancy.max_announced_per_identity)
+                self.log.warning("announce_limit", "refused frames: announce limit reached (%s in all, %s per "
+                                 "identity)", self.max_announced, self.tenancy.max_announced_per_identity)
                 return False
             room = m.open_room(frame.room)
         if room.owner is None:
             room.owner = identity
             if room.share is not None:
-                m.claimed(room)
+                m.holds.claimed(room)
         known = room.frames.get(frame.session)
         if known is not None:
             if known == frame:
@@ -148,15 +154,15 @@ class Admission:
         owner = peer.owner
         if owner is None:
             return
-        m.tenancy.claim(owner, peer.session, take=True)
+        self.tenancy.claim(owner, peer.session, take=True)
         reason = Reason(ReasonKind.FOREIGN, f"receiver {peer.session}: {_NOT_YOURS}")
         for rid in sorted(peer.rooms):
             room = m.rooms.get(rid)
             if room is not None and room.owner != owner:
                 peer.rooms.discard(rid)
                 m.stats["rooms_disowned"] += 1
-                m.log.warning("disowned", "failed room %s: a receiver named a session whose memory names another "
-                              "key", rid)
+                self.log.warning("disowned", "failed room %s: a receiver named a session whose memory names "
+                                 "another key", rid)
                 m.fail(room, reason)
 
     def tell_late(self, frame: ReceiverFrame, tomb: Tombstone) -> None:
@@ -183,7 +189,7 @@ class Admission:
         be poisoned before its sender binds it."""
         m = self.m
         m.stats["frames_refused"] += 1
-        m.log.warning("malformed", "refused receiver frame: %s", why)
+        self.log.warning("malformed", "refused receiver frame: %s", why)
         room_id = getattr(frame, "room", None)
         if not isinstance(room_id, int) or isinstance(room_id, bool) or room_id < 0:
             return
@@ -195,7 +201,7 @@ class Admission:
             m.fail(room, reason)
         session = getattr(frame, "session", None)
         if (isinstance(session, str) and isinstance(getattr(frame, "status_endpoint", ""), str)
-                and m.tenancy.session_owner(session) in (None, identity)):
+                and self.tenancy.session_owner(session) in (None, identity)):
             m.tell_failed(frame, room_id, reason)
 
     def foreign(self, frame: ReceiverFrame, why: str, tell: bool = True) -> bool:
@@ -203,7 +209,7 @@ class Admission:
         sender hears the same answer whatever that room's state or outcome."""
         m = self.m
         m.stats["frames_foreign"] += 1
-        m.log.warning("foreign", "refused a frame from another identity: %s", why)
+        self.log.warning("foreign", "refused a frame from another identity: %s", why)
         if tell:
             m.tell(frame, frame.room, "failed", Reason(ReasonKind.FOREIGN, why))
         return False
@@ -221,10 +227,10 @@ class Admission:
         m = self.m
         m.stats["withdraws"] += 1
         room = m.rooms.get(room_id)
-        if m.tenancy.session_owner(session) not in (None, identity) or (
+        if self.tenancy.session_owner(session) not in (None, identity) or (
                 room is not None and room.owner not in (None, identity)):
             m.stats["withdraws_foreign"] += 1
-            m.log.warning("foreign", "refused a withdraw from another identity for room %s", room_id)
+            self.log.warning("foreign", "refused a withdraw from another identity for room %s", room_id)
             return "refused"
         if room is not None and session in room.frames:
             room.withdrawn = session

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ from epd_ring.fsm import EXTENT, ROOM_CONCLUDED
 
 from . import settings
 from .drain import DRAINING, Drain
-from .manager import Chunk, EncodeManager
+from .manager import EncodeManager
 from .reasons import Reason, ReasonKind, as_reason
 from .ring import Ring
 from .shares import Shares
@@ -139,7 +138,39 @@ def _cuda_fence() -> Any:
     return ev
 
 
-class EncodeExecutor(Staging):
+class _Staged:
+    """A call or figure the executor answers through its `staging` part: the part's own bound method
+    or value, so the call costs what it cost when staging was the executor's base."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.__doc__ = getattr(Staging, name, None).__doc__
+
+    def __get__(self, executor: Any, owner: type | None = None) -> Any:
+        if executor is None:  # on the class: the part's own member, for help() and the seed-surface check
+            return getattr(Staging, self.name, self)
+        return getattr(executor.staging, self.name)
+
+
+class EncodeExecutor:
+    """The encode loop's surface: the tower, its items' senders, the tick, shutdown and health.
+
+    How an item gets into an extent (lease, copy, defer) is its `staging` part's; the rooms are its
+    manager's. The seed's calls on the deferred queue (`drain_deferred`, `has_deferred`) and the
+    queries below are answered by `staging` itself."""
+
+    serve_deferred = _Staged()
+    drain_deferred = _Staged()
+    has_deferred = _Staged()
+    can_take = _Staged()
+    deferred_count = _Staged()
+    deferred_requests = _Staged()
+    copy_fences = _Staged()
+    copies_pending = _Staged()
+    finish_copies = _Staged()
+    drop_deferred = _Staged()
+    max_deferred = _Staged()
+
     def __init__(
         self,
         manager: EncodeManager,
@@ -175,7 +206,8 @@ class EncodeExecutor(Staging):
                 deep_arena_bytes = 0  # no deepstack rows to hold
         self.ring = Ring(manager.transport, arena_bytes, self.device, deep_bytes=deep_arena_bytes,
                          actions=manager.actions, max_item_bytes=max_item_bytes)
-        self.max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
+        max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
+        holds = manager.holds
         # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
         # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
         ring_total = arena_bytes + deep_arena_bytes
@@ -183,24 +215,21 @@ class EncodeExecutor(Staging):
             manager.peers.max_bytes = max(1, int(ring_total * peer_ring_share))
         # One identity's chunks parked for receivers not all registered (charged to no peer) may hold at
         # most this share (unless the manager was given `max_parked_bytes`). 1.0: no bound.
-        if settings.share("parked_ring_share", parked_ring_share) < 1 and manager.max_parked_bytes is None:
-            manager.max_parked_bytes = max(1, int(ring_total * parked_ring_share))
+        if settings.share("parked_ring_share", parked_ring_share) < 1 and holds.max_parked_bytes is None:
+            holds.max_parked_bytes = max(1, int(ring_total * parked_ring_share))
         # Each identity's share of the ring and of the deferred queue (shares.py): 1 / the identities seen,
         # or this fixed fraction. 1.0: no bound.
         if identity_ring_share is not None:
             settings.share("identity_ring_share", identity_ring_share)
-        manager.shares = Shares(ring_total, self.max_deferred, identity_ring_share)
-        self.shares = manager.shares
+        self.shares = holds.shares = Shares(ring_total, max_deferred, identity_ring_share)
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
-        self._copy_fence = copy_fence
-        self._host_copy = self.device.type == "cpu"
         self._inference = torch.inference_mode()  # reused: creating one per batch costs ~1 us
         self.senders: dict[Any, Sender] = {}
         self._room_sender: dict[int, Sender] = {}
-        self._head_waits = False
         self._concluded: list[Any] = []
-        self._copies: deque[tuple[Any, Sender, Chunk]] = deque()
+        self.staging = Staging(manager, self.ring, self.senders, max_deferred=max_deferred, copy_fence=copy_fence,
+                               host_copy=self.device.type == "cpu")
         self.stats = manager.stats
         self._drain: Drain | None = None
         manager.on_conclude.append(self._room_concluded)
@@ -313,7 +342,7 @@ class EncodeExecutor(Staging):
         # The last line of defence for one bad item: whatever it raises fails its
         # own room, never the loop. A try costs nothing when nothing is raised.
         try:
-            self._offer(rid, item)
+            self.staging.offer(rid, item)
         except Exception as exc:
             self.stats["items_refused"] += 1
             self._fail_request(rid, Reason(ReasonKind.ITEM, f"item could not be sent: {type(exc).__name__}: {exc}"))
@@ -325,10 +354,11 @@ class EncodeExecutor(Staging):
         Transfer outcomes and contact answers come in through the manager's `writes_reported` and
         `contacts_reported`; what to do comes out through `manager.take_effects()` (the `Pump`
         does both around this call)."""
-        n = self.finish_copies() if self._copies else 0
+        staging = self.staging
+        n = staging.finish_copies() if staging.copies else 0
         n += self.manager.poll()
         if self.shares.deferred:
-            self.serve_deferred()
+            staging.serve_deferred()
         if self._drain is not None:
             self._drain.step()
         return n
@@ -339,7 +369,7 @@ class EncodeExecutor(Staging):
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
         if self._drain is None:
-            self._drain = Drain(self, self.manager.clock.now() + timeout, close_transport)
+            self._drain = Drain(self.staging, self.manager.clock.now() + timeout, close_transport)
             self._drain.step()
 
     @property
@@ -421,23 +451,27 @@ class EncodeExecutor(Staging):
             return live_dot(list(self.ring.extents.values()), self.manager.snapshot(), self.manager.peers.snapshot())
         if format != "text":
             raise ValueError(f"format must be 'text' or 'dot', got {format!r}")
-        ring = self.ring
-        arena = ring.main_arena
-        lines = [f"ring: arena of {arena.capacity} B, {arena.in_use} B in {ring.live} extents, largest free "
-                 f"{arena.largest_free} B, {self.shares.deferred} deferred"]
-        for s in ring.extents.values():
-            extra = f" room={s.room}" if s.room is not None else ""
-            if s.writes_in_flight:
-                extra += f" writes={s.writes_in_flight}"
-            lines.append(f"  extent {s.index} @{s.offset}+{s.nbytes}: {s.state}{extra}")
-        if ring.retired:
-            lines.append("  retired")
-        for rid, info in sorted(self.manager.snapshot().items()):
-            lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
-                         + (f" extent={info['slot']}" if info["slot"] is not None else ""))
-        for session, info in self.manager.peers.snapshot().items():
-            extra = f" fails={info['fails']}" if info["fails"] else ""
-            if info["reason"]:
-                extra += f" ({info['reason']})"
-            lines.append(f"  peer {session}: {info['state']} rooms={info['rooms']}{extra}")
-        return "\n".join(lines)
+        return _text_dump(self.ring, self.shares.deferred, self.manager.snapshot(), self.manager.peers.snapshot())
+
+
+def _text_dump(ring: Ring, deferred: int, rooms: dict[int, dict[str, Any]], peers: dict[str, dict[str, Any]]) -> str:
+    """`dump_state`'s text: the ring's extents, then the live rooms, then the peers."""
+    arena = ring.main_arena
+    lines = [f"ring: arena of {arena.capacity} B, {arena.in_use} B in {ring.live} extents, largest free "
+             f"{arena.largest_free} B, {deferred} deferred"]
+    for s in ring.extents.values():
+        extra = f" room={s.room}" if s.room is not None else ""
+        if s.writes_in_flight:
+            extra += f" writes={s.writes_in_flight}"
+        lines.append(f"  extent {s.index} @{s.offset}+{s.nbytes}: {s.state}{extra}")
+    if ring.retired:
+        lines.append("  retired")
+    for rid, info in sorted(rooms.items()):
+        lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
+                     + (f" extent={info['slot']}" if info["slot"] is not None else ""))
+    for session, info in peers.items():
+        extra = f" fails={info['fails']}" if info["fails"] else ""
+        if info["reason"]:
+            extra += f" ({info['reason']})"
+        lines.append(f"  peer {session}: {info['state']} rooms={info['rooms']}{extra}")
+    return "\n".join(lines)

@@ -16,23 +16,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epd_ring.fsm import ROOM
+from epd_ring.fsm.couplings import ON_ENTER
 
 from .effects import Concluded, Effect, Notify
 from .frames import FrameError, ReceiverFrame, check_tiling
-from .peers import Peer, down_reason
+from .holds import Holds
+from .peers import Peer, PeerTable, down_reason
 from .reasons import Reason, ReasonKind
+from .regions import RegionBook
 from .ring import Extent
 from .rooms import Room
 from .tombstones import Tombstone
-from .transport import Buf, Outcome, Transport
+from .transport import Buf, Outcome
 
 if TYPE_CHECKING:
     from .clock import Clock
-    from .peers import PeerTable
-    from .ratelog import RateLimitedLog
-    from .regions import RegionBook
-    from .shares import Shares
-    from .tenancy import Tenancy
     from .timers import Deadlines
     from .tombstones import Tombstones
     from .writes import Write, Writes
@@ -51,31 +49,35 @@ class Announcing(Protocol):
 
 
 class Lifecycle:
-    """The room steps, the coupling actions, write outcomes and notices (base of `EncodeManager`)."""
+    """The live rooms and their one step: the coupling actions, write outcomes, deadlines and notices.
 
-    outbox: list[Effect]
-    clock: Clock
-    rooms: dict[int, Room]
-    tombs: Tombstones
-    deadlines: Deadlines
-    writes: Writes
-    regions: RegionBook
-    peers: PeerTable
+    It owns the room table, the coupling actions (which the ring and the peer table step through),
+    the region book of failed rooms, and the parts whose state moves with a room's: the peer table
+    and the ring bytes rooms hold (`Holds`). The manager lends it the effects' outbox, the clock, the
+    deadline heap, the writes and the tombstones; admission is wired in once built (the two call
+    each other)."""
+
     admission: Announcing
-    transport: Transport
-    tenancy: Tenancy
-    log: RateLimitedLog
-    stats: Counter[str]
-    observer: Any
-    on_conclude: list[Callable[[int, str], None]]
-    held_since: dict[int, float]
-    parked_since: dict[int, float]
-    parked_bytes: int
-    shares: Shares
-    park_timeout: float
-    announce_timeout: float
-    quarantine_s: float
-    _room_enter: dict[str, tuple[str, ...]]
+
+    def __init__(self, outbox: list[Effect], clock: Clock, deadlines: Deadlines, writes: Writes, tombs: Tombstones,
+                 stats: Counter[str], *, park_timeout: float, announce_timeout: float, quarantine_s: float,
+                 max_parked_bytes: int | None, peers: dict[str, Any]):
+        self.outbox, self.clock, self.deadlines, self.writes, self.tombs = outbox, clock, deadlines, writes, tombs
+        self.stats = stats
+        self.park_timeout, self.announce_timeout, self.quarantine_s = park_timeout, announce_timeout, quarantine_s
+        self.rooms: dict[int, Room] = {}
+        # The core's own listeners (the executor's senders, a drain's count); the world
+        # learns of a concluded room from its `Concluded` effect.
+        self.on_conclude: list[Callable[[int, str], None]] = []
+        # An `observe.Observer` (metrics); None costs one test per hook point.
+        self.observer: Any = None
+        # Receive regions of failed rooms that a write may still land in (release notices).
+        self.regions = RegionBook(self.tell, tombs.unpin)
+        self.actions = self.coupling_actions()
+        # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
+        self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
+        self.peers = PeerTable(outbox, clock, deadlines, actions=self.actions, **peers)
+        self.holds = Holds(self, self.peers, clock, stats, writes, max_parked_bytes)
 
     def coupling_actions(self) -> dict[str, Callable[[Any], None]]:
         """Each action fsm/couplings.py names, implemented once (the test checks the set)."""
@@ -96,28 +98,6 @@ class Lifecycle:
             for action in self._room_enter[now]:
                 self.actions[action](room)
         return now
-
-    def claimed(self, room: Room) -> None:
-        """A frame claimed a room the engine named no identity for: what it holds is that identity's now."""
-        old = room.share
-        if old is None or old.identity == room.owner:
-            return
-        new = room.share = self.shares.of(room.owner)
-        ext = room.extent
-        if ext is not None and ext.share is old:
-            old.held -= ext.cost
-            new.held += ext.cost
-            ext.share = new
-        if room.parked_bytes:
-            old.parked -= room.parked_bytes
-            new.parked += room.parked_bytes
-
-    def _unpark(self, room: Room) -> None:
-        """The room's chunk counts against the parked bound, and its identity's, no more."""
-        self.parked_bytes -= room.parked_bytes
-        if room.share is not None:
-            room.share.parked -= room.parked_bytes
-        room.parked_bytes = 0
 
     def open_room(self, room_id: int) -> Room:
         room = self.rooms[room_id] = Room(room_id)
@@ -144,8 +124,6 @@ class Lifecycle:
         self.step_room(room, "expire")
 
     # coupling actions (fsm/couplings.py) -------------------------------------
-    actions: dict[str, Callable[[Any], None]]
-
     def _arm_announce_deadline(self, room: Room) -> None:
         self.admission.announce(room)
         self.deadlines.arm(self.clock.now() + self.announce_timeout, "announce", room)
@@ -170,7 +148,7 @@ class Lifecycle:
 
     def _start_writes(self, room: Room) -> None:
         if room.parked_bytes:  # its receivers are all here: the chunk no longer counts as parked
-            self._unpark(room)
+            self.holds.unpark(room)
         chunk = room.chunk
         if chunk is None:
             return
@@ -235,13 +213,14 @@ class Lifecycle:
                 if peer.holds and f.session not in in_flight:
                     self.peers.let_go(peer, room.id)
             self.tell(f, room.id, state, room.reason)
-        if self.held_since:
-            self.held_since.pop(room.id, None)
+        holds = self.holds
+        if holds.held_since:
+            holds.held_since.pop(room.id, None)
         if room.parked_bytes:
-            self._unpark(room)
+            holds.unpark(room)
         room.extent = None
-        if self.parked_since:
-            self.parked_since.pop(room.id, None)
+        if holds.parked_since:
+            holds.parked_since.pop(room.id, None)
         if state == "failed" and room.frames:
             cause = room.cause
             self.regions.room_failed(room.id, room.frames.values(), in_flight,
@@ -274,7 +253,7 @@ class Lifecycle:
         peer.rooms.clear()
 
     # deadlines -----------------------------------------------------------------
-    def _deadline(self, kind: str, obj: Any) -> None:
+    def on_deadline(self, kind: str, obj: Any) -> None:
         if kind == "write":
             self._write_overdue(obj)
         elif kind == "quarantine":
@@ -303,7 +282,7 @@ class Lifecycle:
             self.fail(room, Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got no "
                                                               f"report within {self.writes.timeout} s"))
 
-    def _on_outcome(self, handle: int, outcome: Outcome) -> None:
+    def on_outcome(self, handle: int, outcome: Outcome) -> None:
         w = self.writes.reported(handle)
         if w is None:
             self.stats["completions_unknown"] += 1  # not a write of ours

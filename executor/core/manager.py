@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
-from epd_ring.fsm.couplings import ON_ENTER
 
 from . import settings
 from .admission import Admission
@@ -28,12 +27,9 @@ from .clock import Clock, MonotonicClock
 from .effects import Effect
 from .frames import FrameError, ReceiverFrame, check_against_chunk
 from .lifecycle import Lifecycle
-from .peers import PeerTable
 from .ratelog import RateLimitedLog
 from .reasons import Reason, ReasonKind, as_reason
-from .regions import RegionBook
 from .rooms import ACCEPTS_CHUNK, Chunk, Room, RoomConflict
-from .shares import Share, Shares
 from .tenancy import Tenancy
 from .timers import Deadlines
 from .tombstones import Tombstone, Tombstones
@@ -46,10 +42,19 @@ log = logging.getLogger("epd_ring.manager")
 _HOLDS_CHUNK = frozenset(ROOM.states_tagged("in_flight"))
 
 
-class EncodeManager(Lifecycle):
-    """Owns the rooms of one encode worker: their frames, writes, deadlines and outcomes."""
+def _owned(part: str, name: str, doc: str) -> Any:
+    """A setting or figure one of the manager's parts owns, read and set through the manager."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
 
-    admission: Admission  # the whole of it here; its room steps need only `Announcing`
+
+class EncodeManager:
+    """Owns the rooms of one encode worker: their frames, writes, deadlines and outcomes.
+
+    Its parts own their state: `lifecycle` the live rooms and their steps (with the peer table and
+    `holds`, the ring bytes rooms hold), `admission` what a frame may do, `writes` the writes in
+    flight, `tombs` what is kept of concluded rooms. The manager holds them and answers the public
+    calls; what a part owns is read here through a direct reference or a property."""
 
     def __init__(
         self,
@@ -79,75 +84,48 @@ class EncodeManager(Lifecycle):
         self.transport = transport
         self.clock: Clock = clock or getattr(transport, "clock", None) or MonotonicClock()
         self.outbox: list[Effect] = []
-        self.park_timeout = settings.seconds("park_timeout", park_timeout)
-        self.announce_timeout = settings.seconds(
+        park_timeout = settings.seconds("park_timeout", park_timeout)
+        announce_timeout = settings.seconds(
             "announce_timeout", park_timeout if announce_timeout is None else announce_timeout)
-        self.quarantine_s = settings.seconds("quarantine_s", quarantine_s)
+        quarantine_s = settings.seconds("quarantine_s", quarantine_s)
         self.tenancy = Tenancy(
             settings.count("max_sessions_per_identity", max_sessions_per_identity, 1),
             max_announced_per_identity=settings.count("max_announced_per_identity", max_announced_per_identity, 1))
-        self.rooms: dict[int, Room] = {}
         self.tombs = Tombstones(self.clock, max_tombstones, tombstone_ttl)
         self.deadlines = Deadlines()
         self.writes = Writes(self.clock, self.deadlines, settings.seconds("write_timeout", write_timeout),
                              self.outbox)
-        # The core's own listeners (the executor's senders, a drain's count); the world
-        # learns of a concluded room from its `Concluded` effect.
-        self.on_conclude: list[Callable[[int, str], None]] = []
-        # Receive regions of failed rooms that a write may still land in (release notices).
-        self.regions = RegionBook(self.tell, self.tombs.unpin)
         self.polled_at: float | None = None  # clock reading of the last poll (health: loop lag)
         self.stats: Counter[str] = Counter()
-        # An `observe.Observer` (metrics); None costs one test per hook point.
-        self.observer: Any = None
         # Warnings an identity can provoke at will: one line per kind per second of our clock.
         self.log = RateLimitedLog(log, self.clock.now)
-        self.actions = self.coupling_actions()
-        # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
-        self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
-        self.peers = PeerTable(self.outbox, self.clock, self.deadlines, connect_timeout=connect_timeout,
-                               backoff=peer_backoff, fail_threshold=peer_fail_threshold, max_peers=max_peers,
-                               probe_interval=peer_probe_interval, max_bytes=max_peer_bytes,
-                               max_peers_per_identity=max_peers_per_identity, actions=self.actions)
-        # Rooms whose item waits because a receiver's peer holds its bound of ring bytes: since when.
-        self.held_since: dict[int, float] = {}
-        # Ring bytes of chunks staged for rooms whose receivers are not all registered (parked, or
-        # being copied to park): charged to no peer, so bounded together (None: no bound; the
-        # executor sets a share of its ring).
-        self.parked_bytes = 0
-        self.max_parked_bytes = None if max_parked_bytes is None else settings.count(
-            "max_parked_bytes", max_parked_bytes, 1)
-        # Rooms whose item waits because the parked chunks hold that bound: since when.
-        self.parked_since: dict[int, float] = {}
-        # Every identity's share of the ring (shares.py); the executor sizes it to its ring. Without
-        # one (a manager on its own) nothing is bounded by identity.
-        self.shares = Shares(0, 0, 1.0)
-        self.admission = Admission(self, settings.count("max_announced", max_announced, 1))
+        life = self.lifecycle = Lifecycle(
+            self.outbox, self.clock, self.deadlines, self.writes, self.tombs, self.stats, park_timeout=park_timeout,
+            announce_timeout=announce_timeout, quarantine_s=quarantine_s,
+            max_parked_bytes=None if max_parked_bytes is None else settings.count(
+                "max_parked_bytes", max_parked_bytes, 1),
+            peers=dict(connect_timeout=connect_timeout, backoff=peer_backoff, fail_threshold=peer_fail_threshold,
+                       max_peers=max_peers, probe_interval=peer_probe_interval, max_bytes=max_peer_bytes,
+                       max_peers_per_identity=max_peers_per_identity))
+        # The lifecycle's parts, held here too: the public calls read them without a call in between.
+        self.rooms, self.regions, self.actions = life.rooms, life.regions, life.actions
+        self.on_conclude, self.peers, self.holds = life.on_conclude, life.peers, life.holds
+        self.admission = life.admission = Admission(
+            life, self.tenancy, self.log, settings.count("max_announced", max_announced, 1),
+            bool(getattr(transport, "proves_ownership", False)))
 
-    # settings held by the parts -------------------------------------------
-    @property
-    def max_tombstones(self) -> int:
-        return self.tombs.cap
-
-    @max_tombstones.setter
-    def max_tombstones(self, cap: int) -> None:  # a lowered cap holds from the next trim on
-        self.tombs.cap = cap
-
-    @property
-    def write_timeout(self) -> float:
-        return self.writes.timeout
-
-    @write_timeout.setter
-    def write_timeout(self, seconds: float) -> None:  # writes submitted from now on are due after it
-        self.writes.timeout = seconds
-
-    @property
-    def tombstone_ttl(self) -> float:
-        return self.tombs.ttl
-
-    @property
-    def max_announced(self) -> int:
-        return self.admission.max_announced
+    # settings and figures held by the parts -----------------------------------
+    park_timeout = _owned("lifecycle", "park_timeout", "seconds a chunk waits parked for its receivers")
+    announce_timeout = _owned("lifecycle", "announce_timeout", "seconds announced receivers wait for a sender")
+    quarantine_s = _owned("lifecycle", "quarantine_s", "seconds an unsure write's extent keeps its bytes")
+    observer = _owned("lifecycle", "observer", "an `observe.Observer` (metrics), or None")
+    max_parked_bytes = _owned("holds", "max_parked_bytes", "the bound on one identity's parked chunks' bytes")
+    parked_bytes = _owned("holds", "parked_bytes", "ring bytes of chunks parked for receivers not all registered")
+    shares = _owned("holds", "shares", "every identity's share of the ring and of the deferred queue")
+    max_tombstones = _owned("tombs", "cap", "how many tombstones are kept (a lowered cap holds from the next trim)")
+    tombstone_ttl = _owned("tombs", "ttl", "seconds a tombstone nothing pins is kept")
+    write_timeout = _owned("writes", "timeout", "seconds a write may take (writes submitted from now on)")
+    max_announced = _owned("admission", "max_announced", "rooms receivers may announce before their sender")
 
     # queries --------------------------------------------------------------
     @property
@@ -229,7 +207,7 @@ class EncodeManager(Lifecycle):
             # Announced by another identity: its frames never reach this room. It is told its
             # announcement failed, as it would be if no sender came.
             self.stats["foreign_announcements"] += 1
-            self.fail(room, Reason(ReasonKind.FOREIGN, "room not open to this receiver"))
+            self.lifecycle.fail(room, Reason(ReasonKind.FOREIGN, "room not open to this receiver"))
             room = None
         if room is None:
             tomb = self.tombs.get(room_id)
@@ -243,7 +221,7 @@ class EncodeManager(Lifecycle):
                     tomb.sender = True
                     return tomb.state
                 raise RoomConflict(f"room {room_id} already concluded {tomb.state}; room ids must not be reused")
-            room = self.open_room(room_id)
+            room = self.lifecycle.open_room(room_id)
         elif room.sender:
             raise RoomConflict(f"room {room_id} already has a sender")
         if receiver is not None:
@@ -251,110 +229,13 @@ class EncodeManager(Lifecycle):
         if room.announced:
             self.admission.unannounce(room)
         room.sender = True
-        self.step_room(room, "bind_sender")
+        self.lifecycle.step_room(room, "bind_sender")
         return room.state
 
     def unbind_sender(self, room_id: int) -> None:
         """What held a concluded room's record let go (its sender was reaped, or its last region
         that a write may still land in was released): the record may age out once nothing holds it."""
         self.tombs.unpin(room_id)
-
-    def hold(self, room_id: int, nbytes: int, extent: Any = None) -> None:
-        """An extent was leased for the room's chunk, which holds `nbytes` of the arenas: charged to the
-        room's identity until the extent is free again (shares.py), and once its writes start, to its
-        receivers' peers until each one's write reports or the room ends with none in flight
-        (`_start_writes`, `_conclude`)."""
-        room = self.rooms.get(room_id)
-        if room is not None:
-            share = room.share = self.shares.of(room.owner)
-            if extent is not None:
-                room.extent = extent
-                extent.share = share
-                extent.cost = nbytes
-                share.held += nbytes
-            room.uncharged_bytes = nbytes
-            if room.state == "registered":  # its receivers are not all here: the chunk parks
-                room.parked_bytes = nbytes
-                self.parked_bytes += nbytes
-                share.parked += nbytes
-
-    def share_of(self, room_id: int) -> Share:
-        """The share a room's items count against: its identity's (the unclaimed one's, if it has none yet)."""
-        room = self.rooms.get(room_id)
-        return self.shares.of(room.owner if room is not None else None)
-
-    def held_back(self, room_id: int, nbytes: int) -> bool:
-        """Must the room's chunk of `nbytes` wait without ring space? True while its identity holds its
-        share of the ring (shares.py), or a receiver's peer holds its bound (`max_peer_bytes`); such a
-        wait lasts at most the write timeout, then the room fails (kind `capacity`) and this answers
-        False (its item is dropped when staged). True too while the chunk would park (its receivers are
-        not all registered) and its identity's parked chunks hold their bound (`max_parked_bytes`); that
-        wait lasts at most the park timeout, then the room fails as a parked one would (kind
-        `park_timeout`)."""
-        peers = self.peers
-        cap = peers.max_bytes
-        parked_cap = self.max_parked_bytes
-        shares = self.shares
-        # No bound can be passed (one identity only, every peer together and every parked chunk hold
-        # too little): the per-item case.
-        if shares.cap is None and (cap is None or peers.held_total + nbytes <= cap) and (
-                parked_cap is None or self.parked_bytes + nbytes <= parked_cap):
-            if self.held_since:
-                self.held_since.pop(room_id, None)
-            if self.parked_since:
-                self.parked_since.pop(room_id, None)
-            return False
-        room = self.rooms.get(room_id)
-        if room is None:
-            return False
-        share = shares.of(room.owner)
-        if shares.over(share, nbytes):
-            return self._held_wait(room, f"identity {share.identity!r} held {share.held} B of the ring (its share "
-                                         f"is {shares.cap} B)", "identity_held_back")
-        # An identity holding nothing parked may always park one chunk.
-        if parked_cap is not None and room.state == "registered" and share.parked \
-                and share.parked + nbytes > parked_cap:
-            return self._parked_wait(room, share)
-        if self.parked_since:
-            self.parked_since.pop(room_id, None)
-        if cap is None or peers.held_total + nbytes <= cap or not room.frames:
-            if self.held_since:
-                self.held_since.pop(room_id, None)
-            return False
-        peer = peers.over_bound(room.frames, nbytes)
-        if peer is None:
-            self.held_since.pop(room_id, None)
-            return False
-        return self._held_wait(room, f"receiver {peer.session}'s peer held {peer.held} B of the ring (its bound "
-                                     f"is {peers.max_bytes} B)", "held_back")
-
-    def _held_wait(self, room: Room, why: str, stat: str) -> bool:
-        """The room's chunk waits on a bound of held bytes: at most the write timeout, then it fails."""
-        now = self.clock.now()
-        since = self.held_since.get(room.id)
-        if since is None:
-            since = self.held_since[room.id] = now
-            self.stats[stat] += 1
-        if now - since < self.writes.timeout:
-            return True
-        self.fail(room, Reason(ReasonKind.CAPACITY, f"{why} for {self.writes.timeout} s"))
-        return False
-
-    def _parked_wait(self, room: Room, share: Share) -> bool:
-        """The room's chunk would park past the parked chunks' bound: it waits, at most the park timeout."""
-        now = self.clock.now()
-        since = self.parked_since.get(room.id)
-        if since is None:
-            since = self.parked_since[room.id] = now
-            self.stats["parked_held_back"] += 1
-        if now - since < self.park_timeout:
-            return True
-        got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
-        self.fail(room, Reason(ReasonKind.PARK_TIMEOUT,
-                               f"{got} receivers registered within {self.park_timeout} s while the chunks parked "
-                               f"for unregistered receivers held their bound ({share.parked} B of "
-                               f"{self.max_parked_bytes} B)"))
-        return False
 
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
         """Hand a staged chunk over; the manager owns its slot from here on."""
@@ -364,19 +245,19 @@ class EncodeManager(Lifecycle):
             slot.ring.fire(slot, "abandon")
             self.stats["chunks_dropped"] += 1
             if room is not None and room.state in _HOLDS_CHUNK:
-                self.fail(room, Reason(ReasonKind.PROTOCOL, f"room {room_id} got a second chunk; a room carries "
-                                                            "exactly one"))
+                self.lifecycle.fail(room, Reason(ReasonKind.PROTOCOL,
+                                                 f"room {room_id} got a second chunk; a room carries exactly one"))
             return False
         try:
             for f in room.frames.values():
                 check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels)
         except FrameError as exc:
             slot.ring.fire(slot, "abandon")
-            self.fail(room, Reason(ReasonKind.FRAME, str(exc)))
+            self.lifecycle.fail(room, Reason(ReasonKind.FRAME, str(exc)))
             return False
         room.chunk = chunk
         slot.room = room_id
-        self.step_room(room, "stage")
+        self.lifecycle.step_room(room, "stage")
         return True
 
     def fail_room(self, room_id: int, reason: str) -> bool:
@@ -388,7 +269,7 @@ class EncodeManager(Lifecycle):
             if tomb is not None:
                 ROOM.step(tomb, "fail")  # declared: failure is sticky
             return False
-        self.fail(room, as_reason(reason))
+        self.lifecycle.fail(room, as_reason(reason))
         return True
 
     # receiver side --------------------------------------------------------
@@ -414,8 +295,9 @@ class EncodeManager(Lifecycle):
     def writes_reported(self, outcomes: Iterable[tuple[int, Outcome]]) -> int:
         """Outcomes of `Submit` effects, by write id; return how many."""
         n = 0
+        on_outcome = self.lifecycle.on_outcome
         for write, outcome in outcomes:
-            self._on_outcome(write, outcome)
+            on_outcome(write, outcome)
             n += 1
         return n
 
@@ -444,7 +326,7 @@ class EncodeManager(Lifecycle):
         if self.deadlines.any_due(now):
             for kind, obj in self.deadlines.due(now):
                 n += 1
-                self._deadline(kind, obj)
+                self.lifecycle.on_deadline(kind, obj)
         self.peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
         self.tombs.age(now)
         return n

@@ -1,4 +1,4 @@
-"""Lease, stage, defer: how an encoded item gets into an extent (base of `EncodeExecutor`).
+"""Lease, stage, defer: how an encoded item gets into an extent (the executor's `staging` part).
 
 An item leases an extent of the ring's arena sized to its bytes at once, or
 waits in the deferred queue (bounded): one FIFO per identity, served
@@ -74,18 +74,27 @@ class Sender:
 
 
 class Staging:
-    manager: EncodeManager
-    ring: Ring
-    senders: dict[Any, Sender]
-    stats: Counter[str]
-    max_deferred: int
-    shares: Shares  # the manager's: ring bytes and deferred sends by identity
-    _copies: deque[tuple[Any, Sender, Chunk]]
-    _copy_fence: Callable[[], Any] | None
-    _host_copy: bool
-    _head_waits: bool  # the deferred queue's head waits for bytes (set by serve_deferred)
+    """Owns the deferred queue's bound and whether its head waits for bytes, and the copies still
+    under way; reads the executor's senders and ring, and asks the manager's parts (`holds` for the
+    bounds, the manager for a room's state and its chunk)."""
 
-    def _offer(self, rid: Any, item: Any) -> None:
+    def __init__(self, manager: EncodeManager, ring: Ring, senders: dict[Any, Sender], *, max_deferred: int,
+                 copy_fence: Callable[[], Any] | None, host_copy: bool):
+        self.manager = manager
+        self.holds = manager.holds  # the bounds an item waits on, and what a leased extent holds
+        self.life = manager.lifecycle  # its observer, read per item without a call
+        self.ring = ring
+        self.senders = senders  # the executor's, by request id
+        self.stats: Counter[str] = manager.stats
+        self.shares: Shares = manager.holds.shares  # ring bytes and deferred sends by identity
+        self.max_deferred = max_deferred
+        self.copies: deque[tuple[Any, Sender, Chunk]] = deque()
+        self._copy_fence = copy_fence
+        self._host_copy = host_copy
+        self._head_waits = False  # the deferred queue's head waits for bytes (set by serve_deferred)
+
+    def offer(self, rid: Any, item: Any) -> None:
+        """Lease an extent for the item and stage it, or defer it; a failure fails its room."""
         sender = self.senders.get(rid)
         if sender is None:
             self.stats["items_without_sender"] += 1
@@ -115,10 +124,10 @@ class Staging:
         # receivers' peers'), not the bytes; only a head that waits for bytes keeps this item behind it.
         extent = None
         cost = self.ring.extent_cost(checked[1], checked[3])  # what the shares and a peer's bound count
-        if not (shares.deferred and self._head_waits) and not manager.held_back(room, cost):
+        if not (shares.deferred and self._head_waits) and not self.holds.held_back(room, cost):
             extent = self.ring.lease(checked[1], checked[3])
         if extent is None:
-            share = manager.share_of(room)
+            share = self.holds.share_of(room)
             if len(share.queue) >= shares.queue_cap or (
                     shares.deferred >= self.max_deferred and not self._evict_deferred()):
                 manager.fail_room(room, Reason(ReasonKind.DEFERRED_FULL,
@@ -133,8 +142,8 @@ class Staging:
                     item.encoded_deepstack = item.encoded_deepstack.clone()
             shares.defer(share, (rid, item))
             self.stats["deferred"] += 1
-            if manager.observer is not None:
-                manager.observer.deferred(room)
+            if self.life.observer is not None:
+                self.life.observer.deferred(room)
             return
         self._stage(sender, checked, extent, cost)
 
@@ -183,6 +192,7 @@ class Staging:
         q = share.queue
         shares = self.shares
         manager = self.manager
+        holds = self.holds
         while i < len(q):
             rid, item = q[i]
             sender = self.senders.get(rid)
@@ -192,7 +202,7 @@ class Staging:
                 continue
             room = sender.room
             cost = self.ring.extent_cost(*_sizes(item))
-            if manager.held_back(room, cost):
+            if holds.held_back(room, cost):
                 i += 1
                 continue
             if not manager.accepts_chunk(room):  # its room concluded meanwhile (or just failed held back)
@@ -219,8 +229,8 @@ class Staging:
     def _undefer(self, share: Share, i: int, room: int | None) -> None:
         """`share`'s `i`-th send leaves the deferred queue (staged, dropped or failed)."""
         self.shares.remove(share, i)
-        if room is not None and self.manager.observer is not None:
-            self.manager.observer.undeferred(room)
+        if room is not None and self.life.observer is not None:
+            self.life.observer.undeferred(room)
 
     def drain_deferred(self) -> None:
         """The seed's name for `serve_deferred`, kept so an encode loop written for the seed's executor
@@ -254,12 +264,12 @@ class Staging:
     def copy_fences(self) -> list[tuple[Any, int]]:
         """(fence, room) of each copy still pending: a driver that steps finer than a tick (the model's
         lockstep test) completes a fence, then calls `finish_copies`."""
-        return [(fence, sender.room) for fence, sender, _ in self._copies]
+        return [(fence, sender.room) for fence, sender, _ in self.copies]
 
     @property
     def copies_pending(self) -> int:
         """Chunks whose copy into their slot has not finished (their fence has not passed)."""
-        return len(self._copies)
+        return len(self.copies)
 
     def drop_deferred(self) -> int:
         """Forget every deferred send (their rooms failed, at a drain); return how many."""
@@ -305,8 +315,8 @@ class Staging:
         manager = self.manager
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
-        manager.hold(room, cost, slot)
-        obs = manager.observer
+        self.holds.hold(room, cost, slot)
+        obs = self.life.observer
         if obs is not None:
             obs.copy_started(room)
         try:
@@ -330,7 +340,7 @@ class Staging:
         slot.room = room
         if self._copy_fence is not None:
             # The write must not read the slot before the copy into it has finished.
-            self._copies.append((self._copy_fence(), sender, chunk))
+            self.copies.append((self._copy_fence(), sender, chunk))
             return
         ring.fire(slot, "copied")
         if obs is not None:
@@ -344,11 +354,11 @@ class Staging:
         """
         # Any finished copy goes on, not only the oldest: copies on different
         # streams may finish out of order. At most one copy per slot is pending.
-        done = [c for c in self._copies if c[0].query()]
+        done = [c for c in self.copies if c[0].query()]
         if not done:
             return 0
-        self._copies = deque(c for c in self._copies if not any(c is d for d in done))
-        obs = self.manager.observer
+        self.copies = deque(c for c in self.copies if not any(c is d for d in done))
+        obs = self.life.observer
         for _, sender, chunk in done:
             self.ring.fire(chunk.slot, "copied")
             if obs is not None:
