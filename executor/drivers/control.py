@@ -142,7 +142,199 @@ def keys_from_env() -> tuple[tuple[bytes, bytes] | None, set[bytes]]:
     return (load_keypair(secret) if secret else None), load_public_keys(allowed)
 
 
+class ZapAuthenticator:
+    """The ZAP handler: answers each CURVE handshake from the allow-list of receiver keys.
+
+    A REP socket in the control plane's context, polled without blocking from its `poll()` (a bounded
+    number of answers per poll), rather than pyzmq's ThreadAuthenticator: no lock around the list."""
+
+    def __init__(self, max_per_poll: int, stats: Counter, log: RateLimitedLog):
+        self.allowed: set[bytes] = set()
+        self.max_per_poll = max_per_poll
+        self.stats, self.log = stats, log
+        self.sock: zmq.Socket | None = None  # listening once `listen` ran (not when insecure)
+
+    def allow(self, *keys: Any) -> None:
+        self.allowed |= load_public_keys(keys)
+
+    def listen(self, ctx: zmq.Context) -> None:
+        # Bound before any CURVE socket: libzmq lets every handshake through when no ZAP handler is listening.
+        self.sock = ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ZAP_ENDPOINT)
+
+    def answer(self) -> int:
+        """Answer the handshakes waiting, at most `max_per_poll`; return how many."""
+        zap = self.sock
+        n = 0
+        while zap is not None and n < self.max_per_poll:
+            try:
+                msg = zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            version, request_id = (msg + [b"", b""])[:2]
+            mechanism = msg[5] if len(msg) > 5 else b""
+            key = msg[6] if len(msg) > 6 else b""
+            if version == b"1.0" and mechanism == b"CURVE" and len(key) == 32 and z85.encode(key) in self.allowed:
+                user = z85.encode(key)
+                zap.send_multipart([b"1.0", request_id, b"200", b"OK", user, b""])
+                self.stats["zap_allowed"] += 1
+            else:
+                zap.send_multipart([b"1.0", request_id, b"400", b"key not allowed", b"", b""])
+                self.stats["zap_denied"] += 1
+                self.log.warning("zap", "refused a control connection from %s: key not on the allow-list",
+                                 msg[3].decode("ascii", "replace") if len(msg) > 3 else "?")
+        return n
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+
+
+class FrameReader:
+    """Reads whole messages off the frame socket, with every part bounded: a message with too many parts
+    is refused and its parts discarded, across polls if need be; one with a part too big is refused alone."""
+
+    def __init__(self, pull: zmq.Socket, guard: ConnectionGuard | None, keyed: bool, max_part_bytes: int,
+                 stats: Counter, log: RateLimitedLog):
+        self.pull, self.guard, self.keyed, self.max_part_bytes = pull, guard, keyed, max_part_bytes
+        self.stats, self.log = stats, log
+        self.discarding = False  # mid-way through discarding a refused message's parts
+        self.discard_source = ""  # the source address of the message being discarded
+
+    def discard(self, deadline: float) -> int:
+        """Discard parts of a refused message until it ends or `deadline`; the rest waits for the next poll."""
+        n = 0
+        while not (n & 1023 == 1023 and time.perf_counter() > deadline):
+            try:
+                part = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # cannot happen mid-message; be safe anyway
+                self.discarding = False
+                break
+            n += 1
+            if self.guard is not None:
+                self.guard.read_from(self.discard_source, wire_bytes((part,), self.keyed))
+            if not part.more:
+                self.discarding = False
+                break
+        self.stats["parts_drained"] += n
+        return n
+
+    def read(self) -> tuple[str, list[bytes] | None] | None:
+        """The next message as (identity, parts), parts None if refused; None when nothing is queued."""
+        try:
+            first = self.pull.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        identity = first.get("User-Id") if self.keyed else ""
+        parts = [first]
+        too_big = len(first) > self.max_part_bytes
+        part = first
+        # The count is checked part by part, before the rest is read.
+        while part.more and len(parts) < _WIRE_PARTS:
+            part = self.pull.recv(zmq.NOBLOCK, copy=False)
+            parts.append(part)
+            too_big = too_big or len(part) > self.max_part_bytes
+        if self.guard is not None:
+            source = first.get("Peer-Address")
+            self.guard.read_from(source, wire_bytes(parts, self.keyed))
+            self.guard.attribute(first.get(zmq.SRCFD), source, identity)
+        if part.more:
+            self.discarding = True
+            self.discard_source = source if self.guard is not None else ""
+            self.stats["frames_refused"] += 1
+            self.stats["frames_too_many_parts"] += 1
+            self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
+                             _WIRE_PARTS)
+            return identity, None
+        if too_big:
+            self.stats["frames_refused"] += 1
+            self.stats["frames_oversized"] += 1
+            self.log.warning("size", "refused a control message from %s with a part over %d bytes", identity[:8] or "?",
+                             self.max_part_bytes)
+            return identity, None
+        return identity, [p.bytes for p in parts]
+
+
+class StatusSockets:
+    """Status pushes out: one PUSH socket per (endpoint, identity), in a pool evicted oldest first.
+
+    Each is a CURVE client whose server key is that identity's own: only the receiver holding it can
+    accept them. Sent with NOBLOCK over a small high-water mark: a dead or slow receiver costs a dropped,
+    counted status, never a blocked loop."""
+
+    def __init__(self, ctx: zmq.Context, keypair: tuple[bytes, bytes] | None, max_sockets: int, hwm: int,
+                 stats: Counter, log: RateLimitedLog):
+        self.ctx, self.keypair, self.max_sockets, self.hwm = ctx, keypair, max_sockets, hwm
+        self.stats, self.log = stats, log
+        self.pool: OrderedDict[tuple[str, str], zmq.Socket] = OrderedDict()
+        self.endpoints_ok: set[str] = set()  # endpoints already dialled (numeric, so no blocking lookup)
+
+    def socket(self, endpoint: str, identity: str) -> zmq.Socket:
+        key = (endpoint, identity)
+        sock = self.pool.get(key)
+        if sock is not None:
+            self.pool.move_to_end(key)
+            return sock
+        if len(self.pool) >= self.max_sockets:
+            _, old = self.pool.popitem(last=False)
+            old.close(linger=0)
+            self.stats["status_sockets_evicted"] += 1
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.hwm)
+        sock.setsockopt(zmq.IMMEDIATE, 0)
+        if self.keypair is not None:
+            # The receiver's status socket serves with the same key it authenticated with,
+            # so nobody else can accept its statuses.
+            public, secret = self.keypair
+            sock.curve_secretkey = secret
+            sock.curve_publickey = public
+            sock.curve_serverkey = identity.encode()
+        sock.connect(endpoint)
+        self.pool[key] = sock
+        self.endpoints_ok.add(endpoint)
+        if len(self.endpoints_ok) > 4 * self.max_sockets:
+            self.endpoints_ok.clear()  # a cache of checked endpoints, not a record
+        return sock
+
+    def send(self, endpoint: str, identity: str, parts: list[bytes], room: int | None = None,
+             sent: str = "status_sent") -> None:
+        """Send `parts` to the status socket at `endpoint` serving `identity`'s key, never blocking."""
+        if endpoint not in self.endpoints_ok and not numeric_endpoint(endpoint):
+            # Never dialled: libzmq would resolve a host name with a blocking lookup on its one I/O
+            # thread, stalling every socket of the context. The core refuses such frames; this
+            # guards every other way an endpoint can reach here (a withdraw, a hello, a caller).
+            self.stats["status_endpoint_refused"] += 1
+            self.log.warning("endpoint", "refused to push a status to %r: not a numeric tcp://ADDRESS:PORT",
+                             str(endpoint)[:64])
+            return
+        if self.keypair is not None and not identity:
+            self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
+            return
+        try:
+            self.socket(endpoint, identity).send_multipart(parts, zmq.NOBLOCK)
+            self.stats[sent] += 1
+        except zmq.Again:
+            self.stats["status_dropped"] += 1  # queue full: the receiver is gone or stuck
+        except zmq.ZMQError as exc:
+            self.stats["status_errors"] += 1
+            self.log.warning("status", "status for room %s to %s failed: %s", room, endpoint, exc)
+
+    def close(self) -> None:
+        for sock in self.pool.values():
+            sock.close(linger=0)
+        self.pool.clear()
+
+
 class ZmqControlPlane:
+    """Frames in, statuses out, polled from the encode loop. Its parts own their state: `auth` (the ZAP
+    handler and the allow-list), `reader` (whole, bounded messages off the frame socket), `statuses`
+    (the pool of status sockets) and `guard` (the frame socket's connections); the plane itself keeps
+    the per-identity share of each poll (and the backlog of frames held back by it) and its
+    incarnation, and hands each frame to the manager."""
+
     def __init__(self, pump: Any = None, bind: str = "tcp://127.0.0.1:0", *,
                  keypair: tuple[bytes, bytes] | None = None, allowed_keys: Iterable[Any] = (),
                  insecure: bool = False, max_frames_per_poll: int = 1024, max_frames_per_identity: int = 256,
@@ -194,20 +386,13 @@ class ZmqControlPlane:
         # not room enough). Sockets are cheap; a status that cannot be sent is not.
         self.max_push_sockets = max_push_sockets
         self.ctx.MAX_SOCKETS = 8 * max_push_sockets + 64
-        self.allowed: set[bytes] = set()
         self.stats: Counter = Counter()
         self.log = RateLimitedLog(log, time.monotonic)
-        self.zap = None
-        if not self.insecure:
-            self.public_key, self._secret = keypair
-            self.allow(*allowed_keys)
-            # Bound before any CURVE socket: libzmq lets every handshake through when
-            # no ZAP handler is listening.
-            self.zap = self.ctx.socket(zmq.REP)
-            self.zap.setsockopt(zmq.LINGER, 0)
-            self.zap.bind(ZAP_ENDPOINT)
-        else:
-            self.public_key = self._secret = None
+        self.auth = ZapAuthenticator(max_zap_per_poll, self.stats, self.log)
+        self.public_key, self._secret = keypair or (None, None)
+        if keypair is not None:
+            self.auth.allow(*allowed_keys)
+            self.auth.listen(self.ctx)
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 100_000)
@@ -238,6 +423,8 @@ class ZmqControlPlane:
                                          per_key=max_connections_per_key, max_unread_bytes=max_unread_bytes)
         self.max_pending_connections = max_pending_connections
         self.max_connections_per_key = max_connections_per_key
+        self.reader = FrameReader(self.pull, self.guard, keypair is not None, max_part_bytes, self.stats, self.log)
+        self.statuses = StatusSockets(self.ctx, keypair, max_push_sockets, push_hwm, self.stats, self.log)
         if self.fd_limit < self.fd_budget():
             log.warning("the descriptor limit (%d) is below what the control plane may need (%d, fd_budget()): "
                         "raise the hard limit (ulimit -Hn) or lower max_push_sockets", self.fd_limit,
@@ -249,14 +436,8 @@ class ZmqControlPlane:
         self.max_frames_per_identity = max_frames_per_identity
         self.max_backlog = max_backlog
         self.max_poll_s = max_poll_s
-        self.max_part_bytes = max_part_bytes
-        self.max_zap_per_poll = max_zap_per_poll
-        self.push_hwm = push_hwm
-        self._push: OrderedDict[tuple[str, str], zmq.Socket] = OrderedDict()
-        self._push_endpoints_ok: set[str] = set()
+        # Frames of identities that had their share of a poll, for the next (per-identity fairness).
         self._backlog: deque[tuple[str, list[bytes]]] = deque()
-        self._discarding = False  # mid-way through discarding a refused message's parts
-        self._discard_source = ""  # the source address of the message being discarded
         self.max_poll_seconds = 0.0  # the longest poll() so far (for benchmarks and health)
         self.manager = None
         # Drawn once per process: a restarted encoder (same address, same keys) is told apart by it.
@@ -280,7 +461,7 @@ class ZmqControlPlane:
 
     def allow(self, *keys: Any) -> None:
         """Add receiver public keys (z85, certificate files or directories) to the allow-list."""
-        self.allowed |= load_public_keys(keys)
+        self.auth.allow(*keys)
 
     def attach(self, pump: Any) -> None:
         """Read frames on every tick of `pump` (a `Pump`): each goes to its manager, and what the
@@ -288,89 +469,28 @@ class ZmqControlPlane:
         self.manager = pump.manager
         pump.sources.append(self.poll)
 
-    # authentication ----------------------------------------------------------------------
-    def _answer_zap(self) -> int:
-        n = 0
-        while n < self.max_zap_per_poll:
-            try:
-                msg = self.zap.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            version, request_id = (msg + [b"", b""])[:2]
-            mechanism = msg[5] if len(msg) > 5 else b""
-            key = msg[6] if len(msg) > 6 else b""
-            if version == b"1.0" and mechanism == b"CURVE" and len(key) == 32 and z85.encode(key) in self.allowed:
-                user = z85.encode(key)
-                self.zap.send_multipart([b"1.0", request_id, b"200", b"OK", user, b""])
-                self.stats["zap_allowed"] += 1
-            else:
-                self.zap.send_multipart([b"1.0", request_id, b"400", b"key not allowed", b"", b""])
-                self.stats["zap_denied"] += 1
-                self.log.warning("zap", "refused a control connection from %s: key not on the allow-list",
-                                 msg[3].decode("ascii", "replace") if len(msg) > 3 else "?")
-        return n
+    # the parts' state, as the tests and tools read it -----------------------------------------
+    @property
+    def zap(self) -> zmq.Socket | None:
+        """The ZAP handler's socket (None when insecure)."""
+        return self.auth.sock
+
+    @property
+    def allowed(self) -> set[bytes]:
+        """The allow-list of receiver public keys (z85)."""
+        return self.auth.allowed
+
+    @property
+    def _push(self) -> OrderedDict[tuple[str, str], zmq.Socket]:
+        return self.statuses.pool
 
     # frames in ---------------------------------------------------------------------------
-    def _drain(self, deadline: float) -> int:
-        """Discard parts of a refused message until it ends or `deadline`; the rest waits for the next poll."""
-        n = 0
-        while not (n & 1023 == 1023 and time.perf_counter() > deadline):
-            try:
-                part = self.pull.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:  # cannot happen mid-message; be safe anyway
-                self._discarding = False
-                break
-            n += 1
-            if self.guard is not None:
-                self.guard.read_from(self._discard_source, wire_bytes((part,), not self.insecure))
-            if not part.more:
-                self._discarding = False
-                break
-        self.stats["parts_drained"] += n
-        return n
-
-    def _read(self) -> tuple[str, list[bytes] | None] | None:
-        """The next message as (identity, parts), parts None if refused; None when nothing is queued."""
-        try:
-            first = self.pull.recv(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
-        identity = "" if self.insecure else first.get("User-Id")
-        parts = [first]
-        too_big = len(first) > self.max_part_bytes
-        part = first
-        # The count is checked part by part, before the rest is read.
-        while part.more and len(parts) < _WIRE_PARTS:
-            part = self.pull.recv(zmq.NOBLOCK, copy=False)
-            parts.append(part)
-            too_big = too_big or len(part) > self.max_part_bytes
-        if self.guard is not None:
-            source = first.get("Peer-Address")
-            self.guard.read_from(source, wire_bytes(parts, not self.insecure))
-            self.guard.attribute(first.get(zmq.SRCFD), source, identity)
-        if part.more:
-            self._discarding = True
-            self._discard_source = source if self.guard is not None else ""
-            self.stats["frames_refused"] += 1
-            self.stats["frames_too_many_parts"] += 1
-            self.log.warning("parts", "refused a control message from %s with more than %d parts", identity[:8] or "?",
-                             _WIRE_PARTS)
-            return identity, None
-        if too_big:
-            self.stats["frames_refused"] += 1
-            self.stats["frames_oversized"] += 1
-            self.log.warning("size", "refused a control message from %s with a part over %d bytes", identity[:8] or "?",
-                             self.max_part_bytes)
-            return identity, None
-        return identity, [p.bytes for p in parts]
-
     def _handle(self, identity: str, parts: list[bytes]) -> None:
         if parts and parts[0] == HELLO and len(parts) <= 2:
             self.stats["hellos"] += 1  # it bound its connection to its key (the guard)
             if len(parts) == 2:  # and asks who we are, at its status endpoint
-                self._send_status(parts[1].decode("ascii", "replace"), identity, [INCARNATION, self.incarnation],
-                           sent="incarnations_told")
+                self.statuses.send(parts[1].decode("ascii", "replace"), identity, [INCARNATION, self.incarnation],
+                                   sent="incarnations_told")
             return
         if parts and parts[0] == WITHDRAW_MAGIC:
             self._withdraw(identity, parts)
@@ -403,12 +523,12 @@ class ZmqControlPlane:
             self.guard.poll()
             self.guard.check_bytes()
             self.guard.check_silent()
-        if self.zap is not None:
-            self._answer_zap()
+        self.auth.answer()
+        reader = self.reader
         budget = self.max_frames_per_poll
-        if self._discarding:
-            self._drain(deadline)
-            if self._discarding:
+        if reader.discarding:
+            reader.discard(deadline)
+            if reader.discarding:
                 self._note(t0)
                 return 0
         seen: Counter = Counter()
@@ -432,13 +552,13 @@ class ZmqControlPlane:
             if n & 7 == 7 and time.perf_counter() > deadline:
                 self.stats["polls_out_of_time"] += 1
                 break
-            got = self._read()
+            got = reader.read()
             if got is None:
                 break
             n += 1
-            if self._discarding:
-                self._drain(deadline)
-                if self._discarding:
+            if reader.discarding:
+                reader.discard(deadline)
+                if reader.discarding:
                     break
                 continue
             identity, parts = got
@@ -465,33 +585,6 @@ class ZmqControlPlane:
             self.max_poll_seconds = took
 
     # statuses out ------------------------------------------------------------------------
-    def _socket(self, endpoint: str, identity: str) -> zmq.Socket:
-        key = (endpoint, identity)
-        sock = self._push.get(key)
-        if sock is not None:
-            self._push.move_to_end(key)
-            return sock
-        if len(self._push) >= self.max_push_sockets:
-            _, old = self._push.popitem(last=False)
-            old.close(linger=0)
-            self.stats["status_sockets_evicted"] += 1
-        sock = self.ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, self.push_hwm)
-        sock.setsockopt(zmq.IMMEDIATE, 0)
-        if not self.insecure:
-            # The receiver's status socket serves with the same key it authenticated with,
-            # so nobody else can accept its statuses.
-            sock.curve_secretkey = self._secret
-            sock.curve_publickey = self.public_key
-            sock.curve_serverkey = identity.encode()
-        sock.connect(endpoint)
-        self._push[key] = sock
-        self._push_endpoints_ok.add(endpoint)
-        if len(self._push_endpoints_ok) > 4 * self.max_push_sockets:
-            self._push_endpoints_ok.clear()  # a cache of checked endpoints, not a record
-        return sock
-
     def push_status(self, frame: ReceiverFrame, room: int, status: str, reason: str = "") -> None:
         if not frame.status_endpoint:
             self.stats["status_without_endpoint"] += 1
@@ -499,38 +592,12 @@ class ZmqControlPlane:
         parts = [b"%d" % room, status.encode(), frame.session.encode(), reason.encode()[:1024]]
         if getattr(frame, "region_notices", False):
             parts.append(b"%d" % frame.dst_ptr)  # which of its regions the notice concerns
-        self._send_status(frame.status_endpoint, getattr(frame, "identity", ""), parts, room)
-
-    def _send_status(self, endpoint: str, identity: str, parts: list[bytes], room: int | None = None,
-              sent: str = "status_sent") -> None:
-        """Send `parts` to the status socket at `endpoint` serving `identity`'s key, never blocking."""
-        if endpoint not in self._push_endpoints_ok and not numeric_endpoint(endpoint):
-            # Never dialled: libzmq would resolve a host name with a blocking lookup on its one I/O
-            # thread, stalling every socket of the context. The core refuses such frames; this
-            # guards every other way an endpoint can reach here (a withdraw, a hello, a caller).
-            self.stats["status_endpoint_refused"] += 1
-            self.log.warning("endpoint", "refused to push a status to %r: not a numeric tcp://ADDRESS:PORT",
-                             str(endpoint)[:64])
-            return
-        if not self.insecure and not identity:
-            self.stats["status_without_identity"] += 1  # a frame that did not come through this plane
-            return
-        try:
-            self._socket(endpoint, identity).send_multipart(parts, zmq.NOBLOCK)
-            self.stats[sent] += 1
-        except zmq.Again:
-            self.stats["status_dropped"] += 1  # queue full: the receiver is gone or stuck
-        except zmq.ZMQError as exc:
-            self.stats["status_errors"] += 1
-            self.log.warning("status", "status for room %s to %s failed: %s", room, endpoint, exc)
+        self.statuses.send(frame.status_endpoint, getattr(frame, "identity", ""), parts, room)
 
     def close(self) -> None:
-        for sock in self._push.values():
-            sock.close(linger=0)
-        self._push.clear()
+        self.statuses.close()
         if self.guard is not None:
             self.guard.close()
         self.pull.close(linger=0)
-        if self.zap is not None:
-            self.zap.close(linger=0)
+        self.auth.close()
         self.ctx.term()
