@@ -207,6 +207,72 @@ def test_imports_one_way_and_a_package_importing_its_modules_are_no_cycle(tmp_pa
     assert import_cycles(root) == []
 
 
+# Small parts: no class in fsm/, executor/ or models/ is over this many lines (the class statement to
+# its last line, as ast counts them). A class that grows past it is split into parts that own their
+# state (see docs/architecture.md), not into mixins.
+MAX_CLASS_LINES = 300
+
+# Classes being split right now, each by the change named beside it, which removes its line here.
+# Nothing else may be listed: a new or grown class over the limit fails.
+OVER_LIMIT_WHILE_SPLIT = {
+    "epd_ring.models.conformance.Harness": "issue 32, the split of models/ (removes this line)",
+    "epd_ring.models.events.Events": "issue 32, the split of models/ (removes this line)",
+    "epd_ring.models.rules.Rules": "issue 32, the split of models/ (removes this line)",
+    "epd_ring.executor.drivers.receiver.ReferenceReceiver": "issue 32, the split of the drivers (removes this line)",
+    "epd_ring.executor.drivers.mooncake.MooncakeTransport": "issue 32, the split of the drivers (removes this line)",
+}
+
+
+def class_sizes(root: Path) -> dict[str, int]:
+    """Dotted name (nested classes too) -> lines, for every class in the packages."""
+    sizes = {}
+    for module, path in project_modules(root).items():
+        def visit(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    name = f"{prefix}.{child.name}"
+                    sizes[name] = (child.end_lineno or child.lineno) - child.lineno + 1
+                    visit(child, name)
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(child, f"{prefix}.{child.name}")
+                else:
+                    visit(child, prefix)
+        visit(ast.parse(path.read_text(), filename=str(path)), module)
+    return sizes
+
+
+def oversized(root: Path, allowed: dict[str, str]) -> list[str]:
+    return sorted(f"{name}: {n} lines (at most {MAX_CLASS_LINES})" for name, n in class_sizes(root).items()
+                  if n > MAX_CLASS_LINES and name not in allowed)
+
+
+def test_no_class_is_over_the_limit():
+    assert oversized(ROOT, OVER_LIMIT_WHILE_SPLIT) == []
+    sizes = class_sizes(ROOT)
+    assert "epd_ring.executor.core.manager.EncodeManager" in sizes and len(sizes) > 50  # and the classes are read
+
+
+def test_the_allow_list_names_only_classes_still_over_the_limit():
+    """Once a listed class is split (or gone), its line goes too: the list never covers a class that grows again."""
+    sizes = class_sizes(ROOT)
+    stale = [name for name in OVER_LIMIT_WHILE_SPLIT if sizes.get(name, 0) <= MAX_CLASS_LINES]
+    assert stale == [], f"{stale} are at most {MAX_CLASS_LINES} lines now (or gone): remove them from the list"
+
+
+def _class_of(name: str, lines: int, indent: str = "") -> str:
+    """A class statement and body of `lines` lines in all."""
+    return f"{indent}class {name}:\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+
+
+def test_a_class_over_the_limit_is_caught_wherever_it_stands(tmp_path):
+    root = _tree(tmp_path, {"executor/core/big.py": _class_of("Big", MAX_CLASS_LINES + 1),
+                            "models/nested.py": "def f():\n" + _class_of("Inner", MAX_CLASS_LINES + 1, "    "),
+                            "fsm/ok.py": _class_of("AtTheLimit", MAX_CLASS_LINES)})
+    found = oversized(root, {})
+    assert [f.split(":")[0] for f in found] == ["epd_ring.executor.core.big.Big", "epd_ring.models.nested.f.Inner"]
+    assert oversized(root, {"epd_ring.executor.core.big.Big": "being split"}) == [found[1]]
+
+
 # The top level, as the design card this project was built from names it, and what stands beside it:
 # the docs site, the examples, the `epd_ring` namespace's `__main__`, CI's scripts, front page, licence.
 CARD_TOP = {"fsm/", "executor/", "models/", "tests/", "diagrams/", "pyproject.toml"}
