@@ -151,6 +151,9 @@ class _Staged:
             return getattr(Staging, self.name, self)
         return getattr(executor.staging, self.name)
 
+    def __set__(self, executor: Any, value: Any) -> None:  # a setting changed on the executor is the part's
+        setattr(executor.staging, self.name, value)
+
 
 class EncodeExecutor:
     """The encode loop's surface: the tower, its items' senders, the tick, shutdown and health.
