@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,21 +139,18 @@ def _cuda_fence() -> Any:
     return ev
 
 
-class _Staged:
-    """A call or figure the executor answers through its `staging` part: the part's own bound method
-    or value, so the call costs what it cost when staging was the executor's base."""
+class _Staged(property):
+    """A call or figure the executor answers through its `staging` part. On an executor it reads the
+    part's own bound method or value through a C attribute getter, so a loop's turn pays no call more
+    than when staging was the executor's base; on the class it is callable with the executor first,
+    as a method is (the seed's surface is checked that way)."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-        self.__doc__ = getattr(Staging, name, None).__doc__
+    def __init__(self, name: str) -> None:
+        super().__init__(operator.attrgetter(f"staging.{name}"), lambda ex, value: setattr(ex.staging, name, value))
+        self.__doc__ = getattr(getattr(Staging, name, None), "__doc__", None)  # the part's, for help()
 
-    def __get__(self, executor: Any, owner: type | None = None) -> Any:
-        if executor is None:  # on the class: the part's own member, for help() and the seed-surface check
-            return getattr(Staging, self.name, self)
-        return getattr(executor.staging, self.name)
-
-    def __set__(self, executor: Any, value: Any) -> None:  # a setting changed on the executor is the part's
-        setattr(executor.staging, self.name, value)
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.__get__(executor)(*args, **kwargs)
 
 
 class EncodeExecutor:
@@ -162,17 +160,17 @@ class EncodeExecutor:
     manager's. The seed's calls on the deferred queue (`drain_deferred`, `has_deferred`) and the
     queries below are answered by `staging` itself."""
 
-    serve_deferred = _Staged()
-    drain_deferred = _Staged()
-    has_deferred = _Staged()
-    can_take = _Staged()
-    deferred_count = _Staged()
-    deferred_requests = _Staged()
-    copy_fences = _Staged()
-    copies_pending = _Staged()
-    finish_copies = _Staged()
-    drop_deferred = _Staged()
-    max_deferred = _Staged()
+    serve_deferred = _Staged("serve_deferred")
+    drain_deferred = _Staged("drain_deferred")
+    has_deferred = _Staged("has_deferred")
+    can_take = _Staged("can_take")
+    deferred_count = _Staged("deferred_count")
+    deferred_requests = _Staged("deferred_requests")
+    copy_fences = _Staged("copy_fences")
+    copies_pending = _Staged("copies_pending")
+    finish_copies = _Staged("finish_copies")
+    drop_deferred = _Staged("drop_deferred")
+    max_deferred = _Staged("max_deferred")
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ the state entered (or the event taken). So what happens when a room fails is
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -44,7 +45,7 @@ _HOLDS_CHUNK = frozenset(ROOM.states_tagged("in_flight"))
 
 def _owned(part: str, name: str, doc: str) -> Any:
     """A setting or figure one of the manager's parts owns, read and set through the manager."""
-    return property(lambda self: getattr(getattr(self, part), name),
+    return property(operator.attrgetter(f"{part}.{name}"),
                     lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
 
 
