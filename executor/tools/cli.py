@@ -480,11 +480,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.seed is not None and not os.path.isfile(args.seed):
             raise UsageError(f"--seed: no such file: {args.seed}")
         from .bench import run as bench_run
+        figures: dict[str, Any] = {}
         results = bench_run(items=args.items or 10000, sizes=tuple(args.sizes or [64, 1024, 4096]),
-                            seed_path=args.seed, quiet=quiet or args.json, echo=_silent if args.json else print)
+                            seed_path=args.seed, quiet=quiet or args.json, echo=_silent if args.json else print,
+                            figures=figures)
         if args.json:
             _emit_json({"transport": "loopback", "items": args.items or 10000,
-                        "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()}})
+                        "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()},
+                        **figures})
         return EXIT_OK
     if args.command == "bench-arena":
         from .bench_arena import DEFAULT_BUDGETS, run as arena_run, spec_with
