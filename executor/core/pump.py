@@ -61,9 +61,11 @@ class Pump:
     def flush(self) -> int:
         """Do every effect the core has decided, and those that doing them decides; return how many."""
         n = 0
-        take = self.manager.take_effects
-        effects = take()
-        while effects:
+        # Drained in place: what `take_effects` does, without its two calls per flush.
+        outbox = self.manager.outbox
+        while outbox:
+            effects = outbox[:]
+            outbox.clear()
             for e in effects:
                 if type(e) is Submit:  # the per-item case, done here without a call
                     try:
@@ -74,7 +76,6 @@ class Pump:
                 else:
                     self._do(e)
             n += len(effects)
-            effects = take()
         return n
 
     def _do(self, e: Any) -> None:
