@@ -39,9 +39,14 @@ class FixedTower:
 
     def __init__(self) -> None:
         self.out = torch.randn(TOKENS, HIDDEN)
+        self._outs = {1: self.out}  # by items in the batch: the same rows for each, made once
 
     def image_encoder(self, items):
-        return self.out
+        n = len(items)
+        out = self._outs.get(n)
+        if out is None:
+            out = self._outs[n] = self.out.repeat(n, 1)
+        return out
 
     get_video_feature = image_encoder
 
@@ -67,8 +72,15 @@ def _slot_bytes() -> int:
     return nbytes + (-nbytes) % 64
 
 
-def our_cycle(ring_slots: int, free_slots: int = 4) -> tuple[Callable[[int], None], Callable[[int], None]]:
-    """Our cycle on an arena of `ring_slots` items, all but `free_slots` held: (cycle(n), check(n cycled))."""
+def our_cycle(ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+                                                                             Callable[[int], None]]:
+    """Our cycle on an arena of `ring_slots` items, all but `free_slots` held: (cycle(n), check(n cycled)).
+
+    With `batch` > 1 a turn takes that many items: their requests and frames, one `execute` of
+    all of them, one flush and one tick (an engine's loop turn with several images ready).
+    """
+    if not 1 <= batch <= free_slots:
+        raise ValueError(f"a batch must fit the free extents: 1 <= batch <= {free_slots}, got {batch}")
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
@@ -100,16 +112,31 @@ def our_cycle(ring_slots: int, free_slots: int = 4) -> tuple[Callable[[int], Non
 
     def cycle(n: int, _alive: tuple = (dst, held_dst)) -> None:  # the receivers' memory lives while the cycle does
         nonlocal room
-        for _ in range(n):
-            room += 1
-            executor.register(room, "h", 1, room)
-            manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
-                                                    "torch.float32", False, 1))
-            pump.flush()  # as after a control plane's frames
-            executor.execute([(room, EncodeItem("image", TOKENS))])
-            pump.flush()  # as a real loop does after execute: the write is submitted here
+        if batch == 1:
+            for _ in range(n):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
+                                                        "torch.float32", False, 1))
+                pump.flush()  # as after a control plane's frames
+                executor.execute([(room, EncodeItem("image", TOKENS))])
+                pump.flush()  # as a real loop does after execute: the write is submitted here
+                pump.tick()
+                executor.reap_concluded_senders(pending)
+            return
+        while n > 0:
+            turn = []
+            for _ in range(min(batch, n)):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
+                                                        "torch.float32", False, 1))
+                turn.append((room, EncodeItem("image", TOKENS)))
+            executor.execute(turn)
+            pump.flush()  # the frames' effects and the turn's writes go out together
             pump.tick()
             executor.reap_concluded_senders(pending)
+            n -= len(turn)
 
     def check(cycled: int) -> None:
         assert manager.stats["success"] == base + cycled, manager.stats
@@ -120,9 +147,12 @@ def our_cycle(ring_slots: int, free_slots: int = 4) -> tuple[Callable[[int], Non
     return cycle, check
 
 
-def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4) -> tuple[Callable[[int], None],
-                                                                         Callable[[int], None]]:
-    """The seed's executor on the same cycle (see `seed_bench`): (cycle(n), check(n cycled))."""
+def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+                                                                                         Callable[[int], None]]:
+    """The seed's executor on the same cycle (see `seed_bench`): (cycle(n), check(n cycled)).
+
+    With `batch` > 1, as ours: that many requests and frames, then one `execute` of them all.
+    """
     manager = seed_bench.SeedManager()
     tower = FixedTower()
     executor = seed.DisaggEncodeExecutor(manager, tower, "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
@@ -142,12 +172,16 @@ def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4) -> tuple[Callabl
 
     def cycle(n: int, _alive: tuple = (dst, held_dst)) -> None:  # the receivers' memory lives while the cycle does
         nonlocal room
-        for _ in range(n):
-            room += 1
-            executor.register(room, "h", 1, room)
-            manager.register_receiver(room, ptr)
-            executor.execute([(room, item_type(image, TOKENS))])
+        while n > 0:
+            turn = []
+            for _ in range(min(batch, n)):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(room, ptr)
+                turn.append((room, item_type(image, TOKENS)))
+            executor.execute(turn)
             executor.reap_concluded_senders(pending)
+            n -= len(turn)
 
     def check(cycled: int) -> None:
         assert manager.success == base + cycled, manager.success
@@ -284,23 +318,28 @@ def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None
     n = sizes[0]
     held = min(4, n)
     counts = per_item_counts(our_cycle(n, held)[0])
+    batched = per_item_counts(our_cycle(n, held, held)[0])
     seed_counts = per_item_counts(seed_cycle(seed, n, held)[0]) if seed is not None else None
+
     def counted(c: dict[str, float]) -> str:
         return (f"{c['calls']:.0f} Python calls (+{c['builtin_calls']:.0f} built-in), {c['opcodes']:,.0f} "
                 f"bytecode ops")
 
     echo(f"per item, {n} slots, {n - held} held: " + counted(counts)
          + (f"; the seed: {counted(seed_counts)}" if seed_counts else ""))
+    echo(f"per item, {held} items a turn: " + counted(batched))
     if seed is not None:
         blocks = max(4, min(20, items // 500))
         block = min(500, max(10, items // blocks))
         echo(f"interleaved CPU time ({blocks} alternating blocks of {block} items each, in this process):")
-        for free in (held, n):
-            f = interleaved(our_cycle(n, free)[0], seed_cycle(seed, n, free)[0], blocks=blocks, block=block)
-            echo(f"  {n - free:>4} of {n} held: ours {f['ours_us']:.1f} us/item, seed {f['seed_us']:.1f}; "
-                 f"{f['median_ratio']:.2f}x the seed (median block; {f['min_ratio']:.2f}-{f['max_ratio']:.2f}x)")
+        for free, turn in ((held, 1), (n, 1), (held, held)):
+            f = interleaved(our_cycle(n, free, turn)[0], seed_cycle(seed, n, free, turn)[0], blocks=blocks,
+                            block=block)
+            echo(f"  {n - free:>4} of {n} held, {turn} item{'s' if turn > 1 else ''} a turn: ours {f['ours_us']:.1f} "
+                 f"us/item, seed {f['seed_us']:.1f}; {f['median_ratio']:.2f}x the seed (median block; "
+                 f"{f['min_ratio']:.2f}-{f['max_ratio']:.2f}x)")
             if figures is not None:
-                figures.setdefault("interleaved", {})[str(n - free)] = f
+                figures.setdefault("interleaved", {})[f"{n - free} held, {turn} a turn"] = f
     if figures is not None:
-        figures["per_item"] = {"ours": counts, "seed": seed_counts}
+        figures["per_item"] = {"ours": counts, "ours_batched": batched, "seed": seed_counts}
     return results
