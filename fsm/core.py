@@ -120,7 +120,7 @@ class CompiledMachine:
         """Move `obj.state` along the declared edge for `event`; return the new state."""
         state = obj.state
         options = self._fast.get((state, event))
-        if options.__class__ is str:  # no call: this is every unguarded step
+        if isinstance(options, str):
             obj.state = options
             return options
         if options is None:

@@ -65,7 +65,7 @@ class Pump:
         # Drained in place: what `take_effects` does, without its two calls per flush.
         outbox = self.manager.outbox
         while outbox:
-            effects = outbox[:]
+            effects: list[Any] = outbox[:]  # narrowed by `kind` below, which mypy cannot follow
             outbox.clear()
             # Every item's room writes, tells its receivers and concludes: those three are done here
             # without a call each; the rest (contacts, the ring's release) in `_do`.
