@@ -319,3 +319,39 @@ def test_ours_defers_only_for_want_of_a_large_enough_free_extent(seed):
     for share in (0.5, 0.75, 1.0):
         run = ba.simulate(trace, policy, int(peak * share) // ba.ALIGN * ba.ALIGN)
         assert run.deferred > 0 and rings[-1].refusals > 0  # the budget does press
+
+
+def test_spanning_places_an_item_in_up_to_four_free_extents_when_none_fits_it_whole():
+    ring = ba.Spanning(8 * 64, most=4)
+    held = [ring.alloc(64) for _ in range(8)]
+    for at in held[::2]:
+        ring.free(at)  # four free extents of 64 bytes, none adjacent
+    assert ring.arena.largest_free == 64
+    at = ring.alloc(4 * 64)  # fits only across all four
+    assert at is not None and ring.spanned == 1
+    pieces = ring.pieces(at)
+    assert sorted(p for p, _ in pieces) == held[::2] and sum(n for _, n in pieces) == 4 * 64
+    assert ring.alloc(1) is None  # nothing free is left
+    ring.free(at)  # freed whole
+    assert ring.arena.free_bytes == 4 * 64
+    narrow = ba.Spanning(8 * 64, most=2)
+    held = [narrow.alloc(64) for _ in range(8)]
+    for at in held[::2]:
+        narrow.free(at)
+    assert narrow.alloc(3 * 64) is None and narrow.arena.free_bytes == 4 * 64  # 3 pieces > 2: nothing taken
+
+
+def test_the_simulation_checks_every_piece_of_a_spanning_item(trace, peak):
+    (span,) = [p for p in ba.policies(trace, spanning=True) if p.name == ba.SPANNING]
+    budget = max(peak[0] // 2, max(it.nbytes for it in trace)) // ba.ALIGN * ba.ALIGN
+    rings = []
+    checked = ba.Policy(span.name, lambda cap: rings.append(ba.Spanning(cap)) or rings[-1], ba.ALIGN)
+    run = ba.simulate(trace, checked, budget)  # raises SimulationError on an overlap of any piece
+    assert rings[-1].spanned > 0 and run.refused == 0
+
+    class Overlaps(ba.Spanning):  # says every item's last piece sits at 0, whatever is live there
+        def pieces(self, offset):
+            return [*super().pieces(offset)[:-1], (0, super().pieces(offset)[-1][1])]
+
+    with pytest.raises(ba.SimulationError, match="overlaps"):
+        ba.simulate(trace, ba.Policy("overlaps", Overlaps, ba.ALIGN), budget)

@@ -140,8 +140,11 @@ class Pump:
         if self._refused:
             done += self._refused
             self._refused = []
-        n += m.writes_reported(done)
-        n += m.contacts_reported(self.transport.peer_reports())
+        if done:
+            n += m.writes_reported(done)
+        reports = self.transport.peer_reports()
+        if reports:  # most ticks have none: no call into the core for them
+            n += m.contacts_reported(reports)
         n += self.executor.poll() if self.executor is not None else m.poll()
         self.flush()
         return n

@@ -304,6 +304,62 @@ def _ours(capacity: int) -> Allocator:
     return Arena(capacity, align=ALIGN)
 
 
+class Spanning:
+    """Ours, with an item spanning up to `most` extents when no single free extent fits it.
+
+    What issue 33 proposes (a write already carries a list of buffers; the receiver still sees
+    contiguous rows), simulated here only, not in the core: best fit first; if that fails and the
+    free bytes suffice, take the largest free extent whole while the rest does not fit one, then
+    the rest by best fit, up to `most` pieces (else nothing is taken). An item is freed whole.
+    """
+
+    def __init__(self, capacity: int, most: int = 4):
+        from epd_ring.executor.core.arena import Arena
+
+        self.arena = Arena(capacity, align=ALIGN)
+        self.capacity, self.most = self.arena.capacity, most
+        self._pieces: dict[int, list[tuple[int, int]]] = {}  # first piece's offset -> (offset, bytes) of each
+        self.spanned = 0  # items placed in more than one piece
+
+    def alloc(self, nbytes: int) -> int | None:
+        arena = self.arena
+        at = arena.alloc(nbytes)
+        if at is not None:
+            self._pieces[at] = [(at, nbytes)]
+            return at
+        if arena.free_bytes < nbytes:
+            return None
+        pieces: list[tuple[int, int]] = []
+        rest = nbytes
+        while rest > 0 and len(pieces) < self.most:
+            at = arena.alloc(rest)
+            if at is not None:
+                pieces.append((at, rest))
+                rest = 0
+                break
+            largest = arena.largest_free // ALIGN * ALIGN
+            if largest <= 0:
+                break
+            got = arena.alloc(largest)
+            assert got is not None
+            pieces.append((got, largest))
+            rest -= largest
+        if rest > 0:  # more than `most` pieces would be needed: take nothing
+            for at, _ in pieces:
+                arena.free(at)
+            return None
+        self.spanned += 1
+        self._pieces[pieces[0][0]] = pieces
+        return pieces[0][0]
+
+    def pieces(self, offset: int) -> list[tuple[int, int]]:
+        return self._pieces[offset]
+
+    def free(self, offset: int) -> None:
+        for at, _ in self._pieces.pop(offset):
+            self.arena.free(at)
+
+
 DEFER, SKIP = "defer", "skip"
 
 
@@ -316,15 +372,16 @@ class Policy:
     pow2: bool = False  # capacities are powers of two
 
 
-NEXT_FIT, BUDDY, OURS = "vLLM next fit", "buddy (older)", "ours (arena)"
+NEXT_FIT, BUDDY, OURS, SPANNING = "vLLM next fit", "buddy (older)", "ours (arena)", "ours, spanning"
 
 
-def policies(trace: Sequence[Item]) -> list[Policy]:
+def policies(trace: Sequence[Item], spanning: bool = False) -> list[Policy]:
+    """The bench's policies; with `spanning`, ours with items spanning up to 4 extents after them."""
     slot = _aligned(max(it.nbytes for it in trace))
     return [Policy("fixed slots", lambda cap: FixedSlots(cap, slot), slot),
             Policy(NEXT_FIT, NextFit, ALIGN, full=SKIP),
             Policy(BUDDY, Buddy, ALIGN, full=SKIP, pow2=True),
-            Policy(OURS, _ours, ALIGN)]
+            Policy(OURS, _ours, ALIGN)] + ([Policy(SPANNING, Spanning, ALIGN)] if spanning else [])
 
 
 # the simulation ---------------------------------------------------------------
@@ -402,9 +459,15 @@ def simulate(trace: Sequence[Item], policy: Policy, capacity: int, *, until_defe
     releases: list[tuple[float, int, int]] = []  # (time, item, offset)
     queue: deque[int] = deque()
 
+    pieces = getattr(ring, "pieces", None)  # an allocator whose items may span several extents
+
     def place(i: int, offset: int, now: float) -> None:
         item = trace[i]
-        live.add(offset, item.nbytes)
+        if pieces is None:
+            live.add(offset, item.nbytes)
+        else:
+            for at, nbytes in pieces(offset):
+                live.add(at, nbytes)
         run.peak_used = max(run.peak_used, live.used)
         run.starts[i] = now
         heapq.heappush(releases, (now + item.hold, i, offset))
@@ -414,7 +477,11 @@ def simulate(trace: Sequence[Item], policy: Policy, capacity: int, *, until_defe
             at = releases[0][0]
             while releases and releases[0][0] == at:  # all releases of one instant, then serve
                 _, _, offset = heapq.heappop(releases)
-                live.remove(offset)
+                if pieces is None:
+                    live.remove(offset)
+                else:
+                    for at, _ in pieces(offset):
+                        live.remove(at)
                 ring.free(offset)
             while queue:
                 offset = ring.alloc(trace[queue[0]].nbytes)
@@ -562,8 +629,10 @@ def _x(x: float | None) -> str:
 
 def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[int] = DEFAULT_BUDGETS,
         seeds: int = 1, quiet: bool = False, echo: Callable[..., None] = print, mixes: Sequence[str] = (),
-        scan_to: float = SCAN_TO, scan_step: float = SCAN_STEP) -> dict[str, Any]:
+        scan_to: float = SCAN_TO, scan_step: float = SCAN_STEP, spanning: bool = False) -> dict[str, Any]:
     """Print (through `echo`) the figures and return them as a dict (the `--json` object).
+
+    With `spanning`, one more policy: ours with items spanning up to 4 extents (`Spanning`).
 
     With `seeds` > 1 the bytes ours needs (search and robust) are also found on the traces of
     the next seeds, and the goal of at most `GOAL_X_PEAK` x the peak is judged on the robust
@@ -585,7 +654,7 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
         raise ValueError(f"unknown mix {', '.join(unknown)}; the mixes are {', '.join(MIXES)}")
     trace = make_trace(spec)
     peak, peak_items = peak_in_flight(trace)
-    pols = policies(trace)
+    pols = policies(trace, spanning)
     table_budgets = sorted(set(budgets) | {budget})
     report: dict[str, Any] = {
         "trace": {**asdict(spec), "distributions": spec.describe()},
@@ -649,7 +718,7 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
         # The same draws with no write failing: how much of each figure the quarantine accounts for.
         calm = make_trace(replace(spec, fail_share=0.0))
         calm_peak, _ = peak_in_flight(calm)
-        calm_need = {pol.name: needed_capacity(calm, pol, calm_peak) for pol in policies(calm)}
+        calm_need = {pol.name: needed_capacity(calm, pol, calm_peak) for pol in policies(calm, spanning)}
         report["without_failures"] = {"peak_in_flight_bytes": calm_peak, "needed_bytes": calm_need}
         echo("")
         echo(f"the same draws with no write failing: peak in flight {size_text(calm_peak)}; the search's bytes: "
@@ -658,7 +727,7 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
         # One seed is one draw: ours on the seeds after it says how far the figure can be trusted.
         first = report["policies"][OURS]
         by_seed = {spec.seed: (first["x_peak"], first["robust_x_peak"])}
-        ours = pols[-1]
+        ours = pols[3]
         for seed in range(spec.seed + 1, spec.seed + seeds):
             other = make_trace(replace(spec, seed=seed))
             other_peak, _ = peak_in_flight(other)
@@ -684,7 +753,7 @@ def run(spec: TraceSpec = TraceSpec(), budget: int = 2 * GiB, budgets: Sequence[
             mix_peak, _ = peak_in_flight(mixed)
             at_goal = int(mix_peak * GOAL_X_PEAK) // ALIGN * ALIGN
             rows = {}
-            for pol in policies(mixed):
+            for pol in policies(mixed, spanning):
                 f = _policy_figures(mixed, pol, mix_peak, scan_to, scan_step)
                 f["at_goal_x_peak"] = _at(simulate(mixed, pol, at_goal))
                 rows[pol.name] = f

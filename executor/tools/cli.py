@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     arena.add_argument("--mix", choices=list(ARENA_MIXES), default="realistic", help="the trace's mix")
     arena.add_argument("--mixes", choices=list(ARENA_MIXES), nargs="*", default=None,
                        help="also every policy on each of these mixes' traces (no names: all of them)")
+    arena.add_argument("--spanning", action="store_true",
+                       help="also ours with an item spanning up to 4 extents when no single one fits (simulated "
+                            "only: the core does not do it yet)")
     arena.add_argument("--scan-to", type=positive_float, default=1.5,
                        help="the robust scan tries sizes up to this many times the search's answer")
     arena.add_argument("--scan-step", type=probability, default=0.01,
@@ -498,7 +501,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS, seeds=args.seeds,
                                quiet=quiet or args.json, echo=_silent if args.json else print, mixes=mixes,
-                               scan_to=args.scan_to, scan_step=args.scan_step)
+                               scan_to=args.scan_to, scan_step=args.scan_step, spanning=args.spanning)
         except ValueError as exc:
             print(f"epd-ring bench-arena: {exc}", file=sys.stderr)
             return EXIT_USAGE
