@@ -10,6 +10,7 @@ state, event and guard valuation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -99,6 +100,18 @@ class CompiledMachine:
         self._fast: dict[tuple[str, str], str | tuple[tuple[str, Guards], ...]] = {
             k: (v[0][0] if len(v) == 1 and not v[0][1] else tuple(v)) for k, v in table.items()
         }
+
+    def plans(self, on_enter: Mapping[str, tuple[str, ...]],
+              on_event: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], tuple[str, tuple[str, ...]]]:
+        """(state, event) -> (destination, actions) for every step with one unguarded edge.
+
+        The compiled success path: a caller steps there with one lookup, then runs the actions
+        (entering the destination when it differs from the state, then the event's), in the order
+        `step` and its caller would. Guarded and undeclared steps are not in it: they go through
+        `step`, which checks the guards and raises InvalidTransition as ever.
+        """
+        return {k: (v, (on_enter.get(v, ()) if v != k[0] else ()) + on_event.get(k[1], ()))
+                for k, v in self._fast.items() if type(v) is str}
 
     def allowed(self, state: str, event: str) -> bool:
         return (state, event) in self.table

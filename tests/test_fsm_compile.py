@@ -137,3 +137,22 @@ def test_a_declaration_without_docs_and_with_a_lone_guarded_edge():
         m.step(Subject("a", {"ok": False}), "hop")
     assert m.step(Subject("a", {"ok": True}), "hop") == "b"
     assert m.step(Subject("a", {"ok": False}), "go") == "b"
+
+
+def test_the_compiled_plans_go_where_step_goes_and_run_the_actions_a_step_runs(compiled):
+    _, compiled = compiled
+    # Actions named after what they mark, so a plan that runs the wrong ones, or enters on a self-loop, shows.
+    on_enter = {s: (f"enter {s}",) for s in compiled.states}
+    on_event = {e: (f"on {e}",) for e in compiled.events}
+    plans = compiled.plans(on_enter, on_event)
+    for state, event in itertools.product(compiled.states, compiled.events):
+        options = compiled.table.get((state, event), ())
+        if len(options) != 1 or options[0][1]:  # guarded or undeclared: not compiled, `step` decides
+            assert (state, event) not in plans
+            continue
+        dest = options[0][0]
+        subject = Subject(state, {})
+        assert compiled.step(subject, event) == dest == plans[state, event][0]
+        want = ((f"enter {dest}",) if dest != state else ()) + (f"on {event}",)
+        assert plans[state, event][1] == want, (state, event)
+    assert plans  # every machine here has unguarded steps

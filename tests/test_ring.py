@@ -135,3 +135,25 @@ def test_gauges_report_bytes_in_use_largest_free_and_fragmentation():
     g = ring.gauges()
     assert (g["main_bytes_in_use"], g["main_largest_free"]) == (128, 64)
     assert g["main_fragmentation"] == pytest.approx(0.5) and "deep_bytes_in_use" not in g
+
+
+def test_fire_runs_the_coupled_actions_on_the_compiled_path_and_refuses_what_is_undeclared():
+    from epd_ring.fsm import InvalidTransition
+    from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
+
+    ran: list[tuple[str, int]] = []
+    names = {a for row in (*ON_ENTER.values(), *ON_EVENT.values()) for a in row}
+    def recorder(name):
+        return lambda ext: ran.append((name, ext.index))
+
+    ring = Ring(LoopbackTransport(), 2 * 64, actions={n: recorder(n) for n in names})
+    a = ring.lease(64)
+    for event in ("copied", "send"):  # unguarded: the compiled plan
+        ran.clear()
+        ring.fire(a, event)
+        dest = a.state
+        assert ran == [(n, a.index) for n in ON_ENTER.get(("extent", dest), ()) + ON_EVENT.get(("extent", event), ())]
+    with pytest.raises(InvalidTransition) as caught:
+        ring.fire(a, "copied")  # declared only from `copying`
+    assert (caught.value.machine, caught.value.state, caught.value.event) == ("extent", "sending", "copied")
+    assert a.state == "sending" and ring.live == 1

@@ -35,8 +35,9 @@ Policy: best fit over segregated size classes, with boundary-tag coalescing.
 Why best fit: a failed write's extent is quarantined for tens of seconds, and
 a large item (a video: up to hundreds of MiB) needs its bytes contiguous. Best
 fit puts small items in the smallest holes that take them, so the large free
-extents stay whole; on the arena bench's traces it needs at most 1.18x the peak
-bytes in flight over seeds 0-19 (`epd-ring bench-arena`), where keeping the
+extents stay whole; on the arena bench's traces the search finds it needs at most
+1.18x the peak bytes in flight over seeds 0-19 (`epd-ring bench-arena`; the robust
+size, from which every larger ring carries too, is up to 1.24x on seeds 0-9), where keeping the
 end's free space for last needed up to 1.37x and address-ordered first fit up
 to 1.43x, and placing large items from the high end of their extent did worse
 than plain best fit.

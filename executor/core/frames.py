@@ -90,7 +90,9 @@ def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
     room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity, named = f
     return (
-        type(identity) is str and type(endpoint) is str and type(named) is bool and _plain_text(session)
+        type(identity) is str and type(endpoint) is str and type(named) is bool and type(session) is str
+        # _plain_text(session), written out: this is every frame's path
+        and 0 < len(session) <= _TEXT_LIMIT and session.isascii() and session.isprintable() and " " not in session
         and (not endpoint or _endpoint_ok(endpoint))
         and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
         and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
@@ -102,7 +104,10 @@ def _plainly_valid(f: ReceiverFrame) -> bool:
     )
 
 
-def _plain_text(s: str, limit: int = 256) -> bool:
+_TEXT_LIMIT = 256
+
+
+def _plain_text(s: str, limit: int = _TEXT_LIMIT) -> bool:
     """Printable ASCII without spaces: nothing that can forge a log line or hide in one."""
     return type(s) is str and 0 < len(s) <= limit and s.isascii() and s.isprintable() and " " not in s
 

@@ -102,6 +102,8 @@ class Ring:
         self._on_enter = {s: ON_ENTER.get(("extent", s), ()) for s in EXTENT.states}
         self._on_event = {e: ON_EVENT.get(("extent", e), ()) for e in EXTENT.events}
         self._after_lease = {s: self._on_enter[s] + self._on_event["lease"] for s in EXTENT.states}
+        self._plans = EXTENT.plans(self._on_enter, self._on_event)  # `fire`'s success path, compiled
+        self._lease_plan = self._plans.get((EXTENT.initial, "lease"))
         self.extents: dict[int, Extent] = {}  # live extents (not free), by index
         # Items up to this many bytes never need `too_large`'s checks (the per-item path).
         self.fits_bytes = min(self.main_arena.capacity, max_item_bytes if max_item_bytes is not None else arena_bytes)
@@ -150,17 +152,32 @@ class Ring:
         self._leases += 1
         ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
         self.extents[ext.index] = ext
-        # `fire(ext, "lease")`, written out: a fresh extent is `free`, so it enters its destination
-        for action in self._after_lease[EXTENT.step(ext, "lease")]:
+        # `fire(ext, "lease")`, written out: a fresh extent is in the initial state, whose lease
+        # is one unguarded edge (its compiled plan; the machine's step if the declaration changes)
+        plan = self._lease_plan
+        if plan is None:
+            actions = self._after_lease[EXTENT.step(ext, "lease")]
+        else:
+            ext.state, actions = plan
+        for action in actions:
             self.actions[action](ext)
         return ext
 
     def fire(self, slot: Extent, event: str) -> str:
         """The one place an extent is stepped: its machine, then the actions the couplings name.
 
-        An extent that lands in `free` gives its bytes back to the arenas and leaves the ring."""
-        was = slot.state
-        dest = EXTENT.step(slot, event)
+        An extent that lands in `free` gives its bytes back to the arenas and leaves the ring.
+        A step with one unguarded edge takes its compiled plan (`CompiledMachine.plans`: the same
+        destination and actions); a guarded or undeclared one goes through the machine's `step`,
+        which checks the guards and raises on an undeclared event."""
+        plan = self._plans.get((slot.state, event))
+        if plan is None:
+            was = slot.state
+            dest = EXTENT.step(slot, event)
+            actions = (self._on_enter[dest] if dest != was else ()) + self._on_event[event]
+        else:
+            dest, actions = plan
+            slot.state = dest
         if dest == "free":
             slot.room = None
             slot.unsure = False
@@ -173,10 +190,7 @@ class Ring:
                 if slot.deep_offset >= 0:
                     assert self.deep_arena is not None
                     self.deep_arena.free(slot.deep_offset)
-        if dest != was:
-            for action in self._on_enter[dest]:
-                self.actions[action](slot)
-        for action in self._on_event[event]:
+        for action in actions:
             self.actions[action](slot)
         return dest
 

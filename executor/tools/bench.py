@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,14 @@ class FixedTower:
 
     def __init__(self) -> None:
         self.out = torch.randn(TOKENS, HIDDEN)
+        self._outs = {1: self.out}  # by items in the batch: the same rows for each, made once
 
     def image_encoder(self, items):
-        return self.out
+        n = len(items)
+        out = self._outs.get(n)
+        if out is None:
+            out = self._outs[n] = self.out.repeat(n, 1)
+        return out
 
     get_video_feature = image_encoder
 
@@ -66,8 +72,15 @@ def _slot_bytes() -> int:
     return nbytes + (-nbytes) % 64
 
 
-def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
-    """Microseconds per item for our cycle at this ring size."""
+def our_cycle(ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+                                                                             Callable[[int], None]]:
+    """Our cycle on an arena of `ring_slots` items, all but `free_slots` held: (cycle(n), check(n cycled)).
+
+    With `batch` > 1 a turn takes that many items: their requests and frames, one `execute` of
+    all of them, one flush and one tick (an engine's loop turn with several images ready).
+    """
+    if not 1 <= batch <= free_slots:
+        raise ValueError(f"a batch must fit the free extents: 1 <= batch <= {free_slots}, got {batch}")
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
@@ -95,30 +108,51 @@ def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: i
         pump.flush()  # the held writes go out (and never complete)
     assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
     pending: set = set()
+    base = manager.stats["success"]
 
-    def cycle(n: int) -> None:
+    def cycle(n: int, _alive: tuple = (dst, held_dst)) -> None:  # the receivers' memory lives while the cycle does
         nonlocal room
-        for _ in range(n):
-            room += 1
-            executor.register(room, "h", 1, room)
-            manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
-                                                    "torch.float32", False, 1))
-            pump.flush()  # as after a control plane's frames
-            executor.execute([(room, EncodeItem("image", TOKENS))])
-            pump.flush()  # as a real loop does after execute: the write is submitted here
+        if batch == 1:
+            for _ in range(n):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
+                                                        "torch.float32", False, 1))
+                pump.flush()  # as after a control plane's frames
+                executor.execute([(room, EncodeItem("image", TOKENS))])
+                pump.flush()  # as a real loop does after execute: the write is submitted here
+                pump.tick()
+                executor.reap_concluded_senders(pending)
+            return
+        while n > 0:
+            turn = []
+            for _ in range(min(batch, n)):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(ReceiverFrame(room, "prefill:0", ptr, 0, TOKENS, 0, TOKENS, HIDDEN,
+                                                        "torch.float32", False, 1))
+                turn.append((room, EncodeItem("image", TOKENS)))
+            executor.execute(turn)
+            pump.flush()  # the frames' effects and the turn's writes go out together
             pump.tick()
             executor.reap_concluded_senders(pending)
+            n -= len(turn)
 
-    best = _best_of(cycle, items, repeats)
-    assert manager.stats["success"] == repeats * items + 500, manager.stats
-    assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
-    assert len(executor.senders) == ring_slots - free_slots  # reaped: only the held rooms remain
-    assert torch.equal(dst, executor.model.out)
-    return best / items * 1e6
+    def check(cycled: int) -> None:
+        assert manager.stats["success"] == base + cycled, manager.stats
+        assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
+        assert len(executor.senders) == ring_slots - free_slots  # reaped: only the held rooms remain
+        assert torch.equal(dst, executor.model.out)
+
+    return cycle, check
 
 
-def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
-    """Microseconds per item for the seed's executor on the same cycle (see `seed_bench`)."""
+def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+                                                                                         Callable[[int], None]]:
+    """The seed's executor on the same cycle (see `seed_bench`): (cycle(n), check(n cycled)).
+
+    With `batch` > 1, as ours: that many requests and frames, then one `execute` of them all.
+    """
     manager = seed_bench.SeedManager()
     tower = FixedTower()
     executor = seed.DisaggEncodeExecutor(manager, tower, "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
@@ -134,27 +168,127 @@ def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int
         executor.execute([(("held", room), item_type(image, TOKENS))])
     ptr = dst.data_ptr()
     pending: set = set()
+    base = manager.success
 
-    def cycle(n: int) -> None:
+    def cycle(n: int, _alive: tuple = (dst, held_dst)) -> None:  # the receivers' memory lives while the cycle does
         nonlocal room
-        for _ in range(n):
-            room += 1
-            executor.register(room, "h", 1, room)
-            manager.register_receiver(room, ptr)
-            executor.execute([(room, item_type(image, TOKENS))])
+        while n > 0:
+            turn = []
+            for _ in range(min(batch, n)):
+                room += 1
+                executor.register(room, "h", 1, room)
+                manager.register_receiver(room, ptr)
+                turn.append((room, item_type(image, TOKENS)))
+            executor.execute(turn)
             executor.reap_concluded_senders(pending)
+            n -= len(turn)
 
+    def check(cycled: int) -> None:
+        assert manager.success == base + cycled, manager.success
+        assert not executor.has_deferred()
+        assert len(executor.senders) == ring_slots - free_slots
+        assert torch.equal(dst, tower.out)
+
+    return cycle, check
+
+
+def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+    """Microseconds per item for our cycle at this ring size."""
+    cycle, check = our_cycle(ring_slots, free_slots)
     best = _best_of(cycle, items, repeats)
-    assert manager.success == repeats * items + 500, manager.success
-    assert not executor.has_deferred()
-    assert len(executor.senders) == ring_slots - free_slots
-    assert torch.equal(dst, tower.out)
+    check(repeats * items + 500)
     return best / items * 1e6
 
 
+def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+    """Microseconds per item for the seed's executor on the same cycle (see `seed_bench`)."""
+    cycle, check = seed_cycle(seed, ring_slots, free_slots)
+    best = _best_of(cycle, items, repeats)
+    check(repeats * items + 500)
+    return best / items * 1e6
+
+
+def interleaved(ours: Callable[[int], None], theirs: Callable[[int], None], blocks: int = 20,
+                block: int = 1000) -> dict[str, float]:
+    """CPU time per item of two cycles in alternating blocks, and their ratio.
+
+    One process timed after the other drifts with the machine's load; alternating blocks of
+    both in one process puts the two under the same load, and CPU time leaves out the time the
+    process waited. Each pair gives a ratio; the median pair is the figure, the extremes its spread.
+    """
+    ours(200)
+    theirs(200)
+    ratios, our_s, their_s = [], 0.0, 0.0
+    for i in range(blocks):
+        gc.collect()
+        gc.disable()
+        try:
+            order = (ours, theirs) if i % 2 == 0 else (theirs, ours)  # neither always runs first
+            times = {}
+            for cycle in order:
+                t0 = time.process_time()
+                cycle(block)
+                times[cycle] = time.process_time() - t0
+        finally:
+            gc.enable()
+        our_s, their_s = our_s + times[ours], their_s + times[theirs]
+        ratios.append(times[ours] / times[theirs] if times[theirs] > 0 else float("inf"))
+    ratios.sort()
+    items = blocks * block
+    return {"ours_us": our_s / items * 1e6, "seed_us": their_s / items * 1e6, "ratio": our_s / their_s,
+            "median_ratio": ratios[len(ratios) // 2], "min_ratio": ratios[0], "max_ratio": ratios[-1],
+            "cycled": items + 200}
+
+
+def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str, float]:
+    """Calls and bytecode ops per item of one cycle (deterministic, unlike time).
+
+    "calls": Python functions entered; "builtin_calls": C functions and methods called from
+    Python (cProfile's count is the two together).
+    """
+    import sys
+
+    cycle(50)  # warm: first-time imports and caches do not count
+    calls = builtin = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls, builtin
+        if event == "call":
+            calls += 1
+        elif event == "c_call":
+            builtin += 1
+
+    sys.setprofile(profile)
+    try:
+        cycle(items)
+    finally:
+        sys.setprofile(None)
+    ops = 0
+
+    def trace(frame, event, arg):
+        nonlocal ops
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        elif event == "opcode":
+            ops += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        cycle(items)
+    finally:
+        sys.settrace(None)
+    return {"calls": calls / items, "builtin_calls": builtin / items, "opcodes": ops / items}
+
+
 def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None = None, quiet: bool = False,
-        echo=print) -> dict:
-    """Print (through `echo`) and return {slots: (our us/item, seed us/item or None)}."""
+        echo=print, figures: dict | None = None) -> dict:
+    """Print (through `echo`) and return {slots: (our us/item, seed us/item or None)}.
+
+    `figures`, when given, gets the per-item call and bytecode counts ("per_item") and, with a
+    seed, the interleaved CPU-time figures by rooms held ("interleaved").
+    """
     if items < 1 or not sizes or min(sizes) < 1:
         raise ValueError(f"items and every ring size must be >= 1, got items={items}, sizes={sizes}")
     torch.set_num_threads(1)
@@ -181,4 +315,31 @@ def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None
             us, seed_us = measure(n, items, free_slots=n), measure_seed(seed, n, items, free_slots=n)
             progress.update(runs)
             echo(f"no slot held, {n} slots: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
+    n = sizes[0]
+    held = min(4, n)
+    counts = per_item_counts(our_cycle(n, held)[0])
+    batched = per_item_counts(our_cycle(n, held, held)[0])
+    seed_counts = per_item_counts(seed_cycle(seed, n, held)[0]) if seed is not None else None
+
+    def counted(c: dict[str, float]) -> str:
+        return (f"{c['calls']:.0f} Python calls (+{c['builtin_calls']:.0f} built-in), {c['opcodes']:,.0f} "
+                f"bytecode ops")
+
+    echo(f"per item, {n} slots, {n - held} held: " + counted(counts)
+         + (f"; the seed: {counted(seed_counts)}" if seed_counts else ""))
+    echo(f"per item, {held} items a turn: " + counted(batched))
+    if seed is not None:
+        blocks = max(4, min(20, items // 500))
+        block = min(500, max(10, items // blocks))
+        echo(f"interleaved CPU time ({blocks} alternating blocks of {block} items each, in this process):")
+        for free, turn in ((held, 1), (n, 1), (held, held)):
+            f = interleaved(our_cycle(n, free, turn)[0], seed_cycle(seed, n, free, turn)[0], blocks=blocks,
+                            block=block)
+            echo(f"  {n - free:>4} of {n} held, {turn} item{'s' if turn > 1 else ''} a turn: ours {f['ours_us']:.1f} "
+                 f"us/item, seed {f['seed_us']:.1f}; {f['median_ratio']:.2f}x the seed (median block; "
+                 f"{f['min_ratio']:.2f}-{f['max_ratio']:.2f}x)")
+            if figures is not None:
+                figures.setdefault("interleaved", {})[f"{n - free} held, {turn} a turn"] = f
+    if figures is not None:
+        figures["per_item"] = {"ours": counts, "ours_batched": batched, "seed": seed_counts}
     return results

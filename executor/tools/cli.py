@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_ENV, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 70, 130
+# bench_arena.MIXES' names, spelled here so `--help` does not import the bench (a test keeps them equal)
+ARENA_MIXES = ("realistic", "bimodal", "increasing", "long-lived", "failure-storm", "late-frame")
 PROG = "epd-ring"
 
 MOONCAKE_EXTRA = "pip install 'epd-ring[mooncake]' (and apt-get install libibverbs1)"
@@ -237,9 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     arena = command("bench-arena", "ring bytes each allocation policy needs for one seeded trace of images and videos",
                     "Simulate one seeded trace of Qwen3-VL-sized embeddings (images and videos, parks, writes, "
-                    "failed writes held in quarantine) through three allocation policies on one ring: the seed's "
-                    "fixed slots, a vLLM-style write head, and our arena. Print the ring bytes each needs to carry "
-                    "the trace with no deferral, the deferral rate at a few budgets, and the trace's distributions.")
+                    "failed writes held in quarantine) through four allocation policies on one ring: the seed's "
+                    "fixed slots, vLLM's next-fit transfer buffer (it skips an item that does not fit), the buddy "
+                    "pool of vLLM's older connector, and our arena. Print the ring bytes each needs to carry the "
+                    "trace with nothing deferred or skipped (the binary search's answer, and the robust size from "
+                    "which every larger size tried carries), the items not placed at a few budgets, and the "
+                    "trace's distributions; with --mixes, every policy on each mix.")
     arena.add_argument("--items", type=positive_int, default=12000, help="items in the trace")
     arena.add_argument("--seed", type=int, default=0, help="seed of the trace")
     arena.add_argument("--seeds", type=positive_int, default=1,
@@ -255,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     arena.add_argument("--fail-rate", type=probability, default=0.005, help="share of writes that fail")
     arena.add_argument("--quarantine", type=positive_float, default=30.0,
                        help="seconds a failed write's extent is held (the core's quarantine_s)")
+    arena.add_argument("--mix", choices=list(ARENA_MIXES), default="realistic", help="the trace's mix")
+    arena.add_argument("--mixes", choices=list(ARENA_MIXES), nargs="*", default=None,
+                       help="also every policy on each of these mixes' traces (no names: all of them)")
+    arena.add_argument("--spanning", action="store_true",
+                       help="also ours with an item spanning up to 4 extents when no single one fits (simulated "
+                            "only: the core does not do it yet)")
+    arena.add_argument("--scan-to", type=positive_float, default=1.5,
+                       help="the robust scan tries sizes up to this many times the search's answer")
+    arena.add_argument("--scan-step", type=probability, default=0.01,
+                       help="the robust scan's step, as a share of the search's answer")
     arena.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
     fair = command("bench-fairness", "what one identity's stuck, failing, parking or slow receivers cost others",
@@ -468,19 +483,28 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.seed is not None and not os.path.isfile(args.seed):
             raise UsageError(f"--seed: no such file: {args.seed}")
         from .bench import run as bench_run
+        figures: dict[str, Any] = {}
         results = bench_run(items=args.items or 10000, sizes=tuple(args.sizes or [64, 1024, 4096]),
-                            seed_path=args.seed, quiet=quiet or args.json, echo=_silent if args.json else print)
+                            seed_path=args.seed, quiet=quiet or args.json, echo=_silent if args.json else print,
+                            figures=figures)
         if args.json:
             _emit_json({"transport": "loopback", "items": args.items or 10000,
-                        "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()}})
+                        "us_per_item": {str(n): {"ours": us, "seed": seed} for n, (us, seed) in results.items()},
+                        **figures})
         return EXIT_OK
     if args.command == "bench-arena":
         from .bench_arena import DEFAULT_BUDGETS, run as arena_run, spec_with
 
         spec = spec_with(items=args.items, seed=args.seed, ring=args.ring, rate=args.rate,
-                         fail_share=args.fail_rate, quarantine_s=args.quarantine)
-        report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS, seeds=args.seeds,
-                           quiet=quiet or args.json, echo=_silent if args.json else print)
+                         fail_share=args.fail_rate, quarantine_s=args.quarantine, mix=args.mix)
+        mixes = () if args.mixes is None else tuple(args.mixes or ARENA_MIXES)
+        try:
+            report = arena_run(spec, budget=args.budget, budgets=args.budgets or DEFAULT_BUDGETS, seeds=args.seeds,
+                               quiet=quiet or args.json, echo=_silent if args.json else print, mixes=mixes,
+                               scan_to=args.scan_to, scan_step=args.scan_step, spanning=args.spanning)
+        except ValueError as exc:
+            print(f"epd-ring bench-arena: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         if args.json:
             _emit_json(report)
         return EXIT_OK
