@@ -189,7 +189,7 @@ class EncodeExecutor(Staging):
         # or this fixed fraction. 1.0: no bound.
         if identity_ring_share is not None:
             settings.share("identity_ring_share", identity_ring_share)
-        manager.shares = Shares(ring_total, self.max_deferred, identity_ring_share)
+        manager.shares = Shares(ring_total, self.max_deferred, identity_ring_share, clock=manager.clock.now)
         self.shares = manager.shares
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
