@@ -95,7 +95,7 @@ def canonical_cells(state: tuple) -> tuple:
         moved = [None] * len(cells)
         for c, to in enumerate(perm):
             moved[to] = cells[c]
-        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]]) for r in rooms)
+        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]], *r[SLOTI + 1:]) for r in rooms)
         c = canonical((rs, tuple(moved), *state[2:]))
         if best is None or c < best:
             best = c
@@ -116,7 +116,7 @@ def reflect(state: tuple) -> tuple:
         length = cells[f][LEN] or 1
         at = n - 1 - c
         moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
-    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1)) for r in rooms)
+    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1), *r[SLOTI + 1:]) for r in rooms)
     return (rs, tuple(moved), *state[2:])
 
 
