@@ -235,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="item sizes in cells, comma-separated (default 1,2)")
     p.add_argument("--peers", action="store_true",
                    help="model the peer machine")
+    p.add_argument("--identities", type=int, default=1,
+                   help="split the rooms among this many identities (shares and per-identity queues)")
     p.add_argument("--min-coverage", type=float, default=0.0,
                    help="exit 1 below this edge coverage (0..1)")
     a = p.parse_args(argv)
     logging.getLogger("epd_ring").setLevel(logging.CRITICAL)  # injected tower errors are events here, not news
     cfg = Config(a.cells, a.rooms, a.receivers, a.faults, sizes=tuple(int(x) for x in a.sizes.split(",")),
-                 peers=a.peers)
+                 peers=a.peers, identities=a.identities)
     w = walk(cfg, progress=lambda w: print(f"  ... {w.states} states, {w.edges} edges, {w.seconds:.0f} s",
                                             file=sys.stderr, flush=True))
     print(w.summary())
