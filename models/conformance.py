@@ -614,7 +614,7 @@ class Harness:
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
                                                     if n.room == self.room(i)])
             self.withdrawn.add((i, session))
-            m.withdraw(self.room(i), session, identity=self.key(i))
+            m.withdraw(self.room(i), session, **({"identity": self.key(i)} if self.owner[i] is not None else {}))
             self.faults -= 1
         elif name == "abort":
             ex.fail_rooms([self.rid(i)], RuntimeError("client abort"))
