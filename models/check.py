@@ -77,6 +77,10 @@ def add_arguments(p) -> None:
     p.add_argument("--restarts", type=count_at_least(0), default=0, metavar="N",
                    help="the encoder may restart up to N times (a new incarnation): its side is lost, the "
                         "receivers fail the rooms of the dead one and take every region back (default: 0)")
+    p.add_argument("--identities", type=count_at_least(1), default=1, metavar="K",
+                   help="the rooms are split among K identities; each identity's rooms hold at most 1/K of the "
+                        "arena and its deferred sends wait in a FIFO of their own, served round-robin; checks that "
+                        "an identity within its share is served whatever another does (default: 1, no shares)")
     p.add_argument("--no-symmetry", action="store_true",
                    help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true",
@@ -153,7 +157,8 @@ def _run_replay(args, out, report: dict) -> int:
     given += [f for f, on in (("--no-symmetry", args.no_symmetry), ("--compare-symmetry", args.compare_symmetry),
                               ("--save-traces", args.save_traces), ("--channels", getattr(args, "channels", False)),
                               ("--late-landing", getattr(args, "late_landing", False)),
-                              ("--restarts", getattr(args, "restarts", 0))) if on]
+                              ("--restarts", getattr(args, "restarts", 0)),
+                              ("--identities", getattr(args, "identities", 1) != 1)) if on]
     if given:
         raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
                               f"cannot be combined with it")
@@ -188,13 +193,14 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
                      peers=getattr(args, "peers", False), sizes=args.sizes,
                      channels=getattr(args, "channels", False), late_landing=getattr(args, "late_landing", False),
-                     restarts=getattr(args, "restarts", 0))
+                     restarts=getattr(args, "restarts", 0), identities=getattr(args, "identities", 1))
     except ValueError as exc:  # switches that do not go together: a usage error, not a crash
         raise CheckInputError(str(exc)) from None
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
     report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers, "channels": cfg.channels,
-                          "late_landing": cfg.late_landing, **({"restarts": cfg.restarts} if cfg.restarts else {})},
+                          "late_landing": cfg.late_landing, **({"restarts": cfg.restarts} if cfg.restarts else {}),
+                          **({"identities": cfg.identities} if cfg.identities > 1 else {})},
                   runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
@@ -204,7 +210,8 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
             f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, "
             f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{'notice channels, ' if cfg.channels else ''}"
             f"{'late landings, ' if cfg.late_landing else ''}"
-            f"{f'{cfg.restarts} encoder restart(s), ' if cfg.restarts else ''}{label} symmetry reduction")
+            f"{f'{cfg.restarts} encoder restart(s), ' if cfg.restarts else ''}"
+            f"{f'{cfg.identities} identities, ' if cfg.identities > 1 else ''}{label} symmetry reduction")
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()
 
@@ -229,6 +236,10 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
             f"event is enabled, each judged: every room that began concluded, every region released or written, "
             f"every concluded room's sender reaped")
         report["runs"][-1].update(fairness=list(fair), fair_ends=r.fair_ends)
+        if liveness.checks_shares(cfg):
+            out(f"  fair shares: in every state each of the {cfg.identities} identities with a room not concluded has "
+                f"an event of its own or of the encode loop assumed fair (liveness.starved: nothing assumed of the "
+                f"other identities)")
         if not r.violations:
             out("  no violation: every invariant holds in every reachable state, no deadlock, "
                 "a quiescent state is reachable from every state, and every fair behaviour concludes every "

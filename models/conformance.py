@@ -175,10 +175,14 @@ class Harness:
         self.tower = RoomTower()
         # The arena is the model's cells: an extent of z cells is z * cell_bytes at a multiple of them.
         self.cell_bytes = tokens * HIDDEN * 4
+        # With identities the spec's fixed share, 1/K of the arena (models/shares.py); with one, the default.
+        share = {"identity_ring_share": 1.0 / config.identities} if config.identities > 1 else {}
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=config.cells * self.cell_bytes,
                                        copy_fence=Fence,
                                        # the model keeps no per-peer bound of ring bytes, nor one on parked chunks
-                                       peer_ring_share=1.0, parked_ring_share=1.0)
+                                       peer_ring_share=1.0, parked_ring_share=1.0, **share)
+        # Room i's identity: the spec's owner, named by the engine at register and by its receivers' frames.
+        self.owner = self.spec.owners() if config.identities > 1 else (None,) * config.rooms
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and
         # finishing copies are events of their own in the spec.
         self.pump = Pump(self.manager, self.transport)
@@ -195,7 +199,7 @@ class Harness:
                 rcv.register(buf)
                 self.buffers[(i, k)] = buf
                 row.append(ReceiverFrame(self.room(i), session, buf.data_ptr(), 0, rows, 0, rows, HIDDEN,
-                                         "torch.float32", False, N))
+                                         "torch.float32", False, N, identity=self.key(i)))
             self.frames.append(row)
         self.frames_sent = [0] * R  # the receivers' own moves: how many of each room's frames went
         self.faults = config.faults
@@ -219,6 +223,11 @@ class Harness:
 
     def rid(self, i: int) -> str:
         return f"r{i}"
+
+    def key(self, i: int) -> str:
+        """Room i's identity key ("" without identities: one trust domain, as without authentication)."""
+        v = self.owner[i]
+        return "" if v is None else f"id{v}"
 
     def session(self, i: int, k: int) -> str:
         # With peers, the rank-k receiver of every room is on one peer, as in the model.
@@ -407,11 +416,13 @@ class Harness:
                 # the manager's count and the receivers' bytes agree
                 assert self.cfg.receivers - live.writes_left == ok, f"room {i}: writes left {live.writes_left}"
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
+            owner = () if self.owner[i] is None else (self.owner[i],)
             rooms.append((rs, snd, ch, len(sessions), told, ok, infl[i], ghosts, rcv, size,
-                          self.cell(slot) if uses else -1))
-        # the spec forgets the bytes of cells no room's extent covers
+                          self.cell(slot) if uses else -1, *owner))
+        # the spec forgets the bytes of cells no room's extent covers (with identities a busy one keeps whose
+        # identity it is charged to, as `-2 - owner`: models/shares.py)
         used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
-        slots = tuple((s.state, s.room - self.ROOM_BASE if i in used else -1, s.unsure,
+        slots = tuple((s.state, s.room - self.ROOM_BASE if i in used else self._charged(s), s.unsure,
                        len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
                       for i, s in enumerate(cells))
         peers = ()
@@ -419,6 +430,13 @@ class Harness:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
         # the fault budget is the spec's alone: the implementation has none, so it is the harness's count
         return (tuple(rooms), slots, deferred, self.faults, None, peers)
+
+    def _charged(self, extent: Any) -> int:
+        """A cell no room covers: -1, or with identities, while its extent is busy, `-2 - ` the identity the
+        core charges it to (its share, read back as the spec's owner)."""
+        if self.owner[0] is None or extent.state == "free" or extent.share is None:
+            return -1
+        return -2 - int(extent.share.identity.removeprefix("id"))
 
     # -- time ------------------------------------------------------------------------
     def pending(self) -> list[tuple[float, str, Any]]:
@@ -548,7 +566,8 @@ class Harness:
         before = self._armed_now()
         was = [m.room_status(self.room(k)) or "new" for k in range(self.cfg.rooms)]
         if name == "register":
-            ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i))
+            ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i),
+                        receiver=self.key(i) if self.owner[i] is not None else None)
         elif name in ("frame", "frame_after_backoff"):
             if name == "frame_after_backoff":
                 # the backoff passed: set, not waited out on the clock, which would pass deadlines planned later
@@ -595,7 +614,7 @@ class Harness:
             self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
                                                     if n.room == self.room(i)])
             self.withdrawn.add((i, session))
-            m.withdraw(self.room(i), session)
+            m.withdraw(self.room(i), session, **({"identity": self.key(i)} if self.owner[i] is not None else {}))
             self.faults -= 1
         elif name == "abort":
             ex.fail_rooms([self.rid(i)], RuntimeError("client abort"))

@@ -83,7 +83,11 @@ class Events(Rules):
                     used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
                 if s not in used:
                     sl = slots[s] = list(sl)
-                    sl[CONTENT] = -1
+                    # with shares a busy cell stays charged to its identity until free (models/shares.py)
+                    sl[CONTENT] = self.shares.forgotten(rooms, sl[CONTENT]) if self.fair and sl[SS] != "free" else -1
+            elif sl[CONTENT] < -1 and sl[SS] == "free":
+                sl = slots[s] = list(sl)
+                sl[CONTENT] = -1
         # Likewise an item's size matters only while it waits or holds an extent.
         for r in rooms:
             if r[SIZE] and r[SLOTI] < 0 and r[CH] != CH_DEFERRED:
@@ -202,6 +206,18 @@ class Events(Rules):
         """Room i's chunk, once the deferred sends were served: staged, or deferred while it fits nowhere
         (or older sends still wait: they are served first)."""
         event = ("tower", i, d.rooms[i][SIZE])
+        if self.fair:
+            # the core's `_offer`: behind a send that waits for bytes (or any, with one FIFO), or held back by
+            # its identity's share, or fitting nowhere, it joins its identity's queue
+            waits = d.waits if not self.shares.one_fifo else bool(d.deferred)
+            if d.halt is None and (waits or self.shares.held_back(d.rooms, d.cells, i) or not self._fits(d, i)):
+                d.deferred = self.shares.enqueue(d.rooms, d.deferred, i)
+            elif d.halt is None:  # sends passed over (held back by their share) do not keep it behind them
+                for staged in self._stage(d, i):
+                    self._emit(out, staged, event)
+                return
+            self._emit(out, d, event)
+            return
         if d.halt is None and (d.deferred or not self._fits(d, i)):
             if self.busy_wait:
                 d.halt = "spin"

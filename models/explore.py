@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import liveness
-from .spec import CONCLUDED, CONTENT, HAZARDS, RS, SIZE, SLOTI, SS, UNSURE, Config, Spec
+from .spec import CONCLUDED, CONTENT, HAZARDS, OWNER, RS, SIZE, SLOTI, SS, UNSURE, Config, Spec
 
 
 def _keys(state: tuple) -> list:
@@ -31,9 +31,9 @@ def _keys(state: tuple) -> list:
         s = r[SLOTI]
         if s >= 0:
             own = all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))
-            keys.append((r[:SLOTI], s + 1, own, dpos.get(i, -1), i))
+            keys.append((r[SLOTI + 1:], r[:SLOTI], s + 1, own, dpos.get(i, -1), i))
         else:
-            keys.append((r[:SLOTI], 0, False, dpos.get(i, -1), i))
+            keys.append((r[SLOTI + 1:], r[:SLOTI], 0, False, dpos.get(i, -1), i))
     keys.sort()
     return keys
 
@@ -41,7 +41,8 @@ def _keys(state: tuple) -> list:
 def canonical(state: tuple) -> tuple:
     """Relabel rooms into canonical order: a complete invariant of the symmetry.
 
-    Rooms are interchangeable, cells are not (an extent is a run of neighbours,
+    Rooms are interchangeable, cells are not (with identities, only rooms of one owner are: the owner sorts
+    first, so each identity's rooms keep their block of indices) (an extent is a run of neighbours,
     so a cell's place matters). Rooms are ordered by everything about them:
     their fields, the first cell of their extent, whether its cells hold their
     bytes, and their place in the deferred queue; cells keep their places, and
@@ -86,7 +87,16 @@ def orbit_size(state: tuple) -> int:
             stab *= _FACT[run]
             run = 1
     stab *= _FACT[run]
-    return _FACT[len(state[0])] // stab
+    rooms = state[0]
+    if rooms and len(rooms[0]) > OWNER:  # with identities only rooms of one owner are interchangeable
+        classes: dict[int, int] = {}
+        for r in rooms:
+            classes[r[OWNER]] = classes.get(r[OWNER], 0) + 1
+        whole = 1
+        for n in classes.values():
+            whole *= _FACT[n]
+        return whole // stab
+    return _FACT[len(rooms)] // stab
 
 
 @dataclass
@@ -150,6 +160,7 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
     finals = 0
     fair = liveness.fair_events(config.variant)
     fair_ends = 0
+    shares = liveness.checks_shares(config)
     while frontier:
         nxt_frontier = []
         for state in frontier:
@@ -167,6 +178,10 @@ def explore(config: Config, *, symmetry: bool = True, max_states: int | None = N
                 fair_ends += 1
                 problem = liveness.stuck(state, steps, fair)
                 if problem is not None and problem[0] not in bad:
+                    bad[problem[0]] = (sid, problem[1])
+            if shares and "identity-starved" not in bad:
+                problem = liveness.starved(state, steps, fair, config.identities)
+                if problem is not None:
                     bad[problem[0]] = (sid, problem[1])
             for step in steps:
                 transitions += 1
@@ -295,7 +310,8 @@ def trace_to_json(config: Config, violation: Violation) -> str:
                    **({"peers": True} if config.peers else {}),
                    **({"channels": True} if config.channels else {}),
                    **({"late_landing": True} if config.late_landing else {}),
-                   **({"restarts": config.restarts} if config.restarts else {})},
+                   **({"restarts": config.restarts} if config.restarts else {}),
+                   **({"identities": config.identities} if config.identities > 1 else {})},
         "violation": violation.kind,
         "hazard": violation.hazard,
         "detail": violation.detail,

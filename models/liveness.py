@@ -18,7 +18,7 @@ states (nothing at all enabled) are the deadlock check's.
 
 from __future__ import annotations
 
-from .state import CONCLUDED, RCV, REG, RS, SND
+from .state import CONCLUDED, CONTENT, OWNER, RCV, REG, RS, SND
 
 # Each assumption: a short name, what it says, and the events (the spec's event names) it makes fair.
 FAIRNESS = {
@@ -40,6 +40,9 @@ FAIRNESS = {
 
 # The kinds of liveness violation, in the order a state is judged.
 KINDS = ("room-never-concludes", "region-never-released", "sender-never-reaped")
+
+# With identities (Config.identities > 1): an identity within its share is served whatever another does.
+SHARE_KINDS = ("identity-starved",)
 
 # What a variant drops: without a write deadline a write the transport never reports stays in flight.
 DROPPED = {"no-write-deadline": ("F1",)}
@@ -89,3 +92,48 @@ def stuck(state: tuple, steps: list, fair: frozenset[str]) -> tuple[str, str] | 
         return None
     enabled = sorted({st.event[0] for st in steps})
     return problem[0], f"{problem[1]} forever: only {', '.join(enabled)} (none assumed fair) can happen"
+
+
+# -- fair shares: an identity within its share is served whatever another identity does ---------------
+
+def checks_shares(cfg) -> bool:
+    """Where `starved` is a property of the design: several identities, items of one cell (with larger ones
+    the free bytes can be scattered, which shares do not address: an identity may wait for another's
+    extent to free merely to find a run long enough) and a cell for each identity's share."""
+    return cfg.identities > 1 and cfg.sizes == (1,) and cfg.cells >= cfg.identities
+
+
+def subject(state: tuple, event: tuple) -> int | None:
+    """The identity an event belongs to: its room's owner, for a quarantine's end the identity its extent is
+    charged to; None for the encode loop's own steps (serving deferred sends, reaping), which are everyone's."""
+    if len(event) < 2:
+        return None
+    rooms = state[0]
+    if event[0] == "release":
+        c = state[1][event[1]][CONTENT]
+        return rooms[c][OWNER] if c >= 0 else -2 - c
+    return rooms[event[1]][OWNER]
+
+
+def starved(state: tuple, steps: list, fair: frozenset[str], identities: int) -> tuple[str, str] | None:
+    """The fair-share property, judged in one state: (kind, detail) when some identity v has a room that began
+    and has not concluded, yet no event assumed fair is enabled that is v's own or the encode loop's.
+
+    The fairness assumed for v is F1-F7 (above) restricted to v's rooms and extents, plus F4 (the encode loop
+    runs); nothing is assumed of any other identity: its receivers, its transport and its clients may do
+    anything or nothing, and its deadlines (park, announce, quarantine of its extents) may take as long as they
+    like. A behaviour that stays in this state forever is then fair to v, so v's room would never conclude:
+    it waits on another identity (for bytes that identity holds past its share, or behind its sends in the
+    queue). "Within its share" needs no test of its own: a send past its identity's share waits only for that
+    identity's own extents to free, events fair for it. `checks_shares` says where this is a property."""
+    rooms = state[0]
+    for v in range(identities):
+        left = [i for i, r in enumerate(rooms) if r[OWNER] == v and began(r) and r[RS] not in CONCLUDED]
+        if not left:
+            continue
+        if any(st.event[0] in fair and subject(state, st.event) in (None, v) for st in steps):
+            continue
+        others = sorted({st.event[0] for st in steps if subject(state, st.event) not in (None, v)})
+        return ("identity-starved", f"identity {v}'s room {left[0]} stays {rooms[left[0]][RS]} unless another "
+                                    f"identity moves: only {', '.join(others) or 'nothing'} of theirs can happen")
+    return None

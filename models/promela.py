@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
-from . import liveness, promela_events as events, promela_peers as peers
+from . import liveness, promela_events as events, promela_peers as peers, promela_shares as shares
 from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
@@ -55,7 +55,7 @@ KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwr
          "receiver-not-told", "success-without-all-writes", "write-for-concluded-room", "deadline-extended",
          "deadlock", "failure-not-sticky", "status-not-forward", "model-cycle",
          "write-into-released-region", "success-under-write", "wrong-outcome", "overlap-of-busy-extent",
-         "room-of-down-peer-live", "told-twice", *liveness.KINDS)
+         "room-of-down-peer-live", "told-twice", *liveness.KINDS, *liveness.SHARE_KINDS)
 CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 
 # States are numbered in sorted name order, so a numeric comparison in the
@@ -282,9 +282,12 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
         raise ValueError(f"promela: the peer variant {cfg.variant!r} is not generated; check it with the explorer")
     if cfg.rooms > 15 or cfg.cells > 15 or cfg.receivers > 7 or cfg.faults > 200:
         raise ValueError("promela: at most 15 rooms, 15 cells, 7 receivers")
+    if cfg.identities > 1 and not liveness.checks_shares(cfg):
+        raise ValueError("promela: identities are generated for items of one cell and a cell per identity")
     keys, nkeys = _key_defines(cfg)
     defs = _constants(cfg, frozenset(KINDS) if asserted is None else asserted) + _macros(cfg) + keys
-    inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg), SEARCH)
+    inlines = (_machine_inlines(drop_guard), peers.machine_inlines(_chain), _coupling_inlines(), _rules(cfg),
+               shares.text(cfg), SEARCH)
     text = "\n".join(defs) + "\n" + _declarations(nkeys) + "\n" + "\n\n".join(inlines) + "\n\n" + _proctype(cfg)
     return _select_lines(text, cfg)
 
@@ -292,7 +295,8 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
 # Lines that only one setting of a switch needs end in a tag; the others are left out, so a switch that
 # is off adds nothing to the generated model (SPIN caps how many jumps one d_step may hold).
 LINE_TAGS = {"/* channels */": lambda c: c.channels, "/* plain */": lambda c: not c.channels,
-             "/* late */": lambda c: c.late_landing, "/* not late */": lambda c: not c.late_landing}
+             "/* late */": lambda c: c.late_landing, "/* not late */": lambda c: not c.late_landing,
+             "/* shares */": lambda c: c.identities > 1, "/* one identity */": lambda c: c.identities == 1}
 
 
 def _select_lines(text: str, cfg: Config) -> str:
@@ -339,7 +343,7 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     # what moved a room or slot, for the actions that depend on it
     causes = sorted({*_table_events(ROOM), *_table_events(EXTENT), *_table_events(PEER)})
     defs += [f"#define C_{ev} {n + 1}" for n, ev in enumerate(causes)]
-    return defs + peers.constants(cfg)
+    return defs + peers.constants(cfg) + shares.constants(cfg)
 
 
 def _macros(cfg: Config) -> list[str]:
@@ -434,7 +438,9 @@ def _key_defines(cfg: Config) -> tuple[list[str], int]:
     """The canonical sort key of a room (explore._keys), most significant field first, split into ints."""
     R, N = cfg.rooms, cfg.receivers
     # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many), then its slot
-    fields = [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
+    # with identities the owner first (explore._keys): each identity's rooms keep their block of indices
+    fields = [("OWN(KI)", _bits(cfg.identities - 1))] if cfg.identities > 1 else []
+    fields += [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
               ("room[KI].infl", _bits(N)), ("room[KI].ghost", _bits(N))]
     if cfg.regions:
@@ -478,6 +484,7 @@ Cell cell[C];
 """ + peers.DECLARATIONS + """
 byte dq[R];
 byte dlen;
+""" + shares.DECLARATIONS + """
 byte faults = F;
 byte hlt;      /* 0 running, 1 the loop crashed, 2 the loop spins */
 bit stop;      /* a violation already reported: a dead end, as in the explorer */
@@ -507,25 +514,37 @@ def _rules(cfg: Config) -> str:
 
 def _proctype(cfg: Config) -> str:
     """One option per event; none enabled is a dead end: fine after a violation or when quiescent."""
-    arms, enabled, fair = _room_event_arms(cfg)
+    arms, enabled, fair, fair_by = _room_event_arms(cfg)
     # the global families' events, in the order of their arms (peers.global_arms: one family per event)
     names = ["drain", "reap", "release",
              *(("connected", "refused", "connect_expired", "probe_refused", "probe_expired") if cfg.peers else ())]
     fair_names = liveness.fair_events(cfg.variant)
-    for name, (guards, arm) in zip(names, (events.deferred_served(EVENTS.index("drain")),
+    serve = (events.deferred_served_fair if cfg.identities > 1 else events.deferred_served)(EVENTS.index("drain"))
+    fair_all: list[str] = []  # the encode loop's own fair events: everyone's (liveness.subject)
+    for name, (guards, arm) in zip(names, (serve,
                                            events.reap(EVENTS.index("reap"), cfg.rooms),
                                            events.quarantine_ends(EVENTS.index("release"), cfg.cells),
                                            *peers.global_arms(cfg, EVENTS.index)), strict=True):
         enabled += guards
         fair += guards if name in fair_names else []
+        if name in fair_names:
+            if name == "release":  # a quarantine's end is the identity's its extent is charged to
+                for s, g in enumerate(guards):
+                    for v in range(cfg.identities):
+                        fair_by.setdefault(v, []).append(f"({g} && CELLOWN(cell[{s}].content) == {v})")
+            else:
+                fair_all += guards
         arms.append(arm)
+    starved = shares.starved_arms(cfg, enabled, fair_by, fair_all) if liveness.checks_shares(cfg) else ""
+    reset = "; " + shares.RESET if cfg.identities > 1 else ""
     return ("active proctype model() {\n"
             "  /* per-step scratch that must survive backtracking: zero between steps */\n"
-            "  byte ev, x, y, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n  do\n"
-            "  :: atomic {\n    if\n" + "\n".join(arms) + "\n    fi;\n    post(); ev = 0; x = 0; y = 0\n  }\n"
+            "  byte ev, x, y, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n"
+            + (shares.LOCALS if cfg.identities > 1 else "") + "  do\n"
+            "  :: atomic {\n    if\n" + "\n".join(arms) + f"\n    fi;\n    post(); ev = 0; x = 0; y = 0{reset}\n  }}\n"
             "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step { if :: stop || FINAL -> skip "
             ":: (ASSERTED >> K_DEADLOCK) & 1 -> kind = K_DEADLOCK; report() :: else -> skip fi } }\n"
-            + _liveness_arm(enabled, fair) + "  od\n}\n")
+            + _liveness_arm(enabled, fair) + starved + "  od\n}\n")
 
 
 def _liveness_arm(enabled: list[str], fair: list[str]) -> str:
@@ -543,6 +562,8 @@ def _room_event_arms(cfg: Config) -> tuple[list[str], list[str], list[str]]:
     one atomic step, so choices add no state, and the checks and relabelling (post) are emitted once. Also the
     guards that enable it (all of them, and those of the events liveness.py assumes fair)."""
     arms, enabled, fair = [], [], []
+    fair_by: dict[int, list[str]] = {}  # with identities: the fair guards of each identity's rooms
+    owners = Spec(cfg).owners() if cfg.identities > 1 else (0,) * cfg.rooms
     fair_names = liveness.fair_events(cfg.variant)
     # An event about one receiver's write or region also picks the receiver (y); receivers alike give the
     # same successor, so picking among them adds transitions, not states (the spec picks one of each kind).
@@ -552,12 +573,15 @@ def _room_event_arms(cfg: Config) -> tuple[list[str], list[str], list[str]]:
         guards = [events.room_arms(str(i), str(j), cfg)[n][1] for i, j in places]
         enabled += guards
         fair += guards if name in fair_names else []
+        if name in fair_names:
+            for (i, _), g in zip(places, guards):
+                fair_by.setdefault(owners[i], []).append(g)
         pick = " ".join(f":: {g} -> x = {i}" + ("" if j is None else f"; y = {j}")
                         for (i, j), g in zip(places, guards))
         # an event without a choice inside runs as one d_step (no per-statement search overhead)
         body = f"d_step {{ pre() }}; {act}" if "ev_tower(" in act else f"d_step {{ pre(); {act} }}"
         arms.append(f"    :: if {pick} fi; ev = {EVENTS.index(name)}; {body}")
-    return arms, enabled, fair
+    return arms, enabled, fair, fair_by
 
 # -- reading SPIN's results -------------------------------------------------------------------------
 
@@ -613,7 +637,8 @@ def _parse_state(lines: list[str]) -> tuple:
                         for n in range(6))) if x[0])
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
-            slots.append((SLOT_STATES[f[0] - 1], -1 if f[1] == NONE else f[1], bool(f[2]), f[3]))
+            content = -1 if f[1] == NONE else -2 - (f[1] - shares.FORGOT) if f[1] >= shares.FORGOT else f[1]
+            slots.append((SLOT_STATES[f[0] - 1], content, bool(f[2]), f[3]))
     return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
 
 
@@ -646,6 +671,8 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
     state = spec.initial()
     trace = [(("init",), state)]
     for n, (event, _arg, target) in enumerate(steps, 1):
+        if spec.cfg.identities > 1:  # SPIN reads a room's owner from its index (promela_shares.py)
+            target = (tuple((*r, v) for r, v in zip(target[0], spec.owners())), *target[1:])
         for step in spec.successors(state):
             if step.event[0] == event and canonical(step.state) == target:
                 prev, state = state, step.state
@@ -656,6 +683,9 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
                                f"{spec.describe(state)}: {spec.describe(target)}")
     if kind == "deadlock":
         got = "deadlock" if not spec.successors(state) and not spec.is_final(state) else None
+    elif kind in liveness.SHARE_KINDS:
+        fair = liveness.fair_events(spec.cfg.variant)
+        got = (liveness.starved(state, spec.successors(state), fair, spec.cfg.identities) or (None,))[0]
     elif kind in liveness.KINDS:
         got = (liveness.stuck(state, spec.successors(state), liveness.fair_events(spec.cfg.variant)) or (None,))[0]
     else:

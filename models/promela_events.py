@@ -216,14 +216,16 @@ def tower(r: str, i: str, j: str, cfg) -> list[Arm]:
 TOWER = r"""
 inline ev_tower(x, z) {
   room[x].sz = z; room[x].ch = CH_DEFERRED;
-  serve_deferred();
+  serve_deferred();  /* one identity */
+  serve_fair();  /* shares */
   if
   :: hlt == 1 -> skip
   :: else ->
      if
-     :: dlen > 0 || !FITS(z) ->
-        if :: BUSY_WAIT -> hlt = 2
-           :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi
+     :: dlen > 0 || !FITS(z) ->  /* one identity */
+        if :: BUSY_WAIT -> hlt = 2  /* one identity */
+           :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi  /* one identity */
+     :: sw || HELD_BACK(x) || !FITS(z) -> room[x].ch = CH_DEFERRED; enqueue(x)  /* shares */
      :: else -> stage(x)
      fi
   fi
@@ -420,6 +422,12 @@ def deferred_served(event: int) -> tuple[list[str], str]:
     guard = ("LIVE && dlen > 0 && (room[dq[0]].snd == 2 || !STAGEABLE(room[dq[0]].rs) || "
              "FITS(room[dq[0]].sz))")
     return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_deferred()"
+
+
+def deferred_served_fair(event: int) -> tuple[list[str], str]:
+    """With identities: the round (promela_shares.serve_fair) when it would change something (`srv`)."""
+    guard = "LIVE && srv"
+    return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_fair()"
 
 
 def reap(event: int, rooms: int) -> tuple[list[str], str]:

@@ -34,7 +34,12 @@ inline post() {
                       :: else -> skip fi; k++
        :: else -> break
        od;
-       if :: n == 0 -> cell[q].content = NONE :: else -> skip fi; q++
+       if :: n == 0 -> cell[q].content = NONE :: else -> skip fi; q++  /* one identity */
+       /* with identities a busy cell stays charged to its identity (models/shares.py) */  /* shares */
+       if :: n == 0 && cell[q].ss == S_free -> cell[q].content = NONE  /* shares */
+          :: n == 0 && cell[q].ss != S_free && cell[q].content < R ->  /* shares */
+             cell[q].content = FORGOT + OWN(cell[q].content)  /* shares */
+          :: else -> skip fi; q++  /* shares */
     :: else -> break
     od;
     k = 0;
@@ -109,6 +114,7 @@ inline post() {
     :: else -> break
     od;
     canon();
+    calc_servable();  /* shares */
     printf("EV %d %d\n", ev, x);
     show_state();
     if :: kind != 0 -> report() :: else -> skip fi;
@@ -229,7 +235,7 @@ inline canon() {
   od;
   k = 0;
   do
-  :: k < C -> if :: cell[k].content != NONE -> cell[k].content = rmap[cell[k].content] :: else -> skip fi; k++
+  :: k < C -> if :: cell[k].content < R -> cell[k].content = rmap[cell[k].content] :: else -> skip fi; k++
   :: else -> break
   od;
   k = 0; do :: k < dlen -> dq[k] = rmap[dq[k]]; k++ :: else -> break od;

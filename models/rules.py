@@ -16,6 +16,7 @@ from typing import ClassVar
 from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
+from .shares import Shares
 from .state import (
     CH,
     CH_COPYING,
@@ -86,6 +87,8 @@ class Rules:
         self.channels = config.channels
         self.late_landing = config.late_landing
         self.restarts = config.restarts
+        self.shares = Shares(config)
+        self.fair = self.shares.k > 1  # per-identity shares and deferred queues (models/shares.py)
         self._read_couplings()
 
     def _read_couplings(self) -> None:
@@ -396,6 +399,8 @@ class Rules:
         concluded) or fits?"""
         if not deferred:
             return False
+        if self.fair:
+            return self.shares.servable(rooms, cells, deferred, self._placements)
         head = rooms[deferred[0]]
         return head[SND] == 2 or head[RS] not in STAGEABLE or bool(self._placements(rooms, cells, head[SIZE]))
 
@@ -404,6 +409,9 @@ class Rules:
         concluded, stage it if it fits, else stop (nothing behind it overtakes it). A crash halts."""
         if not d.deferred:
             yield d
+            return
+        if self.fair:
+            yield from self.shares.serve(d.copy(), self._stage, self._fits)
             return
         head, rest = d.deferred[0], d.deferred[1:]
         r = d.rooms[head]

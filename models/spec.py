@@ -77,6 +77,7 @@ from .state import (  # noqa: F401
     LEN,
     NOTICE_CODE,
     OK,
+    OWNER,
     RCV,
     REG,
     REGION_MARK,
@@ -170,6 +171,11 @@ class Config:
     # queue); the receivers conclude every room of the dead incarnation not told success as failed, once,
     # and take every region back after their reclaim delay. Off (0): the state and its counts are as before.
     restarts: int = 0
+    # Identities (issue 30): rooms are split among them (`Spec.owners`); each identity's rooms may hold
+    # 1/identities of the arena (from lease until free, quarantined extents included) and its deferred sends
+    # wait in a FIFO of their own, the FIFOs served round-robin (models/shares.py). 1: no shares, the state
+    # and its counts as before.
+    identities: int = 1
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -183,6 +189,13 @@ class Config:
         if (self.channels or self.late_landing) and (not self.regions or self.variant == "seed"):
             raise ValueError("channels and late_landing model the receivers' regions: they need regions=True "
                              "and a variant other than seed")  # a list from a trace file reads back as a tuple
+        if self.identities < 1:
+            raise ValueError("identities must be >= 1")
+        if self.identities > 1 and (self.variant not in ("project", "no-write-deadline") or self.peers
+                                    or self.restarts or self.identities > self.rooms):
+            # the shares are the project's; peers and restarts are orthogonal to them and multiply the states
+            raise ValueError("identities > 1 need the project's rules (or no-write-deadline), no peers, no "
+                             "restarts, and at least one room per identity")
         if self.restarts < 0:
             raise ValueError("restarts must be >= 0")
         if self.restarts and (not self.regions or self.variant == "seed" or self.channels or self.peers):
@@ -233,8 +246,16 @@ class Spec(Events):
         room = (ROOM.initial, 0, CH_NONE, 0, 0, 0, 0, 0, (), 0, -1)
         cell = (EXTENT.initial, -1, False, 1)
         peers = (PEER.initial,) * self.N if self.peers else ()
-        state = ((room,) * self.cfg.rooms, (cell,) * self.cfg.cells, (), self.cfg.faults, None, peers)
+        k = self.cfg.identities
+        rooms = tuple((*room, v) for v in self.owners()) if k > 1 else (room,) * self.cfg.rooms
+        state = (rooms, (cell,) * self.cfg.cells, (), self.cfg.faults, None, peers)
         return state + (self.cfg.restarts,) if self.restarts else state
+
+    def owners(self) -> tuple[int, ...]:
+        """Each room's identity: as even a split as the rooms allow, in blocks (identity 0's rooms first). The
+        canonical form sorts rooms by owner first, so the blocks stay in place and SPIN reads a room's owner
+        from its index."""
+        return tuple(sorted(i % self.cfg.identities for i in range(self.cfg.rooms)))
 
     def is_final(self, state: tuple) -> bool:
         """Quiescent: every room concluded and told, every cell free, nothing held or deferred."""
@@ -361,9 +382,10 @@ class Spec(Events):
             if r[SND] == SND_DEAD:  # an orphan: its receivers' view of the room, and the dead writes
                 parts.append(f"room{i}={r[RS]}[orphan reg{r[REG]}/{self.N}{g}{rx}]")
                 continue
-            parts.append(f"room{i}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
+            who = f"@{r[OWNER]}" if len(r) > OWNER else ""
+            parts.append(f"room{i}{who}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(slots):
-            c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else ""
+            c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else f"<@{-2 - sl[CONTENT]}" if sl[CONTENT] < -1 else ""
             if sl[LEN]:
                 where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"
                 parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")

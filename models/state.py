@@ -12,6 +12,8 @@ from dataclasses import dataclass
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
 CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
 RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
+# With `Config.identities` > 1 a room has a twelfth field: the identity that owns it (models/shares.py).
+OWNER = 11
 # A room's sender (SND): none yet, registered, reaped; or, with `Config.restarts`, the room's encoder
 # incarnation died: the room is an orphan, only its receivers' regions (and the dead writes into them) are left.
 SND_DEAD = 3
@@ -59,7 +61,7 @@ class Step:
 class Draft:
     """One successor being built: mutable copies of the rooms and cells, and what else the step changes."""
 
-    __slots__ = ("cells", "deferred", "detail", "faults", "halt", "peers", "restarts", "rooms", "violation")
+    __slots__ = ("cells", "deferred", "detail", "faults", "halt", "peers", "restarts", "rooms", "violation", "waits")
 
     def __init__(self, rooms: list, cells: list, deferred: tuple, faults: int, peers: tuple,
                  restarts: int | None = None) -> None:
@@ -69,6 +71,9 @@ class Draft:
         self.halt: str | None = None
         self.violation: str | None = None
         self.detail = ""
+        # With identities: serving the deferred queues stopped at a send that waits for bytes (the core's
+        # `_head_waits`), so a new item queues behind it.
+        self.waits = False
 
     @classmethod
     def of(cls, state: tuple) -> Draft:
@@ -78,7 +83,7 @@ class Draft:
     def copy(self) -> Draft:
         d = Draft([list(x) for x in self.rooms], [list(x) for x in self.cells], self.deferred, self.faults,
                   self.peers, self.restarts)
-        d.halt, d.violation, d.detail = self.halt, self.violation, self.detail
+        d.halt, d.violation, d.detail, d.waits = self.halt, self.violation, self.detail, self.waits
         return d
 
     def flag(self, violation: str | None, detail: str = "") -> None:

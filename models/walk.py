@@ -95,7 +95,7 @@ def canonical_cells(state: tuple) -> tuple:
         moved = [None] * len(cells)
         for c, to in enumerate(perm):
             moved[to] = cells[c]
-        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]]) for r in rooms)
+        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]], *r[SLOTI + 1:]) for r in rooms)
         c = canonical((rs, tuple(moved), *state[2:]))
         if best is None or c < best:
             best = c
@@ -116,7 +116,7 @@ def reflect(state: tuple) -> tuple:
         length = cells[f][LEN] or 1
         at = n - 1 - c
         moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
-    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1)) for r in rooms)
+    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1), *r[SLOTI + 1:]) for r in rooms)
     return (rs, tuple(moved), *state[2:])
 
 
@@ -235,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="item sizes in cells, comma-separated (default 1,2)")
     p.add_argument("--peers", action="store_true",
                    help="model the peer machine")
+    p.add_argument("--identities", type=int, default=1,
+                   help="split the rooms among this many identities (shares and per-identity queues)")
     p.add_argument("--min-coverage", type=float, default=0.0,
                    help="exit 1 below this edge coverage (0..1)")
     a = p.parse_args(argv)
     logging.getLogger("epd_ring").setLevel(logging.CRITICAL)  # injected tower errors are events here, not news
     cfg = Config(a.cells, a.rooms, a.receivers, a.faults, sizes=tuple(int(x) for x in a.sizes.split(",")),
-                 peers=a.peers)
+                 peers=a.peers, identities=a.identities)
     w = walk(cfg, progress=lambda w: print(f"  ... {w.states} states, {w.edges} edges, {w.seconds:.0f} s",
                                             file=sys.stderr, flush=True))
     print(w.summary())

@@ -177,3 +177,52 @@ def test_a_deadline_fired_out_of_the_clocks_order_fires_through_the_clock_on_a_r
     assert h.manager.room_status(h.room(1)) == "failed" and h.manager.room_status(h.room(0)) == "announced"
     assert h.manager.rooms[h.room(0)].timer  # still armed, and not yet due
     assert h.manager.rooms[h.room(0)].due > h.clock.now()
+
+
+# Two identities, a cell each: identity 0 has two rooms, so its second send is held back by its share while
+# identity 1's item is staged past it (issue 30: models/shares.py against executor/core/shares.py).
+SHARES = Config(2, 3, 1, 0, sizes=(1,), identities=2)
+
+
+def test_with_two_identities_the_core_keeps_the_specs_shares_and_queue():
+    w = walk(SHARES)
+    assert w.failures == []
+    assert w.spec_edges > 1000 and w.edge_coverage == 1.0 and w.state_coverage == 1.0
+
+
+@pytest.mark.parametrize("case, mutant", [("held", None), ("held", "no share"), ("quarantined", None),
+                                           ("quarantined", "quarantine uncharged")])
+def test_a_core_without_shares_leaves_the_spec(case, mutant, monkeypatch):
+    """Identity 0's second item: held back by its share (the cell its first room holds, quarantined in the
+    second case) in the spec; a core without the share, or that stops charging a quarantined extent, leases it."""
+    from epd_ring.executor.core.ring import Ring
+    from epd_ring.executor.core.shares import Shares
+    from epd_ring.models.conformance import Harness
+
+    path = [("register", 0), ("register", 1), ("tower", 0, 1), ("tower", 1, 1)]
+    cfg = SHARES
+    if mutant == "no share":
+        monkeypatch.setattr(Shares, "over", lambda self, share, nbytes: False)
+    if mutant == "quarantine uncharged":
+        fire = Ring.fire
+
+        def fire_uncharged(self, slot, event):
+            dest = fire(self, slot, event)
+            if slot.state == "quarantined" and slot.share is not None:
+                slot.share.held -= slot.cost
+                slot.share = None
+            return dest
+
+        monkeypatch.setattr(Ring, "fire", fire_uncharged)
+    if case == "quarantined":
+        cfg = Config(2, 3, 1, 1, sizes=(1,), identities=2)
+        path = [("register", 0), ("frame", 0), ("tower", 0, 1), ("copied", 0), ("write_unsure", 0, 0),
+                ("register", 1), ("tower", 1, 1)]
+    h = Harness(cfg)
+    for event in path[:-1]:
+        h.step(event)
+    if mutant is None:
+        assert h.step(path[-1])[2] == (1,)  # deferred, held back by its identity's share
+    else:
+        with pytest.raises(AssertionError, match="spec allows only"):
+            h.step(path[-1])

@@ -114,6 +114,7 @@ def test_an_identity_whose_writes_fail_cannot_fill_the_ring_with_quarantined_ext
 
 def test_an_identity_with_many_sessions_holds_one_share_not_one_per_session():
     rig = rig8(write_timeout=120.0)
+    rig.manager.shares.idle_s = 1e9  # V stays known through the 120 s below (forgetting: its own test)
     known(rig, "V", "A")
     rig.receiver("v")
     for s in range(4):
@@ -226,3 +227,33 @@ def test_the_fairness_bench_meets_its_goal_on_a_short_run_of_two_cases():
         base, hit = simulate(case, False, seconds=3.0), simulate(case, True, seconds=3.0)
         assert hit.victim_rooms == base.victim_rooms > 0 and hit.attacker_rooms > 0
         assert hit.victim_failed == 0 and hit.p99_ms <= GOAL_P99_X * base.p99_ms, case
+
+
+# -- forgetting idle identities: the table is bounded, and shares grow back --------------------------
+
+def test_an_identity_idle_for_idle_s_is_forgotten_and_the_others_shares_grow_back():
+    rig = rig8()
+    shares = rig.manager.shares
+    known(rig, "A", "B", "C", "V")
+    assert shares.named == 4 and shares.cap == 2 * ITEM_COST
+    rig.clock.advance(shares.idle_s - 1)
+    run(rig, room(rig, 1, "first-V", "V"))  # V stays active; A, B and C hold nothing and defer nothing
+    assert shares.named == 4  # idle, but not for idle_s yet: a victim between two rooms keeps its share
+    rig.clock.advance(1)
+    assert shares.of("V").held == 0 and shares.named == 1 and shares.cap is None  # V alone: the whole ring
+    assert set(shares.by_identity) == {"V"}
+    run(rig, room(rig, 2, "first-A", "A"))  # A comes back: a newcomer, named again
+    assert shares.named == 2 and shares.cap == 4 * ITEM_COST
+
+
+def test_an_identity_that_holds_or_defers_is_never_forgotten():
+    rig = rig8(park_timeout=1000.0)
+    shares = rig.manager.shares
+    known(rig, "V")
+    for k in range(2):  # parked: its receivers never register
+        run(rig, room(rig, k, "a", "A", frame=False))
+    assert shares.of("A").held > 0 and not shares.of("A").queue
+    rig.clock.advance(10 * shares.idle_s)
+    run(rig, room(rig, 100, "first-V", "V"))
+    assert "A" in shares.by_identity and shares.of("A").held > 0  # V was idle too, but came back
+    assert shares.named == 2

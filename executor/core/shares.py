@@ -17,24 +17,55 @@ identity only it is the whole ring, so a worker serving one prefill instance los
 
 The deferred queue is one FIFO per identity, served round-robin (one item per identity per
 turn), so one identity's backlog delays another's items by at most one item per turn.
+
+Forgetting: an identity is *idle* while it holds no bytes and has no deferred send (a live room of
+it that holds nothing takes nothing from the ring, and an identity holding nothing may always take
+one chunk, so its share only matters once it holds). One idle for `idle_s` on the injected clock
+is forgotten: `n` drops and every other share grows back, so the table stays bounded by the
+identities active within the last `idle_s`. Not at once: a victim whose rooms each succeed before
+the next arrives is idle between them, and forgetting it then would hand its share to whoever
+holds the most meanwhile, for as long as those bytes take to come back (up to `write_timeout +
+quarantine_s`); the default `idle_s` (60 s) outlasts that with the default settings. Its next send
+names it again, as a newcomer.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
+
+IDLE_S = 60.0  # an idle identity is forgotten after this long (see the module)
 
 
 class Share:
     """What one identity's rooms hold: ring bytes (`held`, of which `parked`) and deferred sends."""
 
-    __slots__ = ("identity", "held", "parked", "queue")
+    __slots__ = ("identity", "_held", "parked", "queue", "_shares")
 
-    def __init__(self, identity: str | None):
+    def __init__(self, identity: str | None, shares: Shares | None = None):
         self.identity = identity
-        self.held = 0  # bytes of live extents leased for its rooms (see the module)
+        self._held = 0  # bytes of live extents leased for its rooms (see the module)
         self.parked = 0  # of those, bytes of chunks parked for receivers not all registered
         self.queue: deque[tuple[Any, Any]] = deque()  # its deferred sends, oldest first
+        self._shares = shares  # told when this share turns idle or busy (None: a share nobody forgets)
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @held.setter
+    def held(self, nbytes: int) -> None:
+        # The charging sites (ring, manager) only add and subtract: whether that made the share idle or
+        # busy is noticed here, so they need not know about forgetting.
+        was = self._held
+        self._held = nbytes
+        if self._shares is not None and (was == 0) != (nbytes == 0):
+            self._shares.touched(self)
+
+    @property
+    def idle(self) -> bool:
+        return self._held == 0 and not self.queue
 
     def __repr__(self) -> str:
         return f"share {self.identity!r}: {self.held} B ({self.parked} B parked), {len(self.queue)} deferred"
@@ -43,7 +74,10 @@ class Share:
 class Shares:
     """Every identity's share, and the round-robin order of the deferred queues."""
 
-    def __init__(self, ring_bytes: int, max_deferred: int, fraction: float | None = None):
+    def __init__(self, ring_bytes: int, max_deferred: int, fraction: float | None = None,
+                 clock: Callable[[], float] | None = None, idle_s: float = IDLE_S):
+        if idle_s < 0:
+            raise ValueError(f"idle_s must be >= 0, got {idle_s}")
         self.ring_bytes = ring_bytes
         self.max_deferred = max_deferred
         self.fraction = fraction  # None: 1 / named identities
@@ -54,16 +88,51 @@ class Shares:
         self.deferred = 0  # deferred sends in all
         self.cap: int | None = None  # bytes one identity may hold (None: no bound)
         self.queue_cap = max_deferred  # deferred sends one identity may have
+        # Without a clock nothing is forgotten (a share table that lives as long as one test).
+        self.clock = clock
+        self.idle_s = idle_s
+        self.idle_since: OrderedDict[str | None, float] = OrderedDict()  # idle shares, longest idle first
         self._resize()
 
     def of(self, identity: str | None) -> Share:
+        self.forget_idle()
         share = self.by_identity.get(identity)
         if share is None:
-            share = self.by_identity[identity] = Share(identity)
+            share = self.by_identity[identity] = Share(identity, self if self.clock is not None else None)
             if identity is not None:
                 self.named += 1
                 self._resize()
+            self.touched(share)  # idle until it holds or defers: forgotten if it never does
         return share
+
+    def touched(self, share: Share) -> None:
+        """`share` may have turned idle or busy: (un)mark it for forgetting."""
+        if self.clock is None or self.by_identity.get(share.identity) is not share:
+            return  # a share already forgotten (a room's old reference) is nobody's
+        if share.idle:
+            self.idle_since.setdefault(share.identity, self.clock())
+        else:
+            self.idle_since.pop(share.identity, None)
+
+    def forget_idle(self) -> int:
+        """Forget the identities idle for `idle_s` or longer; the shares of the others grow back."""
+        if not self.idle_since:
+            return 0
+        assert self.clock is not None
+        horizon = self.clock() - self.idle_s
+        gone = 0
+        while self.idle_since:
+            identity, since = next(iter(self.idle_since.items()))
+            if since > horizon:
+                break
+            del self.idle_since[identity]
+            del self.by_identity[identity]
+            if identity is not None:
+                self.named -= 1
+                gone += 1
+        if gone:
+            self._resize()
+        return gone
 
     def _resize(self) -> None:
         f = self.fraction if self.fraction is not None else 1.0 / max(1, self.named)
@@ -88,6 +157,7 @@ class Shares:
             self.waiting[share.identity] = share
         share.queue.append(entry)
         self.deferred += 1
+        self.touched(share)
 
     def remove(self, share: Share, i: int) -> None:
         """The `i`-th of `share`'s sends left the queue (staged, dropped or failed)."""
@@ -99,6 +169,7 @@ class Shares:
         self.deferred -= 1
         if not q:
             del self.waiting[share.identity]
+            self.touched(share)
 
     def rotate(self, share: Share) -> None:
         """`share` was served this turn: it goes to the back of the round."""
@@ -112,10 +183,13 @@ class Shares:
 
     def clear(self) -> int:
         n = self.deferred
-        for share in self.waiting.values():
+        emptied = list(self.waiting.values())
+        for share in emptied:
             share.queue.clear()
         self.waiting.clear()
         self.deferred = 0
+        for share in emptied:
+            self.touched(share)
         return n
 
 

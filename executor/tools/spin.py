@@ -160,7 +160,11 @@ def run(args, out=print) -> int:
         out("--channels and --late-landing model the receivers' regions: drop --spin-no-regions")
         return 2
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes,
-                 peers=peers, channels=channels, late_landing=late)
+                 peers=peers, channels=channels, late_landing=late, identities=getattr(args, "identities", 1))
+    if cfg.identities > 1 and not liveness.checks_shares(cfg):
+        out("--engine spin generates identities for items of one cell (--sizes 1) and a cell per identity; "
+            "check other bounds with the explorer")
+        return 2
     big = cfg.cells * cfg.rooms * cfg.receivers * (cfg.faults + 1) > 48
     opt = args.spin_opt or ("-O2" if big else "-O0")
     hash_bits = args.spin_hash or (27 if big else 22)
@@ -168,6 +172,7 @@ def run(args, out=print) -> int:
         f"{cfg.rooms} rooms, {cfg.receivers} receivers per room, {cfg.faults} fault(s); "
         + ("both ends (receivers' regions too)" if regions else "encode side only (no receivers' regions)")
         + (", notice channels" if channels else "") + (", late landings" if late else "")
+        + (f", {cfg.identities} identities" if cfg.identities > 1 else "")
         + "; exhaustive, "
         "symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
@@ -187,7 +192,9 @@ def run(args, out=print) -> int:
     if not r.violations:
         out("  no violation: no assertion fails and no invalid end state in any reachable state, and every state "
             f"where no event assumed fair ({', '.join(liveness.assumptions(cfg.variant))}) is enabled has every room "
-            "concluded, every region released and every concluded room's sender reaped")
+            "concluded, every region released and every concluded room's sender reaped"
+            + (", and no identity with a room left waits on another identity (liveness.starved)"
+               if liveness.checks_shares(cfg) else ""))
         return 0
     spec = Spec(cfg)
     for kind, v in sorted(r.violations.items()):
