@@ -18,8 +18,9 @@ done or failed) back into what vLLM asks: is an item here (`has_cache_item`), ma
 request run (`ensure_cache_available`), which requests fail (`take_unavailable_requests`),
 must the engine keep stepping (`has_pending_push_work`).
 
-The worker side (the manager, pump, control plane and Mooncake transport) is not written
-yet: a worker-role connector refuses to start rather than drop items silently.
+The worker side (vllm_worker.py) does the transfers: a producer worker ships each item vLLM
+encoded through epd-ring's manager, pump, control plane and Mooncake transport; a consumer worker
+receives it into a region of its receiver and hands it to vLLM's encoder cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
     ECConnectorWorkerMetadata,
 )
+
+from .vllm_worker import ConsumerWorker, ProducerWorker, Settings
 
 if TYPE_CHECKING:
     import torch
@@ -136,8 +139,10 @@ class EpdRingConnector(ECConnectorBase):
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole):
         super().__init__(vllm_config=vllm_config, role=role)
+        self._producer: ProducerWorker | None = None
+        self._consumer: ConsumerWorker | None = None
         if role == ECConnectorRole.WORKER:
-            raise NotImplementedError("epd-ring's vLLM connector has no worker side yet (issue #31)")
+            self._start_worker(vllm_config)
         # producer
         self._to_register: dict[str, Registration] = {}
         self._registered: set[str] = set()
@@ -257,10 +262,106 @@ class EpdRingConnector(ECConnectorBase):
     def has_pending_push_work(self) -> bool:
         return bool(self._live)
 
-    # --- worker side ----------------------------------------------------------------------
+    # --- worker side ---------------------------------------------------------------------
 
-    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
-        raise NotImplementedError("scheduler-side connector")
+    def _start_worker(self, vllm_config: VllmConfig) -> None:
+        import os
+        ec = vllm_config.ec_transfer_config
+        settings = Settings.of(vllm_config, dict(ec.ec_connector_extra_config or {}), dict(os.environ))
+        # this step's items not yet shipped (their output comes with `save_caches`), and the consumer's
+        # loads: reported once the tensor is in vLLM's encoder cache
+        self._unsent: list[Item] = []
+        self._wanted: set[str] = set()
+        self._loaded: set[str] = set()
+        self._load_failed: dict[str, str] = {}
+        if self.is_producer:
+            self._producer = ProducerWorker(settings)
+        if self.is_consumer:
+            try:
+                self._consumer = ConsumerWorker(settings, vllm_config.device_config.device)
+            except Exception:
+                self.shutdown()
+                raise
+
+    @property
+    def endpoint(self) -> str | None:
+        """The producer's control endpoint (`tcp://HOST:PORT`): the requests' `bootstrap_host`/`port`."""
+        return self._producer.endpoint if self._producer is not None else None
+
+    def _meta(self) -> EpdRingMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, EpdRingMetadata), f"not epd-ring's metadata: {type(meta).__name__}"
+        return meta
+
+    def start_save_caches(self, encoder_cache: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> None:
+        if self._producer is None:
+            return
+        meta = self._meta()
+        for reg in meta.registrations:
+            self._producer.register(reg.request_id, reg.room)
+        # an item cached from an earlier step is not encoded again: it goes now; the rest as encoded
+        self._unsent = []
+        for item in meta.items:
+            if encoder_cache is not None and item.mm_hash in encoder_cache:
+                self._producer.send(item.request_id, item.index, item.num_embeds, encoder_cache[item.mm_hash])
+            else:
+                self._unsent.append(item)
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any) -> None:
-        raise NotImplementedError("scheduler-side connector")
+        if self._producer is None or not self._unsent:
+            return
+        keep = []
+        for item in self._unsent:
+            if item.mm_hash == mm_hash:
+                self._producer.send(item.request_id, item.index, item.num_embeds, encoder_cache[mm_hash])
+            else:
+                keep.append(item)
+        self._unsent = keep
+
+    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        if self._consumer is None:
+            return
+        meta = self._meta()
+        for h in meta.cancelled_loads:
+            self._wanted.discard(h)
+            self._consumer.cancel(h)
+        for load in meta.loads:
+            self._wanted.add(load.mm_hash)
+            self._consumer.load(load.mm_hash, load.room, load.index, load.num_embeds)
+        ready, failed = self._consumer.take_reports()
+        for h, tensor in ready.items():
+            if h in self._wanted:  # else cancelled while on its way: nobody frees an entry put here
+                self._wanted.discard(h)
+                encoder_cache[h] = tensor
+                self._loaded.add(h)
+        for h, kind in failed.items():
+            if h in self._wanted:
+                self._wanted.discard(h)
+                self._load_failed[h] = kind
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # `request_finished` never delays a request's free (a room outlives its request, its bytes staged
+        # in epd-ring's ring), so no request waits on this; rooms are reported through the worker metadata.
+        return None, None
+
+    def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
+        out = EpdRingWorkerMetadata()
+        if self._producer is not None:
+            meta = self._connector_metadata
+            for item in self._unsent:  # allocated for the encoder, yet vLLM saved no output for it
+                self._producer.fail(item.request_id, item.index, "vLLM saved no encoder output for the item")
+            self._unsent = []
+            if isinstance(meta, EpdRingMetadata):
+                for rid in meta.finished:
+                    self._producer.finished(rid)
+            out.concluded, out.failed = self._producer.take_reports()
+        if self._consumer is not None:
+            out.loaded, self._loaded = self._loaded, set()
+            out.failed_loads, self._load_failed = self._load_failed, {}
+        return out
+
+    def shutdown(self) -> None:
+        if self._producer is not None:
+            self._producer.shutdown()
+        if self._consumer is not None:
+            self._consumer.shutdown()
