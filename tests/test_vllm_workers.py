@@ -31,13 +31,13 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import wait_stopped
-from vllm_peer import HIDDEN, Engine, digest, encoder_output, hear, request
-from vllm_tiny import make_tiny_blip2
+from vllm_peer import HIDDEN, hear
 
 from epd_ring.executor import ReasonKind
 from epd_ring.executor.connectors.vllm_worker import item_room
 from epd_ring.executor.drivers.control import generate_keypair
 from epd_ring.executor.drivers.receiver import ReceiverProcess
+from epd_ring.executor.tools.vllm_rig import Engine, digest, encoder_output, make_tiny_blip2, request
 
 # A mixed batch: one or two images a request, 1 to 64 rows each.
 BATCH = {"c0": [("i0", 3)], "c1": [("i1", 17), ("i2", 5)], "c2": [("i3", 40)], "c3": [("i4", 1), ("i5", 2)],
