@@ -267,6 +267,7 @@ class EpdRingConnector(ECConnectorBase):
     def _start_worker(self, vllm_config: VllmConfig) -> None:
         import os
         ec = vllm_config.ec_transfer_config
+        assert ec is not None  # the base class refused a config without one
         settings = Settings.of(vllm_config, dict(ec.ec_connector_extra_config or {}), dict(os.environ))
         # this step's items not yet shipped (their output comes with `save_caches`), and the consumer's
         # loads: reported once the tensor is in vLLM's encoder cache

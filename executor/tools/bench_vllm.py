@@ -109,51 +109,54 @@ class _Consumer:
         self.proc.wait()
 
 
-def _one(name: str, model: Path, items: int, rows: int, hidden: int, keys: dict[str, Any],
-         deadline: float) -> dict[str, Any]:
+def _phase(name: str, phase: str, model: Path, items: int, rows: int, hidden: int, keys: dict[str, Any],
+           deadline: float) -> dict[str, Any]:
     from .vllm_rig import Engine, request
 
+    port = _free_port()
+    extra, connector, ec = _settings(name, "ec_producer", port, keys)
+    producer = Engine(model, "ec_producer", extra, connector, **ec)
+    endpoint = getattr(producer.connector, "endpoint", None) or ""
+    n = items if phase == "throughput" else 1
+    reqs = [(f"{phase}{k}", [[f"{phase}-{name}-{k}", rows]], _params(name, endpoint, port, 10_000 + k, keys))
+            for k in range(n)]
+    c_extra, c_connector, c_ec = _settings(name, "ec_consumer", port, keys)
+    consumer = _Consumer(model, {"extra": c_extra, "connector": c_connector, "ec": c_ec, "requests": reqs,
+                                 "deadline": deadline})
+    try:
+        if name == "epd-ring":  # its frames first, as a proxy would send the request to both at once
+            manager = producer.connector._producer.manager  # read only: which rooms are announced
+            producer.run(lambda: all(manager.room_status(10_000 + k) is not None for k in range(n)), deadline)
+        else:
+            time.sleep(2.0)  # its control server is up once its engine started; no handle to wait on
+        if phase == "silent":
+            consumer.proc.send_signal(signal.SIGSTOP)
+        t0 = time.perf_counter()
+        for rid, images, params in reqs:
+            producer.add(request(rid, [tuple(i) for i in images], params))
+        if phase == "throughput":
+            ok = producer.run(lambda: consumer.answer is not None, deadline)
+            wall = time.perf_counter() - t0
+            got = consumer.answer or {}
+            done = got.get("finished", 0) - got.get("failed", 0)
+            return {"items": done, "failed": got.get("failed"), "wall_s": round(wall, 3),
+                    "items_per_s": round(done / wall, 1) if ok else None,
+                    "mb_per_s": round(done * rows * hidden * 4 / wall / 1e6, 2) if ok else None}
+        # one step first: the request must be scheduled before "no push pending" means anything
+        producer.step()
+        ok = producer.run(lambda: not producer.connector_busy() and not producer.sched.has_requests(), deadline)
+        return {"silent_unblocked_s": round(time.perf_counter() - t0, 2) if ok else f">{deadline}",
+                "silent_failed": sorted(producer.room_failed), "longest_step_s": round(producer.longest_step, 3)}
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def _one(name: str, model: Path, items: int, rows: int, hidden: int, keys: dict[str, Any],
+         deadline: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase in ("throughput", "silent"):
-        port = _free_port()
-        extra, connector, ec = _settings(name, "ec_producer", port, keys)
-        producer = Engine(model, "ec_producer", extra, connector, **ec)
-        endpoint = getattr(producer.connector, "endpoint", None) or ""
-        n = items if phase == "throughput" else 1
-        reqs = [(f"{phase}{k}", [[f"{phase}-{name}-{k}", rows]], _params(name, endpoint, port, 10_000 + k, keys))
-                for k in range(n)]
-        c_extra, c_connector, c_ec = _settings(name, "ec_consumer", port, keys)
-        consumer = _Consumer(model, {"extra": c_extra, "connector": c_connector, "ec": c_ec, "requests": reqs,
-                                     "deadline": deadline})
-        try:
-            if name == "epd-ring":  # its frames first, as a proxy would send the request to both at once
-                manager = producer.connector._producer.manager  # noqa: SLF001  (read only: rooms announced)
-                producer.run(lambda: all(manager.room_status(10_000 + k) is not None for k in range(n)), deadline)
-            else:
-                time.sleep(2.0)  # its control server is up once its engine started; no handle to wait on
-            if phase == "silent":
-                consumer.proc.send_signal(signal.SIGSTOP)
-            t0 = time.perf_counter()
-            for rid, images, params in reqs:
-                producer.add(request(rid, [tuple(i) for i in images], params))
-            if phase == "throughput":
-                ok = producer.run(lambda: consumer.answer is not None, deadline)
-                wall = time.perf_counter() - t0
-                got = consumer.answer or {}
-                done = got.get("finished", 0) - got.get("failed", 0)
-                out.update(items=done, failed=got.get("failed"), wall_s=round(wall, 3),
-                           items_per_s=round(done / wall, 1) if ok else None,
-                           mb_per_s=round(done * rows * hidden * 4 / wall / 1e6, 2) if ok else None)
-            else:
-                # one step first: the request must be scheduled before "no push pending" means anything
-                producer.step()
-                ok = producer.run(lambda: not producer.connector_busy() and not producer.sched.has_requests(),
-                                  deadline)
-                out.update(silent_unblocked_s=round(time.perf_counter() - t0, 2) if ok else f">{deadline}",
-                           silent_failed=sorted(producer.room_failed), longest_step_s=round(producer.longest_step, 3))
-        finally:
-            consumer.close()
-            producer.close()
+        out.update(_phase(name, phase, model, items, rows, hidden, keys, deadline))
     return out
 
 

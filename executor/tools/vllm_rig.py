@@ -122,12 +122,14 @@ class Engine:
         from vllm.distributed.ec_transfer import ec_transfer_state
 
         self.config = vllm_config(model, role, connector, ec_connector_extra_config=extra, **ec)
+        hidden = self.config.model_config.get_inputs_embeds_size()
+        self.width = hidden * (1 + int(extra.get("deepstack_levels", 0)))
+        # what vLLM's start-up measures with a dummy encode (its own connector sizes pushes by it)
+        self.config.ec_transfer_config.mm_encoder_output_widths = {"image": self.width}
         ec_transfer_state.ensure_ec_transfer_initialized(self.config)
         self.connector = ec_transfer_state.get_ec_transfer()
         self.connector.start_worker_services()  # vLLM's worker does this once its model is loaded
         self.sched = scheduler(self.config)
-        hidden = self.config.model_config.get_inputs_embeds_size()
-        self.width = hidden * (1 + int(extra.get("deepstack_levels", 0)))
         self.encoder_cache: dict[str, Any] = {}
         self.finished: dict[str, Any] = {}  # request id -> finish reason
         # what the workers told the scheduler over the run (epd-ring's producer: rooms concluded or failed)
