@@ -11,9 +11,10 @@ Each request names its room in `SamplingParams.extra_args["ec_transfer_params"]`
 authenticated identity for the room, optional) and `ranks` (consumer: how many ranks share the
 item, 1 by default).
 
-The scheduler side (here) is pure bookkeeping: it turns vLLM's scheduling calls into the
-per-step metadata the workers act on (registrations and items for a producer, loads and
-withdraws for a consumer) and turns the workers' reports (rooms concluded or failed, loads
+The scheduler side (here) is bookkeeping: it turns vLLM's scheduling calls into the per-step
+metadata the workers act on (registrations and items for a producer; a consumer's loads and
+cancels go to the workers over a side channel too, since vLLM runs no consumer worker
+connector on a step without tokens) and turns the workers' reports (rooms concluded or failed, loads
 done or failed) back into what vLLM asks: is an item here (`has_cache_item`), may the
 request run (`ensure_cache_available`), which requests fail (`take_unavailable_requests`),
 must the engine keep stepping (`has_pending_push_work`).
@@ -25,7 +26,7 @@ receives it into a region of its receiver and hands it to vLLM's encoder cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
@@ -35,7 +36,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
-from .vllm_worker import ConsumerWorker, ProducerWorker, Settings
+from .vllm_worker import ConsumerWorker, LoadChannel, ProducerWorker, Settings, channel_paths
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +108,8 @@ class EpdRingMetadata(ECConnectorMetadata):
     # producer: requests vLLM finished while their rooms were live; the worker withdraws a room
     # whose items never came (an abort before the encoder ran), else lets it conclude
     finished: list[str] = field(default_factory=list)
+    # consumer: loads asked this step; what starts them is the side channel (vllm_worker.channel_paths),
+    # since vLLM runs no worker connector on a consumer step without tokens
     loads: list[Load] = field(default_factory=list)
     # consumer: loads no request waits for any more
     cancelled_loads: list[str] = field(default_factory=list)
@@ -141,8 +144,6 @@ class EpdRingConnector(ECConnectorBase):
         super().__init__(vllm_config=vllm_config, role=role)
         self._producer: ProducerWorker | None = None
         self._consumer: ConsumerWorker | None = None
-        if role == ECConnectorRole.WORKER:
-            self._start_worker(vllm_config)
         # producer
         self._to_register: dict[str, Registration] = {}
         self._registered: set[str] = set()
@@ -157,6 +158,12 @@ class EpdRingConnector(ECConnectorBase):
         self._local: set[str] = set()
         # both
         self._unavailable: set[str] = set()
+        # consumer: the side channel to the workers' loops (made at the first load), and which ranks
+        # reported each item ready through it
+        self._channel: LoadChannel | None = None
+        self._ready_ranks: dict[str, set[int]] = {}
+        if role == ECConnectorRole.WORKER:
+            self._start_worker(vllm_config)
 
     # --- scheduler side -------------------------------------------------------------------
 
@@ -169,6 +176,7 @@ class EpdRingConnector(ECConnectorBase):
         room = Room.of(request)
         if room is None:
             return True  # nothing to receive: vLLM runs the encoder itself
+        self._poll_channel()
         ready = True
         for index, feature in enumerate(request.mm_features):
             if feature.mm_position.offset + feature.mm_position.length <= num_computed_tokens:
@@ -182,8 +190,35 @@ class EpdRingConnector(ECConnectorBase):
                 self._unavailable.add(request.request_id)
             if h not in self._state:
                 self._state[h] = "loading"
-                self._to_load.append(Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room))
+                load = Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room)
+                self._to_load.append(load)
+                self._tell_workers({"op": "load", "mm_hash": h, "room": asdict(room), "index": index,
+                                    "num_embeds": load.num_embeds})
         return ready
+
+    def _tell_workers(self, message: dict[str, Any]) -> None:
+        if self._channel is None:
+            self._channel = LoadChannel(*channel_paths(self._vllm_config))
+        self._channel.send(message)
+
+    def _poll_channel(self) -> None:
+        if self._channel is None:
+            return
+        for report in self._channel.reports():
+            h, outcome = report["mm_hash"], report["outcome"]
+            if self._state.get(h) != "loading":
+                continue  # cancelled, or already settled
+            if outcome == "ready":
+                ranks = self._ready_ranks.setdefault(h, set())
+                ranks.add(int(report["rank"]))
+                if len(ranks) >= self._channel.ranks:  # every rank holds it: the step that reads it may run
+                    del self._ready_ranks[h]
+                    self._state[h] = "ready"
+                    self._waiters.pop(h, None)
+            else:
+                self._ready_ranks.pop(h, None)
+                self._state[h] = "failed"
+                self._unavailable |= self._waiters.pop(h, set())
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         feature = request.mm_features[index]
@@ -234,6 +269,7 @@ class EpdRingConnector(ECConnectorBase):
                 self._unavailable |= self._waiters.pop(h, set())
 
     def take_unavailable_requests(self) -> set[str]:
+        self._poll_channel()
         failed, self._unavailable = self._unavailable, set()
         self._state = {h: state for h, state in self._state.items() if state != "failed"}
         return failed
@@ -256,6 +292,8 @@ class EpdRingConnector(ECConnectorBase):
                 del self._state[feature.identifier]
                 self._to_load = [load for load in self._to_load if load.mm_hash != feature.identifier]
                 self._cancelled.append(feature.identifier)
+                self._ready_ranks.pop(feature.identifier, None)
+                self._tell_workers({"op": "cancel", "mm_hash": feature.identifier})
         # The room outlives the request on the producer: its bytes are staged, the receiver reads on.
         return False, None
 
@@ -272,14 +310,15 @@ class EpdRingConnector(ECConnectorBase):
         # this step's items not yet shipped (their output comes with `save_caches`), and the consumer's
         # loads: reported once the tensor is in vLLM's encoder cache
         self._unsent: list[Item] = []
-        self._wanted: set[str] = set()
         self._loaded: set[str] = set()
         self._load_failed: dict[str, str] = {}
         if self.is_producer:
             self._producer = ProducerWorker(settings)
         if self.is_consumer:
             try:
-                self._consumer = ConsumerWorker(settings, vllm_config.device_config.device)
+                reports, ranks = channel_paths(vllm_config)
+                self._consumer = ConsumerWorker(settings, vllm_config.device_config.device,
+                                                (ranks[min(settings.rank, len(ranks) - 1)], reports))
             except Exception:
                 self.shutdown()
                 raise
@@ -322,23 +361,13 @@ class EpdRingConnector(ECConnectorBase):
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
         if self._consumer is None:
             return
-        meta = self._meta()
-        for h in meta.cancelled_loads:
-            self._wanted.discard(h)
-            self._consumer.cancel(h)
-        for load in meta.loads:
-            self._wanted.add(load.mm_hash)
-            self._consumer.load(load.mm_hash, load.room, load.index, load.num_embeds)
+        # Loads and cancels reach the loop over the side channel, also on steps vLLM does not run this
+        # (`channel_paths`); here the items received go into vLLM's cache, before the step reads them.
         ready, failed = self._consumer.take_reports()
         for h, tensor in ready.items():
-            if h in self._wanted:  # else cancelled while on its way: nobody frees an entry put here
-                self._wanted.discard(h)
-                encoder_cache[h] = tensor
-                self._loaded.add(h)
-        for h, kind in failed.items():
-            if h in self._wanted:
-                self._wanted.discard(h)
-                self._load_failed[h] = kind
+            encoder_cache[h] = tensor
+            self._loaded.add(h)
+        self._load_failed.update(failed)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # `request_finished` never delays a request's free (a room outlives its request, its bytes staged
@@ -362,6 +391,9 @@ class EpdRingConnector(ECConnectorBase):
         return out
 
     def shutdown(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         if self._producer is not None:
             self._producer.shutdown()
         if self._consumer is not None:

@@ -351,6 +351,59 @@ class ProducerWorker:
         self._rooms.pop(rid, None)
 
 
+def channel_paths(vllm_config: Any) -> tuple[str, list[str]]:
+    """The consumer's side channel: (the scheduler's report endpoint, each rank's load endpoint).
+
+    vLLM 0.33.0's model runner enters a consumer's connector only on steps that schedule tokens: with
+    every request waiting on a load, loads asked for through the step's metadata would never start.
+    So the scheduler-side connector hands loads to the workers' loop threads directly, and they
+    report back the same way; IPC paths named by the engine, which both sides' configs share."""
+    import tempfile
+    ec = vllm_config.ec_transfer_config
+    dp = vllm_config.parallel_config.data_parallel_rank
+    base = f"ipc://{tempfile.gettempdir()}/epd-ring-{ec.engine_id}-{dp}"
+    ranks = max(1, int(vllm_config.parallel_config.tensor_parallel_size))
+    return f"{base}-s", [f"{base}-w{r}" for r in range(ranks)]
+
+
+class LoadChannel:
+    """The scheduler's end of the side channel: loads and cancels out to every rank, reports in."""
+
+    def __init__(self, reports: str, ranks: list[str]):
+        import zmq
+        self._zmq = zmq
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(reports)
+        self.pushes = []
+        for endpoint in ranks:  # a rank not bound yet gets what was queued once it is
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            self.pushes.append(sock)
+        self.ranks = len(ranks)
+
+    def send(self, message: dict[str, Any]) -> None:
+        import json
+        data = json.dumps(message).encode()
+        for sock in self.pushes:
+            sock.send(data)
+
+    def reports(self) -> list[dict[str, Any]]:
+        import json
+        out = []
+        while self.pull.poll(0):
+            out.append(json.loads(self.pull.recv()))
+        return out
+
+    def close(self) -> None:
+        for sock in self.pushes:
+            sock.close(0)
+        self.pull.close(0)
+        self.ctx.term()
+
+
 @dataclass
 class _Loading:
     mm_hash: str
@@ -362,7 +415,9 @@ class ConsumerWorker:
     """The prefill side: one receiver per encoder endpoint (its memory registered once), a frame
     per load, the received region handed to vLLM's encoder cache on success."""
 
-    def __init__(self, settings: Settings, device: Any = "cpu"):
+    def __init__(self, settings: Settings, device: Any = "cpu", channel: tuple[str, str] | None = None):
+        """`channel`: (this rank's load endpoint, the scheduler's report endpoint): loads come in and
+        outcomes go out there, not only through vLLM's steps (see `channel_paths`)."""
         s = self.settings = settings
         if not s.insecure and (s.keypair is None or s.encoder_key is None):
             raise ValueError(f"the consumer needs its CURVE secret key (ec_connector_extra_config['secret_key'] or "
@@ -378,6 +433,16 @@ class ConsumerWorker:
         self._ready: dict[str, torch.Tensor] = {}
         self._failed_out: dict[str, str] = {}
         self._closed = False
+        self._in = self._out = self._ctx = None
+        if channel is not None:
+            import zmq
+            self._ctx = zmq.Context()
+            self._in = self._ctx.socket(zmq.PULL)
+            self._in.setsockopt(zmq.LINGER, 0)
+            self._in.bind(channel[0])
+            self._out = self._ctx.socket(zmq.PUSH)
+            self._out.setsockopt(zmq.LINGER, 0)
+            self._out.connect(channel[1])
         self.loop = Loop("epd-ring-consumer", self._tick)
 
     # vLLM's thread -------------------------------------------------------------------------
@@ -407,6 +472,11 @@ class ConsumerWorker:
             for rcv in self.receivers.values():
                 rcv.close()
             self.receivers.clear()
+            for sock in (self._in, self._out):
+                if sock is not None:
+                    sock.close(0)
+            if self._ctx is not None:
+                self._ctx.term()
             done.set()
 
         self.loop.call(close)
@@ -426,9 +496,30 @@ class ConsumerWorker:
     def _fail(self, mm_hash: str, kind: str) -> None:
         with self._lock:
             self._failed_out[mm_hash] = kind
+        self._report(mm_hash, kind)
+
+    def _report(self, mm_hash: str, outcome: str) -> None:
+        if self._out is not None:
+            import json
+            self._out.send(json.dumps({"rank": self.settings.rank, "mm_hash": mm_hash, "outcome": outcome}).encode())
+
+    def _take_channel(self) -> int:
+        import json
+        from types import SimpleNamespace
+        n = 0
+        while self._in is not None and self._in.poll(0):
+            msg = json.loads(self._in.recv())
+            n += 1
+            if msg["op"] == "load":
+                self._load(msg["mm_hash"], SimpleNamespace(**msg["room"]), msg["index"], msg["num_embeds"])
+            elif msg["op"] == "cancel":
+                self._cancel(msg["mm_hash"])
+        return n
 
     def _load(self, mm_hash: str, room: Any, index: int, num_embeds: int) -> None:
         s = self.settings
+        if mm_hash in self._by_hash:
+            return  # asked twice (a channel message and a step's metadata): one load
         endpoint = f"tcp://{room.host}:{room.port}"
         key = (endpoint, item_room(room.room, index))
         try:
@@ -449,6 +540,8 @@ class ConsumerWorker:
             self._fail(mm_hash, "refused")
 
     def _cancel(self, mm_hash: str) -> None:
+        with self._lock:
+            self._ready.pop(mm_hash, None)  # not yet in vLLM's cache: nobody would free it there
         key = self._by_hash.get(mm_hash)
         if key is not None:
             self._withdraw(key)
@@ -466,7 +559,7 @@ class ConsumerWorker:
             log.warning("epd-ring: withdraw of room %s at %s not sent: %s", key[1], key[0], exc)
 
     def _tick(self) -> int:
-        n = 0
+        n = self._take_channel()
         for rcv in self.receivers.values():
             n += rcv.poll(0)
         if not self._loading:
@@ -482,6 +575,7 @@ class ConsumerWorker:
                 out = torch.cat([main, deep], dim=1) if deep is not None else main
                 with self._lock:
                     self._ready[loading.mm_hash] = out.to(self.device)
+                self._report(loading.mm_hash, "ready")  # held here: in vLLM's cache before the step that reads it
                 n += 1
             elif told:
                 del self._loading[key]
@@ -496,4 +590,4 @@ class ConsumerWorker:
         return n
 
 
-__all__ = ["ConsumerWorker", "Loop", "ProducerWorker", "Settings", "item_room"]
+__all__ = ["ConsumerWorker", "LoadChannel", "Loop", "channel_paths", "ProducerWorker", "Settings", "item_room"]

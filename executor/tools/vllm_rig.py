@@ -11,6 +11,7 @@ tools do not import the engine adapters.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -146,9 +147,14 @@ class Engine:
 
         t0 = time.perf_counter()
         out = self.sched.schedule()
-        # vLLM's model runner calls the mixin on every producer step; on a consumer's only where tokens
-        # are scheduled (docs/vllm.md): here on every step, so loads start while requests wait.
-        with Mixin.maybe_get_ec_connector_output(out, self.encoder_cache) as ec_out:
+        # as vLLM's model runner: the connector's context on every producer step, on a consumer's only
+        # when tokens are scheduled (an empty step returns before it)
+        consumer_only = self.connector.is_consumer and not self.connector.is_producer
+        if consumer_only and not out.total_num_scheduled_tokens:
+            ctx: Any = contextlib.nullcontext()
+        else:
+            ctx = Mixin.maybe_get_ec_connector_output(out, self.encoder_cache)
+        with ctx as ec_out:
             for rid, inputs in out.scheduled_encoder_inputs.items():
                 req = self.sched.requests[rid]
                 for i in inputs:
