@@ -90,10 +90,11 @@ def room_of(rid: str) -> int:
     return 1000 + int(rid.rsplit("c", 1)[1]) if rid.startswith("c") else 5000 + hash(rid) % 1000
 
 
-def start(consumer, keys, endpoint: str, deepstack: int, requests: list) -> None:
+def start(consumer, keys, endpoint: str, deepstack: int, requests: list, abort: tuple = ()) -> None:
     extra = {"secret_key": keys["consumer"][1].decode(), "encoder_key": keys["encoder"][0].decode(),
              "load_timeout": 30, "deepstack_levels": deepstack}
-    consumer.stdin.write(json.dumps({"cmd": "run", "extra": extra, "requests": requests, "deadline": WAIT}) + "\n")
+    consumer.stdin.write(json.dumps({"cmd": "run", "extra": extra, "requests": requests, "deadline": WAIT,
+                                     "abort": list(abort)}) + "\n")
     consumer.stdin.flush()
 
 
@@ -123,7 +124,7 @@ def test_bytes_arrive_equal_in_the_consumers_encoder_cache(model, keys, consumer
         got = answer(consumer)
     finally:
         producer.close()
-    assert got["unfinished"] == [] and got["failed"] == []
+    assert got["unfinished"] == [] and got["failed"] == [] and got["regions_left"] == []
     width = HIDDEN * (1 + deepstack)
     expected = {h: digest(encoder_output(h, rows, width)) for images in BATCH.values() for h, rows in images}
     assert got["loaded"] == expected
@@ -141,7 +142,9 @@ def test_misbehaving_receivers_fail_only_their_requests(model, keys, consumer):
         # the consumer engine also waits on a room nobody encodes: its request alone fails
         wanted = [(rid, images, params(endpoint, room_of(rid))) for rid, images in healthy.items()]
         wanted.append(("c9", [("orphan", 4)], params(endpoint, 1009)))
-        start(consumer, keys, endpoint, 0, wanted)
+        # and one it aborts while its load is out: the region is withdrawn, and comes back
+        wanted.append(("c8", [("aborted", 4)], params(endpoint, 1008)))
+        start(consumer, keys, endpoint, 0, wanted, abort=("c8",))
         faulty = {"f-killed": ("killed", 7001), "f-silent0": ("silent", 7002), "f-silent": ("silent", 7003),
                   "f-refused": ("refused", 7004)}
         for name, room in faulty.values():
@@ -151,7 +154,9 @@ def test_misbehaving_receivers_fail_only_their_requests(model, keys, consumer):
         assert producer.run(lambda: announced(producer, rooms + [7001, 7002, 7003]), WAIT)
         procs["killed"].proc.kill()
         procs["killed"].proc.wait()
-        for rid, images, p in wanted[:-1]:
+        for rid, images, p in wanted:
+            if rid not in healthy:
+                continue
             producer.add(request(rid, images, {**p, "receiver": keys["consumer"][0].decode()}))
         for rid, (name, room) in faulty.items():
             if rid != "f-silent":
@@ -165,6 +170,8 @@ def test_misbehaving_receivers_fail_only_their_requests(model, keys, consumer):
         assert producer.run(lambda: producer.concluded | set(producer.room_failed) >= done
                             and not producer.connector_busy(), WAIT), (producer.concluded, producer.room_failed)
         got = answer(consumer)
+        # the aborted request's region was withdrawn at the producer (not left to its announce deadline)
+        withdrawn = producer.connector._producer.manager.failure_reason(1008)
     finally:
         producer.close()
         for proc in procs.values():
@@ -176,6 +183,8 @@ def test_misbehaving_receivers_fail_only_their_requests(model, keys, consumer):
     assert producer.room_failed["f-silent"] in {ReasonKind.WRITE_FAILED.value, ReasonKind.WRITE_TIMED_OUT.value,
                                                 ReasonKind.WRITE_DEADLINE.value, ReasonKind.PEER_DOWN.value}
     # the consumer engine: its healthy requests ran on the bytes sent, the orphan alone failed
-    assert got["unfinished"] == [] and got["failed"] == ["c9"]
+    assert got["unfinished"] == [] and got["failed"] == ["c9"] and "c8" not in got["finished"]
+    assert got["regions_left"] == []  # consumed, released after the failure, acknowledged after the withdraw
+    assert withdrawn is not None and withdrawn.kind == ReasonKind.WITHDRAWN
     expected = {h: digest(encoder_output(h, rows, HIDDEN)) for images in healthy.values() for h, rows in images}
     assert got["loaded"] == expected

@@ -4,9 +4,10 @@ executor/tools/vllm_rig.py).
 Run as a process (`python tests/vllm_peer.py MODEL_DIR`) it is the consumer engine: one JSON
 command per line on stdin, one JSON answer per line on stdout:
   {"cmd": "run", "extra": {...ec_connector_extra_config}, "requests": [[id, [[hash, rows], ...], params]],
-   "deadline": S}
+   "deadline": S, "abort": [ids to abort once their loads are asked for]}
 answers (a line after MARK) {"loaded": {mm_hash: sha256}, "failed": [ids], "finished": [ids],
-"unfinished": [ids]}.
+"unfinished": [ids], "regions_left": [rooms whose region
+never came back]}.
 """
 
 from __future__ import annotations
@@ -53,18 +54,33 @@ class Watched(dict):
 
 
 def consume(model: Path, cmd: dict[str, Any]) -> dict[str, Any]:
+    from vllm.v1.request import RequestStatus
+
     engine = Engine(model, "ec_consumer", cmd["extra"])
     try:
         engine.encoder_cache = cache = Watched()
         ids = []
+        hashes = {}
         for rid, images, params in cmd["requests"]:
             engine.add(request(rid, [tuple(i) for i in images], params))
             ids.append(rid)
-        engine.run(lambda: all(r in engine.finished for r in ids), cmd.get("deadline", 60))
+            hashes[rid] = [h for h, _ in images]
+        deadline = cmd.get("deadline", 60)
+        aborted = set(cmd.get("abort", ()))
+        if aborted:  # aborted once their loads were asked for: the loads are cancelled, the regions withdrawn
+            state = engine.sched.ec_connector._state
+            engine.run(lambda: all(state.get(h) == "loading" for r in aborted for h in hashes[r]), deadline)
+            engine.sched.finish_requests(aborted, RequestStatus.FINISHED_ABORTED)
+        rest = [r for r in ids if r not in aborted]
+        engine.run(lambda: all(r in engine.finished for r in rest), deadline)
+        # every region comes back: consumed, released after a failure, or acknowledged after a withdraw
+        receivers = engine.connector._consumer.receivers
+        engine.run(lambda: not any(list(rcv.regions) for rcv in list(receivers.values())), deadline)
         return {"loaded": cache.digests,
                 "failed": sorted(r for r, why in engine.finished.items() if failed(why)),
                 "finished": sorted(engine.finished),
-                "unfinished": sorted(r for r in ids if r not in engine.finished)}
+                "unfinished": sorted(r for r in rest if r not in engine.finished),
+                "regions_left": sorted(room for rcv in list(receivers.values()) for room in list(rcv.regions))}
     finally:
         engine.close()
 

@@ -163,19 +163,23 @@ class Loop:
         self.commands.put(fn)
 
     def _run(self) -> None:
+        name = self.thread.name
         while not self._stop.is_set():
-            try:
-                busy = 0
-                while True:
-                    try:
-                        fn = self.commands.get_nowait()
-                    except queue.Empty:
-                        break
+            busy = 0
+            while True:
+                try:
+                    fn = self.commands.get_nowait()
+                except queue.Empty:
+                    break
+                busy += 1
+                try:
                     fn()
-                    busy += 1
+                except Exception:  # one command's bug (one request's) must not stop the others'
+                    log.exception("%s: a command failed", name)
+            try:
                 busy += self._step()
-            except Exception as exc:  # a bug here must not die silently: the worker reports it
-                log.exception("epd-ring connector loop failed")
+            except Exception as exc:  # the drivers' own tick failed: reported to vLLM's thread, loudly
+                log.exception("%s: the loop failed", name)
                 self.error = exc
                 return
             if not busy:
