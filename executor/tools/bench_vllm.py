@@ -69,7 +69,7 @@ def serve(model: str) -> int:
     from .vllm_rig import Engine, failed, request
     _say({"ready": True})
     cmd = json.loads(sys.stdin.readline())
-    engine = Engine(Path(model), "ec_consumer", cmd["extra"], cmd["connector"], **cmd["ec"])
+    engine = Engine(Path(model), "ec_consumer", cmd["extra"], cmd["connector"], cmd["every_step"], **cmd["ec"])
     try:
         ids = [rid for rid, _, _ in cmd["requests"]]
         for rid, images, params in cmd["requests"]:
@@ -110,7 +110,7 @@ class _Consumer:
 
 
 def _phase(name: str, phase: str, model: Path, items: int, rows: int, hidden: int, keys: dict[str, Any],
-           deadline: float) -> dict[str, Any]:
+           deadline: float, every_step: bool) -> dict[str, Any]:
     from .vllm_rig import Engine, request
 
     port = _free_port()
@@ -122,7 +122,7 @@ def _phase(name: str, phase: str, model: Path, items: int, rows: int, hidden: in
             for k in range(n)]
     c_extra, c_connector, c_ec = _settings(name, "ec_consumer", port, keys)
     consumer = _Consumer(model, {"extra": c_extra, "connector": c_connector, "ec": c_ec, "requests": reqs,
-                                 "deadline": deadline})
+                                 "deadline": deadline, "every_step": every_step})
     try:
         if name == "epd-ring":  # its frames first, as a proxy would send the request to both at once
             manager = producer.connector._producer.manager  # read only: which rooms are announced
@@ -153,15 +153,17 @@ def _phase(name: str, phase: str, model: Path, items: int, rows: int, hidden: in
 
 
 def _one(name: str, model: Path, items: int, rows: int, hidden: int, keys: dict[str, Any],
-         deadline: float) -> dict[str, Any]:
+         deadline: float, every_step: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase in ("throughput", "silent"):
-        out.update(_phase(name, phase, model, items, rows, hidden, keys, deadline))
+        out.update(_phase(name, phase, model, items, rows, hidden, keys, deadline, every_step))
     return out
 
 
 def run(items: int = 200, rows: int = 64, hidden: int = 1024, connectors: tuple[str, ...] = CONNECTORS,
-        deadline: float = 120.0, echo: Any = print) -> dict[str, dict[str, Any]]:
+        deadline: float = 120.0, every_step: bool = False, echo: Any = print) -> dict[str, dict[str, Any]]:
+    """`every_step`: the consumer's connector is entered on every step, also those vLLM's model runner
+    skips (nothing scheduled); by default only where vLLM's runner enters it."""
     for what, value in (("items", items), ("rows", rows), ("hidden", hidden)):
         if value < 1:
             raise ValueError(f"{what} must be >= 1, got {value}")
@@ -177,7 +179,7 @@ def run(items: int = 200, rows: int = 64, hidden: int = 1024, connectors: tuple[
         model = make_tiny_blip2(Path(tmp) / "tiny-blip2", hidden=hidden)
         for name in connectors:
             try:
-                results[name] = _one(name, model, items, rows, hidden, keys, deadline)
+                results[name] = _one(name, model, items, rows, hidden, keys, deadline, every_step)
             except Exception as exc:  # one connector that cannot run here is a finding, not the end
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             echo(f"{name}: {json.dumps(results[name])}")

@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     bvllm.add_argument("--hidden", type=positive_int, default=1024, help="the tiny model's width: float32 per row")
     bvllm.add_argument("--connectors", nargs="+", choices=["epd-ring", "ECMooncakeConnector"], default=None,
                        help="which (default: both)")
+    bvllm.add_argument("--every-step", action="store_true",
+                       help="enter the consumer's connector on every step, also those vLLM's runner skips "
+                            "(nothing scheduled): vLLM's own connector needs it here")
     bvllm.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
@@ -501,7 +504,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .bench_vllm import CONNECTORS, run as vllm_run
 
         out = vllm_run(items=args.items, rows=args.rows, hidden=args.hidden,
-                       connectors=tuple(args.connectors or CONNECTORS), echo=_silent if args.json else print)
+                       connectors=tuple(args.connectors or CONNECTORS), every_step=args.every_step,
+                       echo=_silent if args.json else print)
         if args.json:
             _emit_json(out)
         return EXIT_OK

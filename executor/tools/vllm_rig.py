@@ -116,10 +116,12 @@ class Engine:
     """vLLM's scheduler and worker connector in this process, stepped as its engine core would.
 
     `connector`: vLLM's `ec_connector` settings (epd-ring's by default); `ec`: more `ECTransferConfig`
-    fields (`ec_ip`, `ec_port`, ... for vLLM's own connector)."""
+    fields (`ec_ip`, `ec_port`, ... for vLLM's own connector). `every_step`: enter a consumer's
+    connector on every step, also those vLLM's runner skips (nothing scheduled)."""
 
     def __init__(self, model: Path, role: str, extra: dict[str, Any], connector: dict[str, Any] | None = None,
-                 **ec: Any):
+                 every_step: bool = False, **ec: Any):
+        self.every_step = every_step
         from vllm.distributed.ec_transfer import ec_transfer_state
 
         self.config = vllm_config(model, role, connector, ec_connector_extra_config=extra, **ec)
@@ -150,7 +152,7 @@ class Engine:
         # as vLLM's model runner: the connector's context on every producer step, on a consumer's only
         # when tokens are scheduled (an empty step returns before it)
         consumer_only = self.connector.is_consumer and not self.connector.is_producer
-        if consumer_only and not out.total_num_scheduled_tokens:
+        if consumer_only and not out.total_num_scheduled_tokens and not self.every_step:
             ctx: Any = contextlib.nullcontext()
         else:
             ctx = Mixin.maybe_get_ec_connector_output(out, self.encoder_cache)
