@@ -43,9 +43,13 @@ def consumer_config(model):
 def test_vllm_loads_the_connector_by_module_path(producer_config):
     s = scheduler(producer_config)
     assert isinstance(s.ec_connector, EpdRingConnector) and s.ec_connector.is_producer
-    # the worker side is not written yet: it refuses to start rather than drop items
-    with pytest.raises(NotImplementedError):
-        EpdRingConnector(producer_config, ECConnectorRole.WORKER)
+
+
+def test_a_worker_without_its_keys_refuses_to_start(producer_config, consumer_config):
+    # CURVE is on unless switched off: a worker with no keys says which it lacks, before it binds anything
+    for config in (producer_config, consumer_config):
+        with pytest.raises(ValueError, match="secret key"):
+            EpdRingConnector(config, ECConnectorRole.WORKER)
 
 
 def test_a_producer_request_yields_its_registration_and_items_and_keeps_the_engine_stepping(producer_config):

@@ -11,20 +11,22 @@ Each request names its room in `SamplingParams.extra_args["ec_transfer_params"]`
 authenticated identity for the room, optional) and `ranks` (consumer: how many ranks share the
 item, 1 by default).
 
-The scheduler side (here) is pure bookkeeping: it turns vLLM's scheduling calls into the
-per-step metadata the workers act on (registrations and items for a producer, loads and
-withdraws for a consumer) and turns the workers' reports (rooms concluded or failed, loads
+The scheduler side (here) is bookkeeping: it turns vLLM's scheduling calls into the per-step
+metadata the workers act on (registrations and items for a producer; a consumer's loads and
+cancels go to the workers over a side channel too, since vLLM runs no consumer worker
+connector on a step without tokens) and turns the workers' reports (rooms concluded or failed, loads
 done or failed) back into what vLLM asks: is an item here (`has_cache_item`), may the
 request run (`ensure_cache_available`), which requests fail (`take_unavailable_requests`),
 must the engine keep stepping (`has_pending_push_work`).
 
-The worker side (the manager, pump, control plane and Mooncake transport) is not written
-yet: a worker-role connector refuses to start rather than drop items silently.
+The worker side (vllm_worker.py) does the transfers: a producer worker ships each item vLLM
+encoded through epd-ring's manager, pump, control plane and Mooncake transport; a consumer worker
+receives it into a region of its receiver and hands it to vLLM's encoder cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
@@ -33,6 +35,8 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
     ECConnectorWorkerMetadata,
 )
+
+from .vllm_worker import ConsumerWorker, LoadChannel, ProducerWorker, Settings, channel_paths
 
 if TYPE_CHECKING:
     import torch
@@ -104,6 +108,8 @@ class EpdRingMetadata(ECConnectorMetadata):
     # producer: requests vLLM finished while their rooms were live; the worker withdraws a room
     # whose items never came (an abort before the encoder ran), else lets it conclude
     finished: list[str] = field(default_factory=list)
+    # consumer: loads asked this step; what starts them is the side channel (vllm_worker.channel_paths),
+    # since vLLM runs no worker connector on a consumer step without tokens
     loads: list[Load] = field(default_factory=list)
     # consumer: loads no request waits for any more
     cancelled_loads: list[str] = field(default_factory=list)
@@ -136,8 +142,8 @@ class EpdRingConnector(ECConnectorBase):
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole):
         super().__init__(vllm_config=vllm_config, role=role)
-        if role == ECConnectorRole.WORKER:
-            raise NotImplementedError("epd-ring's vLLM connector has no worker side yet (issue #31)")
+        self._producer: ProducerWorker | None = None
+        self._consumer: ConsumerWorker | None = None
         # producer
         self._to_register: dict[str, Registration] = {}
         self._registered: set[str] = set()
@@ -152,6 +158,12 @@ class EpdRingConnector(ECConnectorBase):
         self._local: set[str] = set()
         # both
         self._unavailable: set[str] = set()
+        # consumer: the side channel to the workers' loops (made at the first load), and which ranks
+        # reported each item ready through it
+        self._channel: LoadChannel | None = None
+        self._ready_ranks: dict[str, set[int]] = {}
+        if role == ECConnectorRole.WORKER:
+            self._start_worker(vllm_config)
 
     # --- scheduler side -------------------------------------------------------------------
 
@@ -164,6 +176,7 @@ class EpdRingConnector(ECConnectorBase):
         room = Room.of(request)
         if room is None:
             return True  # nothing to receive: vLLM runs the encoder itself
+        self._poll_channel()
         ready = True
         for index, feature in enumerate(request.mm_features):
             if feature.mm_position.offset + feature.mm_position.length <= num_computed_tokens:
@@ -177,8 +190,35 @@ class EpdRingConnector(ECConnectorBase):
                 self._unavailable.add(request.request_id)
             if h not in self._state:
                 self._state[h] = "loading"
-                self._to_load.append(Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room))
+                load = Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room)
+                self._to_load.append(load)
+                self._tell_workers({"op": "load", "mm_hash": h, "room": asdict(room), "index": index,
+                                    "num_embeds": load.num_embeds})
         return ready
+
+    def _tell_workers(self, message: dict[str, Any]) -> None:
+        if self._channel is None:
+            self._channel = LoadChannel(*channel_paths(self._vllm_config))
+        self._channel.send(message)
+
+    def _poll_channel(self) -> None:
+        if self._channel is None:
+            return
+        for report in self._channel.reports():
+            h, outcome = report["mm_hash"], report["outcome"]
+            if self._state.get(h) != "loading":
+                continue  # cancelled, or already settled
+            if outcome == "ready":
+                ranks = self._ready_ranks.setdefault(h, set())
+                ranks.add(int(report["rank"]))
+                if len(ranks) >= self._channel.ranks:  # every rank holds it: the step that reads it may run
+                    del self._ready_ranks[h]
+                    self._state[h] = "ready"
+                    self._waiters.pop(h, None)
+            else:
+                self._ready_ranks.pop(h, None)
+                self._state[h] = "failed"
+                self._unavailable |= self._waiters.pop(h, set())
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         feature = request.mm_features[index]
@@ -229,6 +269,7 @@ class EpdRingConnector(ECConnectorBase):
                 self._unavailable |= self._waiters.pop(h, set())
 
     def take_unavailable_requests(self) -> set[str]:
+        self._poll_channel()
         failed, self._unavailable = self._unavailable, set()
         self._state = {h: state for h, state in self._state.items() if state != "failed"}
         return failed
@@ -251,16 +292,109 @@ class EpdRingConnector(ECConnectorBase):
                 del self._state[feature.identifier]
                 self._to_load = [load for load in self._to_load if load.mm_hash != feature.identifier]
                 self._cancelled.append(feature.identifier)
+                self._ready_ranks.pop(feature.identifier, None)
+                self._tell_workers({"op": "cancel", "mm_hash": feature.identifier})
         # The room outlives the request on the producer: its bytes are staged, the receiver reads on.
         return False, None
 
     def has_pending_push_work(self) -> bool:
         return bool(self._live)
 
-    # --- worker side ----------------------------------------------------------------------
+    # --- worker side ---------------------------------------------------------------------
 
-    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
-        raise NotImplementedError("scheduler-side connector")
+    def _start_worker(self, vllm_config: VllmConfig) -> None:
+        import os
+        ec = vllm_config.ec_transfer_config
+        assert ec is not None  # the base class refused a config without one
+        settings = Settings.of(vllm_config, dict(ec.ec_connector_extra_config or {}), dict(os.environ))
+        # this step's items not yet shipped (their output comes with `save_caches`), and the consumer's
+        # loads: reported once the tensor is in vLLM's encoder cache
+        self._unsent: list[Item] = []
+        self._loaded: set[str] = set()
+        self._load_failed: dict[str, str] = {}
+        if self.is_producer:
+            self._producer = ProducerWorker(settings)
+        if self.is_consumer:
+            try:
+                reports, ranks = channel_paths(vllm_config)
+                self._consumer = ConsumerWorker(settings, vllm_config.device_config.device,
+                                                (ranks[min(settings.rank, len(ranks) - 1)], reports))
+            except Exception:
+                self.shutdown()
+                raise
+
+    @property
+    def endpoint(self) -> str | None:
+        """The producer's control endpoint (`tcp://HOST:PORT`): the requests' `bootstrap_host`/`port`."""
+        return self._producer.endpoint if self._producer is not None else None
+
+    def _meta(self) -> EpdRingMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, EpdRingMetadata), f"not epd-ring's metadata: {type(meta).__name__}"
+        return meta
+
+    def start_save_caches(self, encoder_cache: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> None:
+        if self._producer is None:
+            return
+        meta = self._meta()
+        for reg in meta.registrations:
+            self._producer.register(reg.request_id, reg.room)
+        # an item cached from an earlier step is not encoded again: it goes now; the rest as encoded
+        self._unsent = []
+        for item in meta.items:
+            if encoder_cache is not None and item.mm_hash in encoder_cache:
+                self._producer.send(item.request_id, item.index, item.num_embeds, encoder_cache[item.mm_hash])
+            else:
+                self._unsent.append(item)
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any) -> None:
-        raise NotImplementedError("scheduler-side connector")
+        if self._producer is None or not self._unsent:
+            return
+        keep = []
+        for item in self._unsent:
+            if item.mm_hash == mm_hash:
+                self._producer.send(item.request_id, item.index, item.num_embeds, encoder_cache[mm_hash])
+            else:
+                keep.append(item)
+        self._unsent = keep
+
+    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        if self._consumer is None:
+            return
+        # Loads and cancels reach the loop over the side channel, also on steps vLLM does not run this
+        # (`channel_paths`); here the items received go into vLLM's cache, before the step reads them.
+        ready, failed = self._consumer.take_reports()
+        for h, tensor in ready.items():
+            encoder_cache[h] = tensor
+            self._loaded.add(h)
+        self._load_failed.update(failed)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # `request_finished` never delays a request's free (a room outlives its request, its bytes staged
+        # in epd-ring's ring), so no request waits on this; rooms are reported through the worker metadata.
+        return None, None
+
+    def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
+        out = EpdRingWorkerMetadata()
+        if self._producer is not None:
+            meta = self._connector_metadata
+            for item in self._unsent:  # allocated for the encoder, yet vLLM saved no output for it
+                self._producer.fail(item.request_id, item.index, "vLLM saved no encoder output for the item")
+            self._unsent = []
+            if isinstance(meta, EpdRingMetadata):
+                for rid in meta.finished:
+                    self._producer.finished(rid)
+            out.concluded, out.failed = self._producer.take_reports()
+        if self._consumer is not None:
+            out.loaded, self._loaded = self._loaded, set()
+            out.failed_loads, self._load_failed = self._load_failed, {}
+        return out
+
+    def shutdown(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._producer is not None:
+            self._producer.shutdown()
+        if self._consumer is not None:
+            self._consumer.shutdown()

@@ -31,7 +31,8 @@ MOONCAKE_EXTRA = "pip install 'epd-ring[mooncake]' (and apt-get install libibver
 METRICS_EXTRA = "pip install 'epd-ring[metrics]'"
 # Optional module -> how to get it; a missing one is an environment problem, not a crash.
 EXTRAS = {"zmq": MOONCAKE_EXTRA, "mooncake": MOONCAKE_EXTRA, "prometheus_client": METRICS_EXTRA,
-          "transformers": "pip install 'epd-ring[qwen]'", "PIL": "pip install 'epd-ring[qwen]'"}
+          "transformers": "pip install 'epd-ring[qwen]'", "PIL": "pip install 'epd-ring[qwen]'",
+          "vllm": "pip install --no-deps vllm==0.33.0 && pip install 'epd-ring[vllm]' (docs/vllm.md)"}
 
 
 class UsageError(Exception):
@@ -286,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     fair.add_argument("--seed", type=int, default=0, help="seed of the arrivals")
     fair.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
+    bvllm = command("bench-vllm", "epd-ring's vLLM EC connector beside vLLM's ECMooncakeConnector, two engines",
+                    "Two vLLM engines (producer here, consumer in a child process; vLLM's real scheduler and "
+                    "worker connectors, the model's forward left out) over Mooncake on 127.0.0.1, once per "
+                    "connector: items/s and MB/s for a batch of one-image requests, and with the consumer "
+                    "stopped, the seconds until the producer's engine stops waiting and its longest step.")
+    bvllm.add_argument("--items", type=positive_int, default=200, help="requests of one image each")
+    bvllm.add_argument("--rows", type=positive_int, default=64, help="rows (embeddings) per image")
+    bvllm.add_argument("--hidden", type=positive_int, default=1024, help="the tiny model's width: float32 per row")
+    bvllm.add_argument("--connectors", nargs="+", choices=["epd-ring", "ECMooncakeConnector"], default=None,
+                       help="which (default: both)")
+    bvllm.add_argument("--every-step", action="store_true",
+                       help="enter the consumer's connector on every step, also those vLLM's runner skips "
+                            "(nothing scheduled): vLLM's own connector needs it here")
+    bvllm.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
     diagrams = command("diagrams", "render the state diagrams into a folder (needs graphviz's dot)")
     diagrams.add_argument("--check", action="store_true", help="exit 1 naming stale files instead of writing")
     diagrams.add_argument("--dir", default="diagrams",
@@ -507,6 +523,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         if args.json:
             _emit_json(report)
+        return EXIT_OK
+    if args.command == "bench-vllm":
+        from .bench_vllm import CONNECTORS, run as vllm_run
+
+        out = vllm_run(items=args.items, rows=args.rows, hidden=args.hidden,
+                       connectors=tuple(args.connectors or CONNECTORS), every_step=args.every_step,
+                       echo=_silent if args.json else print)
+        if args.json:
+            _emit_json(out)
         return EXIT_OK
     if args.command == "bench-fairness":
         from .bench_fairness import CASES, run as fairness_run
