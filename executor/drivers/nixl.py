@@ -401,6 +401,17 @@ class NixlTransport(EdgeTransport):
                     ok = False
             self.pages.give_back(page, ok, identity)
 
+    def probe(self, session: str) -> bool:
+        """Does the peer's metadata port answer? A dead receiver's is refused at once (diagnostics,
+        off the loop: a stopped one is waited for up to `handshake_timeout_s`)."""
+        try:
+            self.fetch(session, self.handshake_timeout_s)
+        except HandshakeError:
+            self.stats["probe_dead"] += 1
+            return False
+        self.stats["probe_alive"] += 1
+        return True
+
     @property
     def in_flight(self) -> int:
         return len(self._pending)
