@@ -114,8 +114,10 @@ class EncodeSide:
         if transport == "nixl":
             from epd_ring.executor.drivers.nixl import NixlTransport
 
-            # Its own write deadline as Mooncake's TCP status timeout above (NIXL has none).
-            self.transport: Any = NixlTransport(notifier=self.control.push_status, write_timeout_s=5.0)
+            # NIXL has no write timeout of its own: the transport's frees a stopped peer's slot. Past
+            # what the heartbeat needs to find that peer (twice the connect deadline), as Mooncake's
+            # TCP status timeout above is in practice (honoured 14-78 s late under load).
+            self.transport: Any = NixlTransport(notifier=self.control.push_status, write_timeout_s=30.0)
         else:
             self.transport = MooncakeTransport(notifier=self.control.push_status)
         self.clock = clock = SkippingClock()
@@ -716,6 +718,9 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(t
     connect_timeout = 300.0
     enc.manager.peers.connect_timeout = connect_timeout
     enc.manager.announce_timeout = 10 * connect_timeout  # its rooms never get a sender: not this deadline
+    # The contact's own deadline too (a real clock's): the peer must still be contacted once the
+    # healthy rooms are done, however long a loaded machine takes for them.
+    enc.transport.handshake_timeout_s = connect_timeout
     a = enc.receiver()
     silent = SilentPeer()
     try:
