@@ -779,8 +779,8 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(t
             assert report["digest"][str(room)] == enc.digest(room, 0, item.n_tokens)
         # The bound on one loop call is 50 ms; it depends on the machine, so it is shown.
         print(f"\nsilent peer ({transport}): {len(rooms)} rooms to a healthy receiver done {done_at:.2f} s after "
-              f"the frames (the loop had submitted them all at {submitted_at:.2f} s) while the peer was still contacted; "
-              f"slowest poll()/execute() {worst[0] * 1e3:.1f} ms ({worst[1]}; the issue's bound is 50 ms; "
+              f"the frames (the loop had submitted them all at {submitted_at:.2f} s) while the peer was still "
+              f"contacted; slowest poll()/execute() {worst[0] * 1e3:.1f} ms ({worst[1]}; the issue's bound is 50 ms; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     finally:
         a.close()
