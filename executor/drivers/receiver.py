@@ -142,9 +142,12 @@ class MooncakeTarget:
 def target(transport: str, hostname: str, page: torch.Tensor, buffer: torch.Tensor) -> Any:
     """The receive side of `transport` with `page` and `buffer` registered; `.session` names it."""
     if transport == "nixl":
+        import os
+
         from .nixl import NixlTarget
 
-        return NixlTarget(hostname, page, buffer)
+        # The metadata port (the session's): random unless pinned, as a restarted receiver may want.
+        return NixlTarget(hostname, page, buffer, int(os.environ.get("EPD_RING_NIXL_PORT", "0")))
     return MooncakeTarget(hostname, page, buffer)
 
 
