@@ -147,10 +147,10 @@ class NixlTarget:
 
 
 class _Write:
-    __slots__ = ("name", "bufs", "state", "handle", "deadline", "failure")
+    __slots__ = ("name", "bufs", "state", "handle", "deadline", "failure", "notif")
 
-    def __init__(self, name: str, bufs: Sequence[Buf], deadline: float):
-        self.name, self.bufs, self.deadline = name, [b for b in bufs if b[2]], deadline
+    def __init__(self, name: str, bufs: Sequence[Buf], deadline: float, notif: bytes = b""):
+        self.name, self.bufs, self.deadline, self.notif = name, [b for b in bufs if b[2]], deadline, notif
         self.state = _PROC
         self.handle: Any = None
         self.failure = ""
@@ -245,8 +245,8 @@ class NixlTransport(EdgeTransport):
         try:
             local = agent.get_xfer_descs([(src, n, 0) for src, _, n in w.bufs], "DRAM")
             remote = agent.get_xfer_descs([(dst, n, 0) for _, dst, n in w.bufs], "DRAM")
-            w.handle = agent.initialize_xfer("WRITE", local, remote, w.name)
-            st = agent.transfer(w.handle)
+            w.handle = agent.initialize_xfer("WRITE", local, remote, w.name, w.notif)
+            st = agent.transfer(w.handle, w.notif)
         except Exception as exc:  # outside the peer's registered memory, an agent removed, a disconnect
             w.failure = f"{type(exc).__name__}: {exc}"
             w.state = _FAILED
