@@ -57,6 +57,8 @@ ENGINE = "nixl"
 
 def load_agent(name: str, *, progress_thread: bool = True, quiet: bool = True) -> Any:
     """A NIXL agent with the UCX backend; TransportError if NIXL or UCX is missing."""
+    # UCX logs on stdout by default: a receiver process answers JSON lines there.
+    os.environ.setdefault("UCX_LOG_FILE", "/dev/stderr")
     if quiet:
         os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
         logging.getLogger("nixl").setLevel(logging.ERROR)
