@@ -60,6 +60,13 @@ def _nixl_missing() -> bool:
 # The engines each fault runs over: NIXL where it is installed (CI requires it).
 TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(_nixl_missing(), reason="nixl_cu12 missing"))]
 over_each_transport = pytest.mark.parametrize("transport", TRANSPORTS)
+# CI's time: on NIXL by default only the faults whose engine behaviour differs from Mooncake's (a
+# killed peer raises, a stopped one waits for ever, a blackholed add, a withdraw, the bytes); the
+# others (the same handshake code, another shape of the same bytes) with EPD_RING_NIXL_ALL=1.
+NIXL_ALL = bool(os.environ.get("EPD_RING_NIXL_ALL"))
+TRANSPORTS_FULL = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(
+    _nixl_missing() or not NIXL_ALL, reason="nixl_cu12 missing, or EPD_RING_NIXL_ALL unset (CI's time)"))]
+over_each_transport_with_all = pytest.mark.parametrize("transport", TRANSPORTS_FULL)
 
 
 def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict, int, list]:
@@ -206,6 +213,8 @@ def video(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
 @pytest.mark.parametrize("deep", [True, False], ids=["deepstack", "plain"])
 @over_each_transport
 def test_images_across_processes_with_fanout_and_late_registration(deep, transport):
+    if transport == "nixl" and deep and not NIXL_ALL:
+        pytest.skip("the plain run covers NIXL's bytes; deepstack too with EPD_RING_NIXL_ALL=1 (CI's time)")
     rng = random.Random(1 if deep else 2)
     # The partial rooms fail at the park deadline, which the test moves past once every other
     # room is done: a late registration never races it, however slow the machine is.
@@ -707,7 +716,7 @@ class TowerClock:
         return out
 
 
-@over_each_transport
+@over_each_transport_with_all
 def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(transport):
     from epd_ring.executor import ReceiverFrame
 
@@ -788,7 +797,7 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(t
         enc.close()
 
 
-@over_each_transport
+@over_each_transport_with_all
 def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed(transport):
     rng = random.Random(7)
     # Far beyond the run: the queued rooms can fail only by their peer going down, all together,
@@ -860,6 +869,9 @@ def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_cont
     receiver's first contact queued behind it. Now the handshake is ours, with a total deadline, and
     the engine opens segments from our relay: the honest rooms and the new receiver's first room
     succeed, and the attackers' rooms fail at their connect deadline (5 s, the default)."""
+    if transport == "nixl" and attack != "blackhole" and not NIXL_ALL:
+        pytest.skip("NIXL's contact fetches metadata with Mooncake's handshake code: the blackhole covers it; "
+                    "the others with EPD_RING_NIXL_ALL=1 (CI's time)")
     from epd_ring.executor import ReceiverFrame
 
     rng = random.Random(12)

@@ -154,3 +154,15 @@ def test_a_write_outside_the_peers_registered_memory_fails_alone():
     finally:
         t.close()
         good.close()
+
+
+def test_the_bench_measures_the_controller_and_raw_nixl_at_each_size():
+    from epd_ring.executor.tools.bench_nixl import run
+
+    lines: list[str] = []
+    got = run(sizes=(1 << 10, 1 << 20), items=16, mooncake=False, echo=lines.append)
+    assert set(got) == {1 << 10, 1 << 20}
+    for by_path in got.values():
+        assert set(by_path) == {"nixl (controller)", "nixl (raw)"}
+        assert all(mb > 0 and per_s > 0 for mb, per_s in by_path.values())
+    assert len(lines) == 4  # a title, a header, a row per size
