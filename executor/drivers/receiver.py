@@ -594,8 +594,8 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m epd_ring.executor.drivers.receiver ENDPOINT`: serve JSON-line commands on stdin.
 
-    Exit 0 at `exit` or end of input, 2 on a usage error, 3 when the mooncake
-    extra is missing or the engine will not start.
+    Exit 0 at `exit` or end of input, 2 on a usage error, 3 when the mooncake (or, with
+    `--transport nixl`, the nixl) extra is missing or the engine will not start.
     """
     import argparse
     import re
