@@ -1,7 +1,8 @@
 """The encode worker of the multi-host suite, as a process on its own host (network namespace).
 
 `python tests/netns_encoder.py HOST CONFIG_JSON`, keys from EPD_RING_SECRET_KEY and
-EPD_RING_ALLOWED_KEYS. It runs the encode loop (MooncakeTransport, the CURVE control plane, the
+EPD_RING_ALLOWED_KEYS. It runs the encode loop (MooncakeTransport, or NixlTransport with
+`"transport": "nixl"` in CONFIG_JSON; the CURVE control plane, the
 tiny tower, a `Pump`) without pause, and takes JSON commands on stdin between ticks, so the
 test can cut links while rooms are in flight. It prints one JSON line at start
 ({"endpoint", "session"}) and one answer per command:
@@ -35,6 +36,7 @@ import signal
 import sys
 import time
 from collections import deque
+from typing import Any
 
 # Read when the engine starts. The suite's own deadlines (settings below) must carry it, never
 # these (Mooncake's TCP transport reports a cut write 14-78 s late whatever they say).
@@ -57,7 +59,14 @@ def main() -> None:
     keypair, allowed = keys_from_env()
     control = ZmqControlPlane(bind=f"tcp://{host}:{cfg.get('control_port', 0)}", keypair=keypair, allowed_keys=allowed,
                               heartbeat_s=cfg.get("heartbeat_s", 10.0))
-    transport = MooncakeTransport(hostname=host, notifier=control.push_status)
+    if cfg.get("transport") == "nixl":
+        from epd_ring.executor.drivers.nixl import NixlTransport
+
+        # NIXL has no write timeout of its own: ours frees a cut peer's slot (the encoder's own write
+        # deadline, in its settings, fails the room well before).
+        transport: Any = NixlTransport(hostname=host, notifier=control.push_status, write_timeout_s=10.0)
+    else:
+        transport = MooncakeTransport(hostname=host, notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), **cfg.get("settings", {}))
     model = TinyVisionModel(TinyVisionTower(seed=7))
     # An arena of `items` of the largest size (64 x 64 rows): smaller items share it.

@@ -1,6 +1,7 @@
-"""End to end across processes with a real Mooncake TransferEngine over TCP on 127.0.0.1.
+"""End to end across processes over a real transfer engine on 127.0.0.1: Mooncake's TransferEngine
+over TCP, and (the tests parametrised by `transport`) NIXL over UCX's TCP transport.
 
-The encode worker runs in the test process (MooncakeTransport, ZMQ control plane,
+The encode worker runs in the test process (MooncakeTransport or NixlTransport, ZMQ control plane,
 a real tiny vision tower); two receiver processes run `epd_ring.executor.drivers.receiver`.
 Every received byte is checked against the tower output by sha256.
 """
@@ -13,6 +14,7 @@ import os
 import random
 import signal
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +24,9 @@ import torch
 os.environ["MC_TRANSFER_TIMEOUT"] = "5"  # the minimum
 os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = "5"
 os.environ["MC_TCP_STATUS_TIMEOUT_SEC"] = "5"
+# NIXL over UCX's TCP transport on loopback (a CPU machine has no RDMA device to pick).
+os.environ.setdefault("UCX_TLS", "tcp")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("mooncake.engine")
@@ -40,6 +45,28 @@ STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 
 
 Receiver = ReceiverProcess
+
+
+def _nixl_missing() -> bool:
+    if os.environ.get("EPD_RING_REQUIRE_NIXL"):
+        return False
+    try:
+        import nixl_cu12  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+# The engines each fault runs over: NIXL where it is installed (CI requires it).
+TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(_nixl_missing(), reason="nixl_cu12 missing"))]
+over_each_transport = pytest.mark.parametrize("transport", TRANSPORTS)
+# CI's time: on NIXL by default only the faults whose engine behaviour differs from Mooncake's (a
+# killed peer raises, a stopped one waits for ever, a blackholed add, a withdraw, the bytes); the
+# others (the same handshake code, another shape of the same bytes) with EPD_RING_NIXL_ALL=1.
+NIXL_ALL = bool(os.environ.get("EPD_RING_NIXL_ALL"))
+TRANSPORTS_FULL = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(
+    _nixl_missing() or not NIXL_ALL, reason="nixl_cu12 missing, or EPD_RING_NIXL_ALL unset (CI's time)"))]
+over_each_transport_with_all = pytest.mark.parametrize("transport", TRANSPORTS_FULL)
 
 
 def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict, int, list]:
@@ -83,13 +110,23 @@ IMAGE_BYTES = 64 * 64 * 4  # the largest image: 64 merged tokens of 64 float32
 class EncodeSide:
     def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
                  write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None,
-                 peer_ring_share: float = 0.5, peer_probe_interval: float | None = None):
+                 peer_ring_share: float = 0.5, peer_probe_interval: float | None = None,
+                 transport: str = "mooncake"):
         # CURVE on, as in production: the encoder's keypair, and one prefill instance's
         # keypair shared by its receiver processes (its ranks).
         self.keypair = generate_keypair()
         self.instance = generate_keypair()
         self.control = ZmqControlPlane(keypair=self.keypair, allowed_keys=[self.instance[0]])
-        self.transport = MooncakeTransport(notifier=self.control.push_status)
+        self.engine = transport
+        if transport == "nixl":
+            from epd_ring.executor.drivers.nixl import NixlTransport
+
+            # NIXL has no write timeout of its own: the transport's frees a stopped peer's slot. Past
+            # what the heartbeat needs to find that peer (twice the connect deadline), as Mooncake's
+            # TCP status timeout above is in practice (honoured 14-78 s late under load).
+            self.transport: Any = NixlTransport(notifier=self.control.push_status, write_timeout_s=30.0)
+        else:
+            self.transport = MooncakeTransport(notifier=self.control.push_status)
         self.clock = clock = SkippingClock()
         # Early frames wait for their senders as long as the run takes on a loaded machine;
         # only the park deadline is short (the partial rooms fail at it). The deadlines are set
@@ -132,7 +169,8 @@ class EncodeSide:
         keypair = keypair or self.instance
         if allow:
             self.control.allow(keypair[0])
-        return ReceiverProcess(self.control.endpoint, encoder_key=self.keypair[0], keypair=keypair)
+        return ReceiverProcess(self.control.endpoint, encoder_key=self.keypair[0], keypair=keypair,
+                               transport=self.engine)
 
     def settle(self, rooms, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -173,12 +211,15 @@ def video(rng: random.Random, room: int, tower: TinyVisionTower) -> EncodeItem:
 
 
 @pytest.mark.parametrize("deep", [True, False], ids=["deepstack", "plain"])
-def test_images_across_processes_with_fanout_and_late_registration(deep):
+@over_each_transport
+def test_images_across_processes_with_fanout_and_late_registration(deep, transport):
+    if transport == "nixl" and deep and not NIXL_ALL:
+        pytest.skip("the plain run covers NIXL's bytes; deepstack too with EPD_RING_NIXL_ALL=1 (CI's time)")
     rng = random.Random(1 if deep else 2)
     # The partial rooms fail at the park deadline, which the test moves past once every other
     # room is done: a late registration never races it, however slow the machine is.
     park_timeout = 300.0
-    enc = EncodeSide(deep, park_timeout=park_timeout)
+    enc = EncodeSide(deep, transport=transport, park_timeout=park_timeout)
     a, b = enc.receiver(), enc.receiver()
     try:
         plans = {}
@@ -247,9 +288,10 @@ def test_images_across_processes_with_fanout_and_late_registration(deep):
         enc.close()
 
 
-def test_killed_receiver_fails_its_rooms_and_others_succeed():
+@over_each_transport
+def test_killed_receiver_fails_its_rooms_and_others_succeed(transport):
     rng = random.Random(3)
-    enc = EncodeSide(False, quarantine_s=0.5)
+    enc = EncodeSide(False, transport=transport, quarantine_s=0.5)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
@@ -374,7 +416,8 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
         enc.close()
 
 
-def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_nothing():
+@over_each_transport
+def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_nothing(transport):
     rng = random.Random(5)
     # Every deadline is far beyond the run and fires when the test moves the clock past it, after
     # what must happen first, however slow the machine: the write deadline of the stopped
@@ -390,7 +433,8 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     # test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat) and no per-peer share (the
     # stopped receiver's three rooms take most of the arena on purpose).
     arena = sum(extent[1:4]) + max(extent[4:])
-    enc = EncodeSide(False, quarantine_s=quarantine_s, write_timeout=write_timeout, arena_bytes=arena,
+    enc = EncodeSide(False, transport=transport, quarantine_s=quarantine_s, write_timeout=write_timeout,
+                     arena_bytes=arena,
                      announce_timeout=100 * quarantine_s, park_timeout=100 * quarantine_s, peer_ring_share=1.0,
                      peer_probe_interval=100 * write_timeout)
     a, b = enc.receiver(), enc.receiver()
@@ -445,12 +489,14 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         enc.close()
 
 
-def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat():
+@over_each_transport
+def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat(transport):
     """SIGSTOP: the peer accepts TCP and answers nothing; its writes would wait out the engine's timeouts.
     The probe of a busy peer goes unanswered, so the peer goes down at its connect deadline (within twice
     the connect deadline of the stop) and fails its rooms; the other receiver's rooms succeed."""
     rng = random.Random(11)
-    enc = EncodeSide(False, slots=8, quarantine_s=300.0, write_timeout=3000.0, announce_timeout=3000.0,
+    enc = EncodeSide(False, transport=transport, slots=8, quarantine_s=300.0, write_timeout=3000.0,
+                     announce_timeout=3000.0,
                      park_timeout=3000.0)
     connect = enc.manager.peers.connect_timeout
     a, b = enc.receiver(), enc.receiver()
@@ -467,7 +513,7 @@ def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat():
         found = time.monotonic() - stopped_at
         assert peer.state == "down", peer.state
         assert reason_kind(enc.manager, stopped[0][0]) is ReasonKind.PEER_DOWN
-        print(f"stopped receiver found by the heartbeat {found:.1f} s after the stop "
+        print(f"stopped receiver ({transport}) found by the heartbeat {found:.1f} s after the stop "
               f"(connect deadline {connect} s; the bound is {2 * connect} s, here on a real clock)")
         others = [(r, item) for r, (item, x) in rooms.items() if x is a]
         enc.run(others)
@@ -518,8 +564,9 @@ def test_a_read_that_gave_up_is_answered_late_into_a_retired_page_never_handed_o
         enc.close()
 
 
-def test_withdrawn_region_is_acknowledged_then_carved_again():
-    enc = EncodeSide(False, slots=2)
+@over_each_transport
+def test_withdrawn_region_is_acknowledged_then_carved_again(transport):
+    enc = EncodeSide(False, transport=transport, slots=2)
     a = enc.receiver()
     try:
         room = 60_000
@@ -669,16 +716,20 @@ class TowerClock:
         return out
 
 
-def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline():
+@over_each_transport_with_all
+def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(transport):
     from epd_ring.executor import ReceiverFrame
 
     rng = random.Random(6)
-    enc = EncodeSide(False, slots=8)
+    enc = EncodeSide(False, transport=transport, slots=8)
     # Far beyond the run (and within the tombstones' TTL): the test moves the clock past it once
     # the healthy rooms are done. Waiting on the peer would show as an order of events, not a speed.
     connect_timeout = 300.0
     enc.manager.peers.connect_timeout = connect_timeout
     enc.manager.announce_timeout = 10 * connect_timeout  # its rooms never get a sender: not this deadline
+    # The contact's own deadline too (a real clock's): the peer must still be contacted once the
+    # healthy rooms are done, however long a loaded machine takes for them.
+    enc.transport.handshake_timeout_s = connect_timeout
     a = enc.receiver()
     silent = SilentPeer()
     try:
@@ -736,9 +787,9 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline()
             assert enc.manager.room_status(room) == "success", (room, enc.manager.failure_reason(room))
             assert report["digest"][str(room)] == enc.digest(room, 0, item.n_tokens)
         # The issue's bound on one loop call is 50 ms; it depends on the machine, so it is shown.
-        print(f"\nsilent peer: {len(rooms)} rooms to a healthy receiver done {done_at:.2f} s after the frames "
-              f"(the loop had submitted them all at {submitted_at:.2f} s) while the peer was still contacted; "
-              f"slowest poll()/execute() {worst[0] * 1e3:.1f} ms ({worst[1]}; the issue's bound is 50 ms; "
+        print(f"\nsilent peer ({transport}): {len(rooms)} rooms to a healthy receiver done {done_at:.2f} s after "
+              f"the frames (the loop had submitted them all at {submitted_at:.2f} s) while the peer was still "
+              f"contacted; slowest poll()/execute() {worst[0] * 1e3:.1f} ms ({worst[1]}; the issue's bound is 50 ms; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     finally:
         a.close()
@@ -746,14 +797,16 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline()
         enc.close()
 
 
-def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed():
+@over_each_transport_with_all
+def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed(transport):
     rng = random.Random(7)
     # Far beyond the run: the queued rooms can fail only by their peer going down, all together,
     # never one by one at a write deadline (which would have shown only as a speed before).
     write_timeout = 600.0
     # An arena of three of the largest images holds about as many of these mixed ones in flight as
     # eight slots did: the rest of b's rooms are still waiting for bytes when it dies.
-    enc = EncodeSide(False, quarantine_s=0.5, write_timeout=write_timeout, arena_bytes=3 * IMAGE_BYTES)
+    enc = EncodeSide(False, transport=transport, quarantine_s=0.5, write_timeout=write_timeout,
+                     arena_bytes=3 * IMAGE_BYTES)
     a, b = enc.receiver(), enc.receiver()
     try:
         rooms = {}
@@ -799,8 +852,8 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
         for r in others:
             assert enc.manager.room_status(r) == "success", (r, enc.manager.failure_reason(r))
             assert report["digest"][str(r)] == enc.digest(r, 0, rooms[r][0].n_tokens)
-        print(f"\nSIGKILLed receiver: its {len(queued)} queued rooms all failed {took:.2f} s after the kill "
-              f"(the write deadline is {write_timeout} s); {len(others)} other rooms succeeded")
+        print(f"\nSIGKILLed receiver ({transport}): its {len(queued)} queued rooms all failed {took:.2f} s after "
+              f"the kill (the write deadline is {write_timeout} s); {len(others)} other rooms succeeded")
     finally:
         a.close()
         b.close()
@@ -808,17 +861,21 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed()
 
 
 @pytest.mark.parametrize("attack", ["trickle", "silent", "blackhole"])
-def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_contact(attack, request):
+@over_each_transport
+def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_contact(attack, request, transport):
     """Three attacker sessions of one kind keep being named in frames while an honest receiver's rooms
     flow and a new honest receiver arrives. Before, the engine did the handshake itself under the
     mutex every submit takes: a trickled descriptor held every write for hours, and the new
     receiver's first contact queued behind it. Now the handshake is ours, with a total deadline, and
     the engine opens segments from our relay: the honest rooms and the new receiver's first room
     succeed, and the attackers' rooms fail at their connect deadline (5 s, the default)."""
+    if transport == "nixl" and attack != "blackhole" and not NIXL_ALL:
+        pytest.skip("NIXL's contact fetches metadata with Mooncake's handshake code: the blackhole covers it; "
+                    "the others with EPD_RING_NIXL_ALL=1 (CI's time)")
     from epd_ring.executor import ReceiverFrame
 
     rng = random.Random(12)
-    enc = EncodeSide(False, slots=8)
+    enc = EncodeSide(False, transport=transport, slots=8)
     enc.manager.announce_timeout = 600.0  # the attackers' rooms get no sender: not this deadline
     a = enc.receiver()
     attackers = [HostilePeer(attack) for _ in range(3)]
@@ -873,13 +930,14 @@ def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_cont
             assert enc.manager.room_status(room) == "success", (room, repr(enc.manager.failure_reason(room)))
         enc.settle(stuck, timeout=120)
         assert {reason_kind(enc.manager, r) for r in stuck} == {ReasonKind.PEER_DOWN}
-        assert enc.transport.relay.expired == 0 and enc.transport.stats["opens_stalled"] == 0
+        if transport == "mooncake":
+            assert enc.transport.relay.expired == 0 and enc.transport.stats["opens_stalled"] == 0
         for rcv, rooms in ((a, [r for r in honest if r != 81_000]), (c, [81_000])):
             report = rcv.ask(cmd="report", wait_rooms=rooms, timeout=20)
             for room in rooms:
                 assert report["digest"][str(room)] == enc.digest(room, 0, honest[room].n_tokens)
         worst = max(latency[r] for r in honest if r != 81_000)  # the warm room (first contact) is not timed
-        figure(request, f"hostile handshake ({attack})",
+        figure(request, f"hostile handshake ({attack}, {transport})",
                f"honest receiver's worst room latency {worst * 1e3:.0f} ms over {len(honest) - 1} "
                f"rooms (stamped from the request's arrival); a new receiver's first room "
                f"{latency[81_000] * 1e3:.0f} ms (its connect deadline {enc.manager.peers.connect_timeout} s); "

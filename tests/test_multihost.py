@@ -2,7 +2,8 @@
 
 Each host is a network namespace (tests/netns.py) on one bridge: the encoder (10.99.0.1, a
 process running tests/netns_encoder.py), receivers B and C (the project's receiver process,
-`--hostname` its own address). Real Mooncake TCP between them and the CURVE control plane.
+`--hostname` its own address). Real Mooncake TCP between them and the CURVE control plane; the
+whole module runs again over NIXL (UCX over TCP) where nixl_cu12 is installed (`transport`).
 A partition takes a host's switch port down; a slow link is a token-bucket limit (`tc ... tbf`)
 on both ends of a host's link. Every received byte is checked by sha256.
 
@@ -64,6 +65,28 @@ RECEIVER_OPTIONS = ["--heartbeat", "1", "--reclaim", "1"]
 RECOVERING_KINDS = FAILED_KINDS | {"park_timeout"}
 
 
+def _nixl_missing() -> bool:
+    if os.environ.get("EPD_RING_REQUIRE_NIXL"):
+        return False
+    try:
+        import nixl_cu12  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(_nixl_missing(), reason="nixl_cu12 missing"))]
+# UCX over TCP on each host's own link (a test process on one host may have set `lo` for itself).
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
+_ENGINE = ["mooncake"]  # the module's transport now: figures are printed with it
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport(request):
+    _ENGINE[0] = request.param
+    return request.param
+
+
 def _kind_names() -> set[str]:
     from epd_ring.executor import ReasonKind
 
@@ -90,11 +113,11 @@ def network():
 class Encoder:
     """The encode worker on host `enc`, driven by JSON lines (tests/netns_encoder.py)."""
 
-    def __init__(self, hosts: netns.Hosts, keypair, owner: bytes, items: int = 16):
+    def __init__(self, hosts: netns.Hosts, keypair, owner: bytes, items: int = 16, transport: str = "mooncake"):
         env = dict(os.environ, PYTHONUNBUFFERED="1", EPD_RING_SECRET_KEY=keypair[1].decode(),
-                   EPD_RING_ALLOWED_KEYS=owner.decode())
+                   EPD_RING_ALLOWED_KEYS=owner.decode(), **UCX_ENV)
         cfg = {"owner": owner.decode(), "items": items, "settings": SETTINGS, "control_port": CONTROL_PORT,
-               "heartbeat_s": HEARTBEAT_S}
+               "heartbeat_s": HEARTBEAT_S, "transport": transport}
         self.proc = subprocess.Popen([*hosts.prefix("enc"), sys.executable, str(HERE / "netns_encoder.py"),
                                       netns.address("enc"), json.dumps(cfg)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
@@ -137,10 +160,10 @@ class Encoder:
 class World:
     """The encoder and its receivers, each process killed however the test ends."""
 
-    def __init__(self, hosts: netns.Hosts):
-        self.hosts = hosts
+    def __init__(self, hosts: netns.Hosts, transport: str = "mooncake"):
+        self.hosts, self.transport = hosts, transport
         self.keypair, self.instance = generate_keypair(), generate_keypair()
-        self.encoder = Encoder(hosts, self.keypair, self.instance[0])
+        self.encoder = Encoder(hosts, self.keypair, self.instance[0], transport=transport)
         self.receivers: dict[str, ReceiverProcess] = {}
         self.plans: dict[int, tuple[list[str], tuple[int, int]]] = {}  # room -> (receiver hosts, (h, w))
         self.dead: list[ReceiverProcess] = []
@@ -155,9 +178,11 @@ class World:
         # before it reconnects (found here; see docs/figures.md).
         self._starts += 1
         status = f"{netns.address(host)}:{STATUS_PORT + self._starts}"
+        # Over NIXL the session is the metadata port: pinned as Mooncake's RPC port is.
+        env = dict(ports, **UCX_ENV, EPD_RING_NIXL_PORT=ports["MC_MIN_RPC_PORT"] if ports is PINNED_PORTS else "0")
         r = ReceiverProcess(self.encoder.endpoint, encoder_key=self.keypair[0], keypair=self.instance,
                             hostname=netns.address(host), status_address=status, prefix=self.hosts.prefix(host),
-                            env=ports, options=RECEIVER_OPTIONS)
+                            env=env, options=RECEIVER_OPTIONS, transport=self.transport)
         # It advertises its own host, for its memory and its statuses.
         assert r.session.startswith(netns.address(host) + ":")
         assert r.status_endpoint == f"tcp://{status}"
@@ -174,7 +199,7 @@ class World:
         """kill -9 the encoder; a new process (a new incarnation) on the same host, address and keys."""
         self.encoder.proc.kill()
         self.encoder.proc.wait()
-        self.encoder = Encoder(self.hosts, self.keypair, self.instance[0])
+        self.encoder = Encoder(self.hosts, self.keypair, self.instance[0], transport=self.transport)
         self.encoder.started()
 
     def rooms(self, *layout: tuple[str, ...], each: int = 1, read: bool = True,
@@ -243,10 +268,10 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def shared(network):
+def shared(network, transport):
     """One encoder and receivers for the module (each process takes seconds to start on a busy
     machine): every test leaves them healthy, and `world` makes sure of it before the next."""
-    w = World(network)
+    w = World(network, transport)
     try:
         # Started side by side: the receivers' frame sockets connect whenever the encoder is up.
         with ThreadPoolExecutor(3) as pool:
@@ -283,7 +308,7 @@ _FIGURES: list[str] = []
 
 
 def figure(name: str, value: str) -> None:
-    line = f"[figure] {name}: {value}"
+    line = f"[figure] {name} ({_ENGINE[0]}): {value}"
     print(line)
     _FIGURES.append(line)
 
@@ -368,6 +393,11 @@ def first_success(world: World, layout: tuple[str, ...], tries: int = 60) -> flo
 
 @pytest.mark.parametrize("same_session", [False, True], ids=["new-session", "same-session"])
 def test_receiver_restarted_across_a_partition(world, hosts, same_session):
+    if world.transport == "nixl":
+        # Found here: UCX reads a worker's addresses at its start, and a host whose link is down
+        # has none but loopback, so a receiver started during the cut stays unreachable after the
+        # heal (docs/transports.md). A receiver restarted once its link is up is the other tests'.
+        pytest.skip("NIXL: a receiver started while its link is down advertises no reachable address")
     if same_session and world.ports["b"] is not PINNED_PORTS:
         # Only a pinned pair of ports gives the same session again: B starts on them first.
         world.kill("b")
@@ -713,7 +743,8 @@ def test_without_namespaces_the_suite_skips_unless_required(tmp_path, required):
     if required:
         env["EPD_RING_REQUIRE_NETNS"] = "1"
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(Path(__file__)),
-                        "-k", "test_healthy_fanout"], capture_output=True, text=True, env=env, cwd=HERE.parent,
+                        "-k", "test_healthy_fanout and mooncake"], capture_output=True, text=True, env=env,
+                       cwd=HERE.parent,
                        timeout=120)
     if required:
         assert p.returncode == 1 and "cannot be made" in p.stdout, p.stdout[-2000:]

@@ -59,7 +59,7 @@ from .control import (
     load_keypair,
     load_public_keys,
 )
-from .mooncake import OWNER_PAGE, load_engine, owner_page
+from .mooncake import load_engine, owner_page
 
 _ALIGN = 64
 
@@ -109,12 +109,91 @@ class Extents:
         self.free = merged
 
 
+def _check_args(encode_endpoint: Any, capacity: Any, hostname: Any, dtype: Any, transport: Any) -> None:
+    if not isinstance(encode_endpoint, str):
+        raise TypeError(f"encode_endpoint must be a str like tcp://HOST:PORT, got {type(encode_endpoint).__name__}")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer of bytes, got {capacity!r}")
+    if not isinstance(hostname, str) or not hostname:
+        raise TypeError(f"hostname must be a non-empty str, got {hostname!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+
+
+TRANSPORTS = ("mooncake", "nixl")
+
+
+class MooncakeTarget:
+    """A receiver's memory over Mooncake: the ownership page first, then the receive buffer."""
+
+    def __init__(self, hostname: str, page: torch.Tensor, buffer: torch.Tensor):
+        self.engine, self.session = load_engine(hostname)
+        for what, t in (("ownership page", page), ("receive buffer", buffer)):
+            rc = self.engine.register_memory(t.data_ptr(), t.numel() * t.element_size())
+            if rc != 0:
+                raise RuntimeError(f"registering the {what} failed: rc={rc}")
+
+    def close(self) -> None:
+        """The engine is released with this object."""
+
+
+def target(transport: str, hostname: str, page: torch.Tensor, buffer: torch.Tensor) -> Any:
+    """The receive side of `transport` with `page` and `buffer` registered; `.session` names it."""
+    if transport == "nixl":
+        import os
+
+        from .nixl import NixlTarget
+
+        # The metadata port (the session's): random unless pinned, as a restarted receiver may want.
+        return NixlTarget(hostname, page, buffer, int(os.environ.get("EPD_RING_NIXL_PORT", "0")))
+    return MooncakeTarget(hostname, page, buffer)
+
+
+def _frame_socket(ctx: Any, heartbeat_s: float, curve: tuple[bytes, bytes, bytes] | None) -> tuple[Any, Any]:
+    """The PUSH socket frames and withdraws go out on (CURVE client: `curve` = our secret and
+    public keys, the encoder's public key), and a monitor of its handshakes and disconnections."""
+    import zmq
+
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 1000)
+    # A refused handshake leaves no pipe to queue on: give up on a send after 2 s
+    # instead of hanging (an encoder that does not accept our key is an error here).
+    push.setsockopt(zmq.SNDTIMEO, 2000)
+    if curve is not None:
+        push.curve_secretkey, push.curve_publickey, push.curve_serverkey = curve
+    # Each connection says hello, so the encoder binds it to our key at once rather than count it
+    # among silent ones (which it sheds under a flood): the first as it is made, queued on the pipe
+    # connect() makes, and every later one (after a cut, a blip, the encoder's restart) from poll().
+    # Our own heartbeats too: a connection the encoder no longer answers on ends, and counts
+    # towards `give_up_s`, instead of looking alive until TCP gives up (minutes).
+    push.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_s * 1000)))
+    push.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(3 * heartbeat_s * 1000)))
+    return push, push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+
+
+def _status_socket(ctx: Any, host: str, port: str, secret: bytes | None) -> tuple[Any, str]:
+    """The PULL socket statuses arrive on (a CURVE server under `secret`), bound; and its port."""
+    import zmq
+
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    if secret is not None:
+        sock.curve_server = True
+        sock.curve_secretkey = secret
+    if port:
+        sock.bind(f"tcp://{host}:{port}")
+        return sock, port
+    return sock, str(sock.bind_to_random_port(f"tcp://{host}"))
+
+
 class ReferenceReceiver:
     def __init__(self, encode_endpoint: str, *, capacity: int = 64 << 20, hostname: str = "127.0.0.1",
                  dtype: torch.dtype = torch.float32, encoder_key: Any = None,
                  keypair: tuple[bytes, bytes] | None = None, insecure: bool = False,
                  status_address: str | None = None, heartbeat_s: float = 10.0, give_up_s: float = 600.0,
-                 reclaim_s: float = 30.0, clock: Any = time.monotonic):
+                 reclaim_s: float = 30.0, clock: Any = time.monotonic, transport: str = "mooncake"):
         """`hostname`: the address this receiver's session advertises (the engine's local
         hostname; the encoder's writes come to it). `status_address`: HOST or HOST:PORT the
         status socket binds to and advertises (`hostname` and a random port by default).
@@ -124,15 +203,9 @@ class ReferenceReceiver:
         here. It must exceed what the encoder may still do for a room (announce or park deadline,
         write deadline, quarantine): a cut shorter than it loses nothing. `reclaim_s`: how long an
         orphaned region (its encoder's incarnation ended) is kept after that, for writes the dead
-        process's kernel may still deliver. `clock`: seconds, for those two."""
-        if not isinstance(encode_endpoint, str):
-            raise TypeError(f"encode_endpoint must be a str like tcp://HOST:PORT, got {type(encode_endpoint).__name__}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be a positive integer of bytes, got {capacity!r}")
-        if not isinstance(hostname, str) or not hostname:
-            raise TypeError(f"hostname must be a non-empty str, got {hostname!r}")
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        process's kernel may still deliver. `clock`: seconds, for those two. `transport`: the
+        engine the encoder writes with, "mooncake" or "nixl" (docs/transports.md)."""
+        _check_args(encode_endpoint, capacity, hostname, dtype, transport)
         if keypair is not None:
             keypair = check_keypair(keypair)
         heartbeat_s = settings.seconds("heartbeat_s", heartbeat_s)
@@ -155,19 +228,14 @@ class ReferenceReceiver:
             if encoder_key is None:
                 raise ValueError("a receiver needs the encoder's public key (or insecure=True)")
             keypair = keypair or generate_keypair()
-        self.engine, self.session = load_engine(hostname)
         self.dtype = dtype
         # First registered: the page naming our key, which the encoder reads back at first
         # contact before it writes here (a session is ours because our engine says so).
         self.owner_page = torch.tensor(list(owner_page("" if insecure else keypair[0].decode())),
                                        dtype=torch.uint8)
-        rc = self.engine.register_memory(self.owner_page.data_ptr(), OWNER_PAGE)
-        if rc != 0:
-            raise RuntimeError(f"registering the ownership page failed: rc={rc}")
         self.buffer = torch.zeros(capacity, dtype=torch.uint8)
-        rc = self.engine.register_memory(self.buffer.data_ptr(), capacity)
-        if rc != 0:
-            raise RuntimeError(f"registering the receive buffer failed: rc={rc}")
+        self.target = target(transport, hostname, self.owner_page, self.buffer)
+        self.session = self.target.session
         self._extents = Extents(capacity)
 
         self.ctx = zmq.Context()
@@ -175,7 +243,7 @@ class ReferenceReceiver:
         self.insecure = insecure
         if not insecure:
             (encoder,) = load_public_keys([encoder_key])
-            self.public_key, secret = keypair
+            self.public_key = keypair[0]
             # The status socket accepts the encoder's key only. Its ZAP handler may be a
             # thread: this is the receiver's edge, not the encode loop.
             from zmq.auth.thread import ThreadAuthenticator
@@ -183,31 +251,10 @@ class ReferenceReceiver:
             self.auth = ThreadAuthenticator(self.ctx)
             self.auth.start()
             self.auth.configure_curve_callback("*", credentials_provider=_OnlyKey(encoder))
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 1000)
-        # A refused handshake leaves no pipe to queue on: give up on a send after 2 s
-        # instead of hanging (an encoder that does not accept our key is an error here).
-        self.push.setsockopt(zmq.SNDTIMEO, 2000)
-        if not insecure:
-            self.push.curve_secretkey, self.push.curve_publickey = secret, self.public_key
-            self.push.curve_serverkey = encoder
-        # Each connection says hello, so the encoder binds it to our key at once rather than count it
-        # among silent ones (which it sheds under a flood): the first as it is made, queued on the pipe
-        # connect() makes, and every later one (after a cut, a blip, the encoder's restart) from poll().
-        # Our own heartbeats too: a connection the encoder no longer answers on ends, and counts
-        # towards `give_up_s`, instead of looking alive until TCP gives up (minutes).
-        self.push.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_s * 1000)))
-        self.push.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(3 * heartbeat_s * 1000)))
-        self._handshakes = self.push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        self.status_sock = self.ctx.socket(zmq.PULL)
-        self.status_sock.setsockopt(zmq.LINGER, 0)
-        if not insecure:
-            self.status_sock.curve_server = True
-            self.status_sock.curve_secretkey = secret
-        if status_port:
-            self.status_sock.bind(f"tcp://{status_host}:{status_port}")
-        else:
-            status_port = str(self.status_sock.bind_to_random_port(f"tcp://{status_host}"))
+        secret = None if insecure else keypair[1]
+        self.push, self._handshakes = _frame_socket(self.ctx, heartbeat_s, None if insecure else
+                                                    (secret, self.public_key, encoder))
+        self.status_sock, status_port = _status_socket(self.ctx, status_host, status_port, secret)
         self.status_endpoint = f"tcp://{status_host}:{status_port}"
         self.clock, self.give_up_s, self.reclaim_s = clock, give_up_s, reclaim_s
         self.incarnation: bytes | None = None  # the encoder's, as it last answered a hello
@@ -439,6 +486,7 @@ class ReferenceReceiver:
         self.push.close(linger=0)
         self.status_sock.close(linger=0)
         self.ctx.term()
+        self.target.close()
 
 
 class _OnlyKey:
@@ -546,8 +594,8 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m epd_ring.executor.drivers.receiver ENDPOINT`: serve JSON-line commands on stdin.
 
-    Exit 0 at `exit` or end of input, 2 on a usage error, 3 when the mooncake
-    extra is missing or the engine will not start.
+    Exit 0 at `exit` or end of input, 2 on a usage error, 3 when the mooncake (or, with
+    `--transport nixl`, the nixl) extra is missing or the engine will not start.
     """
     import argparse
     import re
@@ -570,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reclaim", type=float, default=30.0, metavar="S",
                         help="how long a region of an ended encoder incarnation is kept before its memory is "
                              "reused (default 30)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="mooncake",
+                        help="the engine the encoder writes with (default mooncake; docs/transports.md)")
     parser.add_argument("--insecure", action="store_true",
                         help=f"run without CURVE keys when {ENV_SECRET} and {ENV_ENCODER} are unset: frames and "
                              "statuses unauthenticated, so anyone who reaches the status socket can forge a "
@@ -602,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         serve(args.endpoint, insecure=args.insecure, hostname=args.hostname, status_address=args.status_address,
-              heartbeat_s=args.heartbeat, give_up_s=args.give_up, reclaim_s=args.reclaim)
+              heartbeat_s=args.heartbeat, give_up_s=args.give_up, reclaim_s=args.reclaim, transport=args.transport)
     except TransportError as exc:
         parser.exit(3, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:  # malformed keys in the environment, a host that does not resolve
@@ -663,7 +713,7 @@ class ReceiverProcess:
     def __init__(self, encode_endpoint: str, *, encoder_key: bytes | None = None,
                  keypair: tuple[bytes, bytes] | None = None, hostname: str | None = None,
                  status_address: str | None = None, prefix: Sequence[str] = (), env: dict | None = None,
-                 options: Sequence[str] = ()):
+                 options: Sequence[str] = (), transport: str = "mooncake"):
         """With `encoder_key`, the process runs with CURVE under `keypair` (a fresh one if
         None; its public half is `public_key`, for the encoder's allow-list). `hostname`,
         `status_address`: its command-line options (`options`: more of them); `prefix` runs it
@@ -676,7 +726,7 @@ class ReceiverProcess:
             args += ["--hostname", hostname]
         if status_address is not None:
             args += ["--status-address", status_address]
-        args += list(options)
+        args += [*options, "--transport", transport]
         self.proc, hello = spawn_json_child(args, child, "receiver", prefix)
         self.session, self.status_endpoint = hello["session"], hello["status_endpoint"]
 

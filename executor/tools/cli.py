@@ -219,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sizes", type=positive_int, nargs="+", default=None,
                        help="ring sizes in slots (loopback; default 64 1024 4096) or embedding sizes in MiB "
                             "(mooncake; default 1 16)")
-    bench.add_argument("--transport", choices=["loopback", "mooncake"], default="loopback", help="what to measure")
+    bench.add_argument("--transport", choices=["loopback", "mooncake", "nixl"], default="loopback",
+                       help="what to measure (nixl: the controller over NIXL beside raw NIXL and the controller "
+                            "over Mooncake, item sizes in KiB with --sizes, default 1 KiB to 64 MiB)")
     bench.add_argument("--model", choices=["tiny-tower", "qwen3-vl-tiny"], default="tiny-tower",
                        help="qwen3-vl-tiny: requests/s of the split model's loop beside the unsplit model")
     bench.add_argument("--requests", type=positive_int, default=None, help="qwen3-vl-tiny only: requests (default: 24)")
@@ -466,6 +468,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         given = [f for f, v in (("--requests", args.requests), ("--dtype", args.dtype)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} apply only to --model qwen3-vl-tiny")
+        if args.transport == "nixl":
+            import importlib.util
+
+            if importlib.util.find_spec("nixl_cu12") is None:
+                raise EnvironmentProblem("--transport nixl needs nixl_cu12; install it with: pip install "
+                                         "'epd-ring[nixl]'")
+            if args.seed is not None or args.against is not None:
+                raise UsageError("--seed and --against apply to the loopback cycle, not --transport nixl")
+            from .bench_nixl import SIZES, run as nixl_run
+            from .enginelog import engine_log_filtered
+
+            with engine_log_filtered(quiet):
+                got = nixl_run(sizes=tuple(s << 10 for s in args.sizes) if args.sizes else SIZES, items=args.items,
+                               mooncake=importlib.util.find_spec("mooncake") is not None,
+                               echo=_silent if args.json else print)
+            if args.json:
+                _emit_json({"transport": "nixl", "sizes_kib": {str(k >> 10): {p: {"mb_s": m, "items_s": i}
+                                                                              for p, (m, i) in v.items()}
+                                                               for k, v in got.items()}})
+            return EXIT_OK
         if args.transport == "mooncake":
             if args.seed is not None:
                 raise UsageError("--seed runs the seed's executor on the loopback cycle; it cannot be "

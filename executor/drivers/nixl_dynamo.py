@@ -1,0 +1,102 @@
+"""An epd-ring sender that NVIDIA Dynamo's `NixlWriteEmbeddingReceiver` (1.6.1) accepts.
+
+Dynamo's write protocol (dynamo/common/multimodal/embedding_transfer.py), as its receiver speaks it:
+1. the sender hands the receiver a `TransferRequest` (JSON: shape, dtype, and a serialized
+   `NixlTransferRequest`: the sender's agent name and metadata, a tensor id, its size);
+2. the receiver adds the sender's agent, carves a slot of its ring, and sends the sender a NIXL
+   notification: msgpack `(tensor_id, (addr, size, device, "cpu"|"cuda"), done_id, its metadata)`;
+3. the sender writes the tensor there with the notification `str(done_id)`, which the receiver
+   waits for.
+
+Here the tensor is an extent of the encode worker's arena, registered once by `NixlTransport`; the
+write is the transport's (`_Write`: our deadline, cancelled by releasing its handle). What Dynamo's
+side lacks, and why epd-ring's own receiver is safer: its receiver frees the ring slot when its
+`receive_timeout` passes, while the write may still land there (into the next request's tensor),
+and its sender resets a long write's timer rather than fail it. epd-ring's receiver carves a
+region again only once the encoder's release notice says no write into it can land
+(docs/transports.md, tests/test_nixl_dynamo.py).
+
+Edge code: `poll` adds a receiver's agent when its first notification comes (a call that waits on
+that peer), so it runs on a thread of the integrator's, not on the encode loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from typing import Any
+
+from ..core.transport import Outcome
+from .nixl import _DONE, _FAILED, _PROC, _TIMED_OUT, NixlTransport, _Write
+
+
+class DynamoWriteSender:
+    def __init__(self, transport: NixlTransport):
+        self.t = transport
+        self._ids = itertools.count(1)
+        self._offered: dict[int, tuple[int, int]] = {}  # tensor id -> (arena pointer, bytes)
+        self._writes: dict[int, _Write] = {}  # tensor id -> its write
+        self._agents: set[str] = set()
+        self.refused: list[tuple[int, str]] = []  # (tensor id, why): notifications not acted on
+        self._later: list[tuple[Any, bytes]] = []  # notifications held back by `poll(defer=...)`
+
+    def request(self, ptr: int, nbytes: int, shape: list[int], dtype: str) -> dict:
+        """A `TransferRequest` (as a dict) offering `nbytes` at `ptr` (in a registered arena)."""
+        tensor_id = next(self._ids)
+        self._offered[tensor_id] = (ptr, nbytes)
+        agent = self.t.agent
+        inner = {"sender_agent_id": agent.name, "agent_metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
+                 "tensor_id": tensor_id, "tensor_size": nbytes}
+        return {"embeddings_shape": list(shape), "embedding_dtype_str": dtype.removeprefix("torch."),
+                "serialized_request": json.dumps(inner)}
+
+    def poll(self, defer: frozenset[int] = frozenset()) -> list[tuple[int, Outcome]]:
+        """Answer the receivers' notifications with writes; the outcomes of writes that ended.
+        `defer`: tensor ids whose requests wait for a later poll (a slow link, in tests)."""
+        import msgspec
+
+        t = self.t
+        with t._lock:
+            notifs = t.agent.get_new_notifs()
+        todo, self._later = self._later + [(s, m) for s, msgs in notifs.items() for m in msgs], []
+        for sender, msg in todo:
+            try:
+                tensor_id, (addr, size, _device, mem), done_id, meta = msgspec.msgpack.decode(msg)
+            except (ValueError, TypeError, msgspec.DecodeError):
+                self.refused.append((0, f"not a Dynamo write request from {sender!r}"))
+                continue
+            if tensor_id in defer:
+                self._later.append((sender, msg))
+                continue
+            offered = self._offered.pop(tensor_id, None)
+            if offered is None or offered[1] != size or mem != "cpu" or type(addr) is not int:
+                self.refused.append((tensor_id, "no such tensor offered, or another size or memory"))
+                continue
+            name = sender.decode() if isinstance(sender, bytes) else sender
+            with t._lock:
+                if name not in self._agents:
+                    t.agent.add_remote_agent(bytes(meta))
+                    self._agents.add(name)
+                w = _Write(name, [(offered[0], addr, size)], t.clock() + t.write_timeout_s,
+                           str(done_id).encode())
+                t._post(w)
+            self._writes[tensor_id] = w
+        out = []
+        with t._lock:
+            now = t.clock()
+            for tensor_id, w in list(self._writes.items()):
+                if w.state == _PROC and w.handle is not None:
+                    t._check(w, now)
+                if w.state == _PROC or (w.handle is not None and not t._release(w)):
+                    continue
+                del self._writes[tensor_id]
+                out.append((tensor_id, {_DONE: Outcome.DONE, _FAILED: Outcome.FAILED,
+                                        _TIMED_OUT: Outcome.TIMED_OUT}[w.state]))
+        return out
+
+    def pending(self) -> int:
+        return len(self._writes)
+
+    def offered(self) -> dict[int, Any]:
+        return dict(self._offered)

@@ -1,0 +1,168 @@
+"""NixlTransport against real NIXL agents over UCX's TCP transport on 127.0.0.1.
+
+What the e2e suite (tests/test_mooncake_e2e.py, parametrised by transport) cannot show from the
+outside: a blackholed `add_remote_agent` holds one connector thread, never the agent the loop
+writes with; a stopped peer's transfer, which NIXL leaves in progress for ever, fails at our own
+deadline and its handle is released (cancelled) before the write reports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+os.environ.setdefault("UCX_TLS", "tcp")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+if not os.environ.get("EPD_RING_REQUIRE_NIXL"):
+    pytest.importorskip("nixl_cu12")
+    pytest.importorskip("zmq")
+
+from helpers import wait_stopped
+
+from epd_ring.executor.core.transport import Outcome
+from epd_ring.executor.drivers import nixl
+from epd_ring.executor.drivers.nixl import NixlTransport
+from epd_ring.executor.drivers.receiver import ReceiverProcess, ReferenceReceiver
+
+NOWHERE = "tcp://127.0.0.1:9"  # no encoder: these receivers only hold memory and serve their metadata
+
+
+def reports(t: NixlTransport, session: str, deadline_s: float = 60.0) -> tuple:
+    """The contact report for `session` (waited for within a generous bound)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for rep in t.peer_reports():
+            if rep[0] == session:
+                return rep
+        time.sleep(0.005)
+    raise AssertionError(f"no contact report for {session}")
+
+
+def outcomes(t: NixlTransport, handles: list[int], deadline_s: float = 60.0) -> dict[int, Outcome]:
+    """The outcomes of `handles` (waited for within a generous bound)."""
+    got: dict[int, Outcome] = {}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and set(got) != set(handles):
+        got.update(t.poll())
+        time.sleep(0.002)
+    assert set(got) == set(handles), f"writes {set(handles) - set(got)} never reported"
+    return got
+
+
+def outcome(t: NixlTransport, handle: int, deadline_s: float = 60.0) -> Outcome:
+    return outcomes(t, [handle], deadline_s)[handle]
+
+
+def test_a_blackholed_add_holds_a_connector_thread_never_the_writing_agent(monkeypatch):
+    """Every agent's add of the blackholed receiver's metadata blocks (as UCX's connect does for the
+    kernel's SYN retries, 134 s) until the test lets it go. Meanwhile a healthy receiver is contacted
+    and written to, byte for byte, and the loop's polls never find the agent held."""
+    gate = threading.Event()
+    holes: list[bytes] = []
+    entered = threading.Event()
+    real_load = nixl.load_agent
+
+    def load_agent(name, **kw):
+        agent = real_load(name, **kw)
+        add = agent.add_remote_agent
+
+        def add_remote_agent(meta):
+            if meta in holes:
+                entered.set()
+                assert gate.wait(120), "never let go"
+            return add(meta)
+
+        agent.add_remote_agent = add_remote_agent
+        return agent
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    t = NixlTransport()
+    hole = ReferenceReceiver(NOWHERE, insecure=True, transport="nixl", capacity=1 << 16)
+    good = ReferenceReceiver(NOWHERE, insecure=True, transport="nixl", capacity=1 << 20)
+    ring = torch.randint(0, 255, (1 << 16,), dtype=torch.uint8)
+    try:
+        t.register_memory([(ring.data_ptr(), ring.numel())], owner="ring")
+        holes.append(hole.target.agent.get_agent_metadata())
+        assert t.connect(hole.session, 1) is None
+        assert entered.wait(60)  # its add is blocked on a connector thread now
+        assert t.connect(good.session, 1) is None
+        assert reports(t, good.session) == (good.session, 1, True, "", "")  # its owner page names no key
+        frame = good.expect(1, span=16, hidden=64)
+        n = 16 * 64 * 4
+        handle = t.submit_write(good.session, [(ring.data_ptr(), frame.dst_ptr, n)])
+        assert outcome(t, handle) is Outcome.DONE
+        assert torch.equal(good.views[1][0].contiguous().view(torch.uint8).flatten(), ring[:n])
+        assert t.connector.in_progress == 1  # the blackholed contact: still in its add
+        assert t.stats["polls_deferred"] == 0 and t.stats["submits_handed"] == 0
+        assert not [r for r in t.peer_reports() if r[0] == hole.session]
+    finally:
+        gate.set()
+        t.close()
+        hole.close()
+        good.close()
+
+
+def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelled():
+    """NIXL keeps a stopped peer's transfer in progress with no timeout of its own: only our deadline
+    (on the transport's clock, moved by the test) ends it, with TIMED_OUT, once its handle is
+    released (which cancels); nothing is reported before that, however long the poll loop runs."""
+    now = [0.0]
+    t = NixlTransport(write_timeout_s=30.0, clock=lambda: now[0])
+    b = ReceiverProcess(NOWHERE, transport="nixl")
+    ring = torch.zeros(32 << 20, dtype=torch.uint8)
+    try:
+        t.register_memory([(ring.data_ptr(), ring.numel())], owner="ring")
+        assert t.connect(b.session, 1) is None
+        assert reports(t, b.session)[2] is True
+        dst = b.ask(cmd="expect", room=1, span=(32 << 20) // 256, hidden=64)["dst_ptr"]
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(b.proc.pid)
+        handle = t.submit_write(b.session, [(ring.data_ptr(), dst, 32 << 20)])
+        polled = time.monotonic() + 3.0  # a stopped peer: 32 MiB cannot land, whatever the machine's pace
+        while time.monotonic() < polled:
+            assert t.poll() == []
+            time.sleep(0.01)
+        now[0] += 30.0  # our deadline
+        assert outcome(t, handle, 10.0) is Outcome.TIMED_OUT
+        assert t.stats["timed_out"] == 1 and t.in_flight == 0
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+        b.close()
+        t.close()
+
+
+def test_a_write_outside_the_peers_registered_memory_fails_alone():
+    t = NixlTransport()
+    good = ReferenceReceiver(NOWHERE, insecure=True, transport="nixl", capacity=1 << 16)
+    ring = torch.arange(4096, dtype=torch.uint8)
+    try:
+        t.register_memory([(ring.data_ptr(), ring.numel())], owner="ring")
+        assert t.connect(good.session, 1) is None
+        assert reports(t, good.session)[2] is True
+        bad = t.submit_write(good.session, [(ring.data_ptr(), 4096, 256)])  # nowhere the peer registered
+        unknown = t.submit_write("127.0.0.1:1", [(ring.data_ptr(), 4096, 256)])  # never contacted
+        frame = good.expect(1, span=1, hidden=64)
+        ok = t.submit_write(good.session, [(ring.data_ptr(), frame.dst_ptr, 256)])
+        got = outcomes(t, [bad, unknown, ok])
+        assert got == {bad: Outcome.FAILED, unknown: Outcome.FAILED, ok: Outcome.DONE}
+    finally:
+        t.close()
+        good.close()
+
+
+def test_the_bench_measures_the_controller_and_raw_nixl_at_each_size():
+    from epd_ring.executor.tools.bench_nixl import run
+
+    lines: list[str] = []
+    got = run(sizes=(1 << 10, 1 << 20), items=16, mooncake=False, echo=lines.append)
+    assert set(got) == {1 << 10, 1 << 20}
+    for by_path in got.values():
+        assert set(by_path) == {"nixl (controller)", "nixl (raw)"}
+        assert all(mb > 0 and per_s > 0 for mb, per_s in by_path.values())
+    assert len(lines) == 4  # a title, a header, a row per size
