@@ -218,8 +218,6 @@ OVER_LIMIT_WHILE_SPLIT = {
     "epd_ring.models.conformance.Harness": "issue 32, the split of models/ (removes this line)",
     "epd_ring.models.events.Events": "issue 32, the split of models/ (removes this line)",
     "epd_ring.models.rules.Rules": "issue 32, the split of models/ (removes this line)",
-    "epd_ring.executor.drivers.receiver.ReferenceReceiver": "issue 32, the split of the drivers (removes this line)",
-    "epd_ring.executor.drivers.mooncake.MooncakeTransport": "issue 32, the split of the drivers (removes this line)",
 }
 
 

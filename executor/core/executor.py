@@ -222,8 +222,7 @@ class EncodeExecutor:
         # or this fixed fraction. 1.0: no bound.
         if identity_ring_share is not None:
             settings.share("identity_ring_share", identity_ring_share)
-        self.shares = holds.shares = Shares(ring_total, max_deferred, identity_ring_share,
-                                            clock=manager.clock.now)
+        self.shares = holds.shares = Shares(ring_total, max_deferred, identity_ring_share, clock=manager.clock.now)
         if copy_fence is None and self.device.type == "cuda":
             copy_fence = _cuda_fence
         self._inference = torch.inference_mode()  # reused: creating one per batch costs ~1 us
