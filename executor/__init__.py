@@ -6,7 +6,7 @@ tools -> drivers -> core -> fsm):
 - `core/`: the sans-I/O controller. Deterministic state changed only by explicit
   calls; no sockets, threads, processes or sleeps. The embedded loopback
   transport lives here because it moves bytes in-process under an injected clock.
-- `drivers/`: code at the edge that does I/O: the Mooncake transport, the ZMQ
+- `drivers/`: code at the edge that does I/O: the Mooncake and NIXL transports, the ZMQ
   control plane, the reference receiver (which may run as a process).
 - `tools/`: the command line, demos, benchmarks and the toy tower they drive.
 
@@ -30,11 +30,12 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time the names load o
 
 __all__ = [
     "Chunk", "DrainReport", "EncodeExecutor", "EncodeItem", "EncodeManager", "FakeClock", "Fault", "FrameError",
-    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "Observer",
+    "LoopbackReceiver", "LoopbackTransport", "Modality", "MonotonicClock", "MooncakeTransport", "NixlTransport",
+    "Observer",
     "Outcome", "Reason", "ReasonKind", "ReceiverFrame", "ReceiverProcess", "ReferenceReceiver", "Ring",
     "RoomConflict", "Extent", "Pump", "Concluded", "Contact", "Notify", "Release", "Submit",
     "StagingError", "TowerModel", "Transport", "TransportError", "ZmqControlPlane", "assign_encoded_embeddings",
-    "instrument", "item_token_count", "load_engine", "shard_rows",
+    "instrument", "item_token_count", "load_engine", "make_transport", "shard_rows",
 ]
 
 # Nothing is imported until a name is asked for: the core pulls in torch (seconds), and
@@ -44,6 +45,8 @@ __all__ = [
 _DRIVERS = {
     "MooncakeTransport": ".drivers.mooncake",
     "load_engine": ".drivers.mooncake",
+    "NixlTransport": ".drivers.nixl",
+    "make_transport": ".drivers.transports",
     "ZmqControlPlane": ".drivers.control",
     "ReferenceReceiver": ".drivers.receiver",
     "ReceiverProcess": ".drivers.receiver",

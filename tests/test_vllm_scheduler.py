@@ -52,6 +52,15 @@ def test_a_worker_without_its_keys_refuses_to_start(producer_config, consumer_co
             EpdRingConnector(config, ECConnectorRole.WORKER)
 
 
+def test_the_transport_is_chosen_by_configuration_and_an_unknown_one_refused(producer_config):
+    from epd_ring.executor.connectors.vllm_worker import Settings
+
+    assert Settings.of(producer_config, {"insecure": True}, {}).transport == "mooncake"
+    assert Settings.of(producer_config, {"insecure": True, "transport": "nixl"}, {}).transport == "nixl"
+    with pytest.raises(ValueError, match="transport"):
+        Settings.of(producer_config, {"insecure": True, "transport": "rdma"}, {})
+
+
 def test_a_producer_request_yields_its_registration_and_items_and_keeps_the_engine_stepping(producer_config):
     s = scheduler(producer_config)
     s.add_request(image_request("p1", ["img-a", "img-b"], {**ROOM, "receiver": "consumer-0"}))

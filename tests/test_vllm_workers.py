@@ -23,6 +23,8 @@ import pytest
 os.environ["MC_TRANSFER_TIMEOUT"] = "5"  # read when an engine starts: the minimum
 os.environ["MC_TCP_PROGRESS_TIMEOUT_SEC"] = "5"
 os.environ["MC_TCP_STATUS_TIMEOUT_SEC"] = "5"
+os.environ.setdefault("UCX_TLS", "tcp")  # the NIXL run: UCX's TCP transport on loopback
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 if not os.environ.get("EPD_RING_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
@@ -72,8 +74,9 @@ def consumer(model):
             proc.wait()
 
 
-def producer_extra(keys, deepstack: int, allowed: list[str]) -> dict:
-    return {"secret_key": keys["encoder"][1].decode(), "allowed_keys": [keys[n][0].decode() for n in allowed],
+def producer_extra(keys, deepstack: int, allowed: list[str], transport: str = "mooncake") -> dict:
+    return {"transport": transport, "secret_key": keys["encoder"][1].decode(),
+            "allowed_keys": [keys[n][0].decode() for n in allowed],
             "park_timeout": 3, "write_timeout": 5, "quarantine_s": 1, "drain_timeout": 5,
             "arena_bytes": 4 << 20, "deepstack_levels": deepstack}
 
@@ -90,8 +93,10 @@ def room_of(rid: str) -> int:
     return 1000 + int(rid.rsplit("c", 1)[1]) if rid.startswith("c") else 5000 + hash(rid) % 1000
 
 
-def start(consumer, keys, endpoint: str, deepstack: int, requests: list, abort: tuple = ()) -> None:
-    extra = {"secret_key": keys["consumer"][1].decode(), "encoder_key": keys["encoder"][0].decode(),
+def start(consumer, keys, endpoint: str, deepstack: int, requests: list, abort: tuple = (),
+          transport: str = "mooncake") -> None:
+    extra = {"transport": transport, "secret_key": keys["consumer"][1].decode(),
+             "encoder_key": keys["encoder"][0].decode(),
              "load_timeout": 30, "deepstack_levels": deepstack}
     consumer.stdin.write(json.dumps({"cmd": "run", "extra": extra, "requests": requests, "deadline": WAIT,
                                      "abort": list(abort)}) + "\n")
@@ -107,14 +112,19 @@ def announced(engine: Engine, rooms: list[int]) -> bool:
     return all(manager.room_status(r) is not None for r in rooms)
 
 
-@pytest.mark.parametrize("deepstack", [0, 2], ids=["plain", "deepstack"])
-def test_bytes_arrive_equal_in_the_consumers_encoder_cache(model, keys, consumer, deepstack):
-    producer = Engine(model, "ec_producer", producer_extra(keys, deepstack, ["consumer"]))
+@pytest.mark.parametrize(("deepstack", "transport"), [(0, "mooncake"), (2, "mooncake"), (2, "nixl")],
+                         ids=["plain", "deepstack", "deepstack-nixl"])
+def test_bytes_arrive_equal_in_the_consumers_encoder_cache(model, keys, consumer, deepstack, transport):
+    if transport == "nixl" and not os.environ.get("EPD_RING_REQUIRE_NIXL"):
+        pytest.importorskip("nixl_cu12")
+    producer = Engine(model, "ec_producer", producer_extra(keys, deepstack, ["consumer"], transport))
+    engine = type(producer.connector._producer.manager.transport).__name__
+    assert engine == {"mooncake": "MooncakeTransport", "nixl": "NixlTransport"}[transport]
     try:
         endpoint = producer.connector.endpoint
         wanted = [(rid, images, params(endpoint, room_of(rid))) for rid, images in BATCH.items()]
         # the consumer's frames first: the producer's items then find their receivers registered
-        start(consumer, keys, endpoint, deepstack, wanted)
+        start(consumer, keys, endpoint, deepstack, wanted, transport=transport)
         rooms = [item_room(room_of(rid), i) for rid, images in BATCH.items() for i in range(len(images))]
         assert producer.run(lambda: announced(producer, rooms), WAIT)
         for rid, images, p in wanted:

@@ -30,8 +30,8 @@ from ..core.manager import EncodeManager
 from ..core.pump import Pump
 from ..core.reasons import ReasonKind
 from ..drivers.control import ENV_ALLOWED, ENV_ENCODER, ENV_SECRET, ZmqControlPlane, load_keypair, load_public_keys
-from ..drivers.mooncake import MooncakeTransport
 from ..drivers.receiver import ReferenceReceiver
+from ..drivers.transports import TRANSPORTS, make_transport
 
 log = logging.getLogger("epd_ring.vllm")
 
@@ -71,6 +71,7 @@ class Settings:
     capacity: int = 64 << 20
     load_timeout: float = 60.0
     rank: int = 0
+    transport: str = "mooncake"  # the engine the bytes move on (docs/transports.md), the same on both sides
 
     @classmethod
     def of(cls, vllm_config: Any, extra: dict[str, Any], env: dict[str, str]) -> Settings:
@@ -96,6 +97,10 @@ class Settings:
         allowed = extra.get("allowed_keys", env.get(ENV_ALLOWED, ""))
         encoder = extra.get("encoder_key", env.get(ENV_ENCODER))
         max_item = extra.get("max_item_bytes")
+        transport = extra.get("transport", cls.transport)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"ec_connector_extra_config['transport'] must be one of {', '.join(TRANSPORTS)}, "
+                             f"got {transport!r}")
         return cls(hidden=hidden, deepstack=deepstack, dtype=dtype, bind=str(extra.get("bind", cls.bind)),
                    hostname=str(extra.get("hostname", cls.hostname)), keypair=keypair,
                    allowed_keys=frozenset(load_public_keys(allowed)),
@@ -108,7 +113,7 @@ class Settings:
                    drain_timeout=number("drain_timeout", cls.drain_timeout),
                    capacity=number("capacity", cls.capacity, int, 1),
                    load_timeout=number("load_timeout", cls.load_timeout),
-                   rank=number("rank", _rank(), int, 0))
+                   rank=number("rank", _rank(), int, 0), transport=transport)
 
 
 def _hidden_size(model: Any) -> int:
@@ -199,7 +204,7 @@ class _Request:
 
 class ProducerWorker:
     """The encode side: vLLM's encoder outputs go out through the manager, pump, control plane and
-    Mooncake transport; rooms that conclude or fail come back as reports for the scheduler."""
+    transport (Mooncake or NIXL, `transport`); rooms that conclude or fail come back as reports for the scheduler."""
 
     def __init__(self, settings: Settings):
         s = self.settings = settings
@@ -211,7 +216,7 @@ class ProducerWorker:
                                        insecure=s.insecure)
         self.endpoint = self.control.endpoint
         try:
-            transport = MooncakeTransport(s.hostname, notifier=self.control.push_status)
+            transport = make_transport(s.transport, s.hostname, notifier=self.control.push_status)
             self.manager = EncodeManager(transport, MonotonicClock(), park_timeout=s.park_timeout,
                                          write_timeout=s.write_timeout, quarantine_s=s.quarantine_s)
             self.executor = EncodeExecutor(self.manager, _EncodedOnly(s.deepstack), "cpu", arena_bytes=s.arena_bytes,
@@ -494,7 +499,7 @@ class ConsumerWorker:
             s = self.settings
             rcv = self.receivers[endpoint] = ReferenceReceiver(
                 endpoint, capacity=s.capacity, hostname=s.hostname, dtype=s.dtype, encoder_key=s.encoder_key,
-                keypair=s.keypair, insecure=s.insecure)
+                keypair=s.keypair, insecure=s.insecure, transport=s.transport)
         return rcv
 
     def _fail(self, mm_hash: str, kind: str) -> None:

@@ -60,6 +60,7 @@ from .control import (
     load_public_keys,
 )
 from .mooncake import load_engine, owner_page
+from .transports import TRANSPORTS
 
 _ALIGN = 64
 
@@ -121,8 +122,6 @@ def _check_args(encode_endpoint: Any, capacity: Any, hostname: Any, dtype: Any, 
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
 
-
-TRANSPORTS = ("mooncake", "nixl")
 
 
 class MooncakeTarget:
