@@ -130,6 +130,22 @@ def test_a_failed_room_fails_only_its_requests(consumer_config):
     assert [load.request_id for load in s.schedule().ec_connector_metadata.loads] == ["c4"]
 
 
+def test_in_both_roles_a_request_naming_its_receiver_is_sent_and_one_naming_none_is_loaded(model):
+    s = scheduler(vllm_config(model, "ec_both"))
+    assert s.ec_connector.is_producer and s.ec_connector.is_consumer
+    s.add_request(image_request("send", ["img-a"], {**ROOM, "receiver": "consumer-0"}))
+    s.add_request(image_request("load", ["img-b"], ROOM))
+    out = s.schedule()
+    meta = out.ec_connector_metadata
+    assert set(out.num_scheduled_tokens) == {"send"} and set(out.scheduled_encoder_inputs) == {"send"}
+    assert [r.request_id for r in meta.registrations] == ["send"] and [i.mm_hash for i in meta.items] == ["img-a"]
+    assert [(load.request_id, load.mm_hash) for load in meta.loads] == [("load", "img-b")]
+    s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(loaded={"img-b"})))
+    out = s.schedule()
+    assert "load" in out.num_scheduled_tokens and "load" not in out.scheduled_encoder_inputs  # loaded, not encoded
+    assert out.ec_connector_metadata.items == [] and out.ec_connector_metadata.registrations == []  # nor sent on
+
+
 def test_an_aborted_consumer_request_cancels_the_load_nobody_else_waits_for(consumer_config):
     s = scheduler(consumer_config)
     s.add_request(image_request("c1", ["img-a"], ROOM))

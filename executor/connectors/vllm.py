@@ -176,6 +176,8 @@ class EpdRingConnector(ECConnectorBase):
         room = Room.of(request)
         if room is None:
             return True  # nothing to receive: vLLM runs the encoder itself
+        if self.is_producer and room.receiver is not None:
+            return True  # `both`: a request naming its receiver is encoded here and sent, not loaded
         self._poll_channel()
         ready = True
         for index, feature in enumerate(request.mm_features):
@@ -228,6 +230,8 @@ class EpdRingConnector(ECConnectorBase):
         room = Room.of(request)
         if room is None:
             return
+        if self.is_consumer and room.receiver is None:
+            return  # `both`: a request naming no receiver was to be loaded; its item is not sent on
         rid = request.request_id
         if rid not in self._registered:
             self._registered.add(rid)
