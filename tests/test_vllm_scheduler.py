@@ -170,5 +170,7 @@ def test_a_failed_producer_room_fails_its_request_and_stops_holding_the_engine(p
     s.finish_requests({"p2"}, RequestStatus.FINISHED_ABORTED)
     assert s.ec_connector.has_pending_push_work()  # p2's room is live still
     out = s.schedule()
+    # the workers are told both are over, the failed one too: else they would keep its records for good
+    assert sorted(out.ec_connector_metadata.finished) == ["p1", "p2"]
     s.update_from_output(out, runner_output(out, EpdRingWorkerMetadata(concluded={"p2"})))
-    assert not s.ec_connector.has_pending_push_work()
+    assert not s.ec_connector.has_pending_push_work() and not s.ec_connector._registered

@@ -194,14 +194,17 @@ class EpdRingConnector(ECConnectorBase):
                 self._state[h] = "loading"
                 load = Load(request.request_id, index, h, request.get_num_encoder_embeds(index), room)
                 self._to_load.append(load)
-                self._tell_workers({"op": "load", "mm_hash": h, "room": asdict(room), "index": index,
-                                    "num_embeds": load.num_embeds})
+                if not self._tell_workers({"op": "load", "mm_hash": h, "room": asdict(room), "index": index,
+                                           "num_embeds": load.num_embeds}):
+                    # a rank's queue is full (a dead rank): the request fails rather than wait on it
+                    self._state[h] = "failed"
+                    self._unavailable |= self._waiters.pop(h, set())
         return ready
 
-    def _tell_workers(self, message: dict[str, Any]) -> None:
+    def _tell_workers(self, message: dict[str, Any]) -> bool:
         if self._channel is None:
             self._channel = LoadChannel(*channel_paths(self._vllm_config))
-        self._channel.send(message)
+        return self._channel.send(message)
 
     def _poll_channel(self) -> None:
         if self._channel is None:
@@ -284,7 +287,11 @@ class EpdRingConnector(ECConnectorBase):
             del self._to_register[rid]
             self._items = [item for item in self._items if item.request_id != rid]
             self._live.discard(rid)
-        elif rid in self._live:
+            self._registered.discard(rid)
+        elif rid in self._registered:
+            # the workers forget it once its rooms are over, a failed request's too (it left `_live` at
+            # its failure): without this, each failed request's records stayed on the workers for good
+            self._registered.discard(rid)
             self._finished.append(rid)
         for feature in request.mm_features:
             waiters = self._waiters.get(feature.identifier)

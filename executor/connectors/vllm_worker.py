@@ -91,7 +91,9 @@ class Settings:
             dtype = getattr(torch, dtype.removeprefix("torch."), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"ec_connector_extra_config['dtype'] names no torch dtype: {extra.get('dtype')!r}")
-        insecure = bool(extra.get("insecure", False))
+        insecure = extra.get("insecure", False)
+        if not isinstance(insecure, bool):  # "false" as a string must not switch CURVE off
+            raise ValueError(f"ec_connector_extra_config['insecure'] must be true or false, got {insecure!r}")
         secret = extra.get("secret_key", env.get(ENV_SECRET))
         keypair = load_keypair(secret) if secret else None
         allowed = extra.get("allowed_keys", env.get(ENV_ALLOWED, ""))
@@ -190,9 +192,29 @@ class Loop:
             if not busy:
                 time.sleep(self._idle_s)
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float) -> bool:
+        """Stop the thread; True once it has ended (its stack may then be closed from outside)."""
         self._stop.set()
         self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def run(self, fn: Callable[[], None], timeout: float) -> None:
+        """`fn` on the loop's thread, waited for at most `timeout`; on the caller's if the loop has
+        ended (a failed tick), since nobody else then touches the stack."""
+        if not self.thread.is_alive():
+            fn()
+            return
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self.call(call)
+        if not done.wait(timeout) and not self.thread.is_alive():
+            fn()  # it ended before reaching the command
 
 
 @dataclass
@@ -215,6 +237,7 @@ class ProducerWorker:
         self.control = ZmqControlPlane(bind=s.bind, keypair=s.keypair, allowed_keys=s.allowed_keys,
                                        insecure=s.insecure)
         self.endpoint = self.control.endpoint
+        transport = None
         try:
             transport = make_transport(s.transport, s.hostname, notifier=self.control.push_status)
             self.manager = EncodeManager(transport, MonotonicClock(), park_timeout=s.park_timeout,
@@ -222,6 +245,8 @@ class ProducerWorker:
             self.executor = EncodeExecutor(self.manager, _EncodedOnly(s.deepstack), "cpu", arena_bytes=s.arena_bytes,
                                            max_item_bytes=s.max_item_bytes or min(s.arena_bytes, 1 << 30))
         except Exception:
+            if transport is not None:
+                transport.close()
             self.control.close()
             raise
         self.pump = Pump(self.executor)
@@ -263,18 +288,17 @@ class ProducerWorker:
         if self._closed:
             return
         self._closed = True
-        done = threading.Event()
         report: list[Any] = []
 
         def drain() -> None:
             report.append(self.pump.close(self.settings.drain_timeout, lambda: time.sleep(0.001)))
-            done.set()
 
-        self.loop.call(drain)
         # bounded: the drain's own deadline, and a margin for the loop to reach it
-        done.wait(self.settings.drain_timeout + 5)
-        self.loop.stop(5)
-        self.control.close()
+        self.loop.run(drain, self.settings.drain_timeout + 5)
+        if self.loop.stop(5):  # the control plane is the loop's until its thread ended
+            self.control.close()
+        else:
+            log.warning("epd-ring producer: the loop did not stop; its control plane is left open")
         if report and not report[0].clean:
             log.warning("epd-ring producer closed with its drain unfinished: %s", report[0])
 
@@ -393,11 +417,18 @@ class LoadChannel:
             self.pushes.append(sock)
         self.ranks = len(ranks)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any]) -> bool:
+        """Out to every rank without waiting: False if a rank's queue is full (a dead rank), so
+        vLLM's scheduler thread never blocks on it; the caller fails what it asked for."""
         import json
         data = json.dumps(message).encode()
+        sent = True
         for sock in self.pushes:
-            sock.send(data)
+            try:
+                sock.send(data, self._zmq.NOBLOCK)
+            except self._zmq.Again:
+                sent = False
+        return sent
 
     def reports(self) -> list[dict[str, Any]]:
         import json
@@ -473,7 +504,6 @@ class ConsumerWorker:
         if self._closed:
             return
         self._closed = True
-        done = threading.Event()
 
         def close() -> None:
             for key in list(self._loading):
@@ -486,10 +516,8 @@ class ConsumerWorker:
                     sock.close(0)
             if self._ctx is not None:
                 self._ctx.term()
-            done.set()
 
-        self.loop.call(close)
-        done.wait(10)
+        self.loop.run(close, 10)
         self.loop.stop(5)
 
     # the loop thread -----------------------------------------------------------------------
@@ -510,25 +538,39 @@ class ConsumerWorker:
     def _report(self, mm_hash: str, outcome: str) -> None:
         if self._out is not None:
             import json
-            self._out.send(json.dumps({"rank": self.settings.rank, "mm_hash": mm_hash, "outcome": outcome}).encode())
+
+            import zmq
+            try:  # never waits on the scheduler: the step's metadata carries the same outcome
+                self._out.send(json.dumps({"rank": self.settings.rank, "mm_hash": mm_hash, "outcome": outcome})
+                               .encode(), zmq.NOBLOCK)
+            except zmq.Again:
+                log.warning("epd-ring: report of %s (%s) dropped: the scheduler's queue is full", mm_hash, outcome)
 
     def _take_channel(self) -> int:
         import json
         from types import SimpleNamespace
         n = 0
         while self._in is not None and self._in.poll(0):
-            msg = json.loads(self._in.recv())
+            data = self._in.recv()
             n += 1
-            if msg["op"] == "load":
-                self._load(msg["mm_hash"], SimpleNamespace(**msg["room"]), msg["index"], msg["num_embeds"])
-            elif msg["op"] == "cancel":
-                self._cancel(msg["mm_hash"])
+            msg: Any = None
+            try:  # one bad message fails its own load, never the loop
+                msg = json.loads(data)
+                if msg["op"] == "load":
+                    self._load(msg["mm_hash"], SimpleNamespace(**msg["room"]), msg["index"], msg["num_embeds"])
+                elif msg["op"] == "cancel":
+                    self._cancel(msg["mm_hash"])
+            except Exception as exc:
+                log.warning("epd-ring: a load message refused (%s: %s)", type(exc).__name__, exc)
+                h = msg.get("mm_hash") if isinstance(msg, dict) else None
+                if isinstance(h, str) and h not in self._by_hash:
+                    self._fail(h, "refused")
         return n
 
     def _load(self, mm_hash: str, room: Any, index: int, num_embeds: int) -> None:
         s = self.settings
         if mm_hash in self._by_hash:
-            return  # asked twice (a channel message and a step's metadata): one load
+            return  # asked again (every rank's channel carries each load once; a repeat is one load)
         endpoint = f"tcp://{room.host}:{room.port}"
         key = (endpoint, item_room(room.room, index))
         try:
@@ -569,8 +611,15 @@ class ConsumerWorker:
 
     def _tick(self) -> int:
         n = self._take_channel()
-        for rcv in self.receivers.values():
-            n += rcv.poll(0)
+        for endpoint, rcv in self.receivers.items():
+            try:
+                n += rcv.poll(0)
+            except Exception as exc:  # one encoder's receiver fails its own loads, not the loop
+                log.warning("epd-ring: the receiver for %s failed: %s", endpoint, exc)
+                for key, loading in list(self._loading.items()):
+                    if key[0] == endpoint:
+                        self._withdraw(key)
+                        self._fail(loading.mm_hash, "failed")
         if not self._loading:
             return n
         now = time.monotonic()
@@ -580,7 +629,13 @@ class ConsumerWorker:
             if told and told[0] == "success":
                 del self._loading[key]
                 self._by_hash.pop(loading.mm_hash, None)
-                main, deep = rcv.consume(key[1])
+                try:
+                    main, deep = rcv.consume(key[1])
+                except Exception as exc:
+                    log.warning("epd-ring: room %s at %s not consumed: %s", key[1], key[0], exc)
+                    self._fail(loading.mm_hash, "failed")
+                    n += 1
+                    continue
                 out = torch.cat([main, deep], dim=1) if deep is not None else main
                 with self._lock:
                     self._ready[loading.mm_hash] = out.to(self.device)
