@@ -86,7 +86,7 @@ def test_insecure_must_be_a_bool_not_a_string_that_reads_true():
 
 
 class _Config:  # the two fields Settings.of reads from vLLM's config
-    class model_config:  # noqa: N801
+    class model_config:
         dtype = torch.float32
 
         @staticmethod
