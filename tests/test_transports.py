@@ -28,3 +28,44 @@ def test_each_engine_is_public_and_built_by_its_name():
         assert isinstance(transport, ex.NixlTransport)
     finally:
         transport.close()
+
+
+def test_a_closed_metadata_server_lets_its_port_go_and_serves_nobody_after():
+    import socket
+
+    from epd_ring.executor.drivers.nixl import MetadataServer
+
+    server = MetadataServer("127.0.0.1", b"body", timeout_s=0.5)
+    host, port = server.address.rsplit(":", 1)
+    server.close()
+    again = socket.socket()
+    try:
+        again.bind((host, int(port)))  # EADDRINUSE while the accept thread still held the socket
+    finally:
+        again.close()
+    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=5):
+        pass
+
+
+def test_a_flood_of_clients_that_never_send_gets_a_bounded_number_of_answer_threads():
+    import socket
+    import threading
+
+    from epd_ring.executor.drivers.nixl import MetadataServer
+
+    before = threading.active_count()
+    server = MetadataServer("127.0.0.1", b"body", timeout_s=30, max_answers=4)
+    host, port = server.address.rsplit(":", 1)
+    clients = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
+    try:
+        # the accept thread has taken every connection once the last is turned away or answered
+        turned_away = 0
+        for c in clients[4:]:
+            c.settimeout(30)
+            turned_away += c.recv(1) == b""
+        assert turned_away == 36
+        assert threading.active_count() <= before + 1 + 4
+    finally:
+        for c in clients:
+            c.close()
+        server.close()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import os
@@ -102,8 +103,10 @@ class MetadataServer:
     """Serves `body` to whoever asks on HOST:PORT (handshake.py's framing), one thread per request,
     each closed at `timeout_s`: a client that never sends holds its own thread, briefly."""
 
-    def __init__(self, host: str, body: bytes, port: int = 0, timeout_s: float = 2.0):
+    def __init__(self, host: str, body: bytes, port: int = 0, timeout_s: float = 2.0, max_answers: int = 16):
         self.body, self.timeout_s = body, timeout_s
+        # answers at once: a flood of clients that never send is turned away, not given a thread each
+        self._answers = threading.BoundedSemaphore(max_answers)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -117,11 +120,16 @@ class MetadataServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return  # closed
+            if not self._answers.acquire(blocking=False):
+                conn.close()
+                continue
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         deadline = time.monotonic() + self.timeout_s
-        with conn:
+        with contextlib.ExitStack() as done:
+            done.callback(self._answers.release)
+            done.enter_context(conn)
             try:
                 handshake.read_frame(conn, deadline, max_bytes=4096)
                 conn.settimeout(self.timeout_s)
@@ -130,6 +138,9 @@ class MetadataServer:
                 pass
 
     def close(self) -> None:
+        # a close alone does not wake the thread blocked in accept(): the port would stay open
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
 
@@ -143,6 +154,8 @@ class NixlTarget:
                      for t in (page, buffer)]
         self.server = MetadataServer(hostname, descriptor(self.agent, page.data_ptr()), port)
         self.session = self.server.address
+        # the registered memory lives as long as the agent that exposes it, whoever else lets go first
+        self.memory = (page, buffer)
 
     def close(self) -> None:
         self.server.close()
