@@ -20,7 +20,7 @@ request run (`ensure_cache_available`), which requests fail (`take_unavailable_r
 must the engine keep stepping (`has_pending_push_work`).
 
 The worker side (vllm_worker.py) does the transfers: a producer worker ships each item vLLM
-encoded through epd-ring's manager, pump, control plane and Mooncake transport; a consumer worker
+encoded through epd-ring's manager, pump, control plane and transport (Mooncake or NIXL); a consumer worker
 receives it into a region of its receiver and hands it to vLLM's encoder cache.
 """
 

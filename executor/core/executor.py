@@ -8,7 +8,7 @@ comes back as effects that a `Pump` does. That is what lets tests and the model
 drive every interleaving.
 
 A walk through one item: `execute` runs the tower on the batch and splits its
-output per item (`assign_encoded_embeddings`); `_offer` (staging.py) leases an
+output per item (`assign_encoded_embeddings`); `Staging.offer` (staging.py) leases an
 extent or defers the item; `_stage` copies the embedding into the extent and hands
 the chunk to the manager (`submit_chunk`), at once or when its copy fence
 passes (`finish_copies`). The room's step then parks the chunk or starts its
