@@ -1,6 +1,6 @@
 """The controller bench's own figures (`epd-ring bench`): per-item counts and interleaved CPU time.
 
-No timing is asserted: only that the counts are deterministic and the interleaved figures come
+No timing is asserted: only that the call counts are deterministic (the opcodes nearly so) and the interleaved figures come
 from both cycles, each checked for the bytes it wrote.
 """
 
@@ -15,11 +15,14 @@ from epd_ring.executor.tools import bench, seed_bench
 SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seeds" / "encode_executor.py"
 
 
-def test_the_per_item_counts_are_deterministic_and_count_every_call():
+def test_the_per_item_call_counts_are_deterministic_and_count_every_call():
     cycle, check = bench.our_cycle(8, 4)
     first, second = bench.per_item_counts(cycle, 40), bench.per_item_counts(cycle, 40)
     check(2 * (50 + 2 * 40))  # each count warms 50 items, then runs its 40 twice (calls, then opcodes)
-    assert first == second
+    # calls are exact; a few opcodes a item vary with the clock (a deadline's branch taken or not
+    # under load: CI's full run saw 4,043 against 4,049)
+    assert (first["calls"], first["builtin_calls"]) == (second["calls"], second["builtin_calls"])
+    assert abs(first["opcodes"] - second["opcodes"]) <= 0.02 * first["opcodes"]
     assert 0 < first["calls"] < first["opcodes"] and first["builtin_calls"] > 0
 
 

@@ -178,8 +178,10 @@ class World:
         # before it reconnects (found here; see docs/figures.md).
         self._starts += 1
         status = f"{netns.address(host)}:{STATUS_PORT + self._starts}"
-        # Over NIXL the session is the metadata port: pinned as Mooncake's RPC port is.
-        env = dict(ports, **UCX_ENV, EPD_RING_NIXL_PORT=ports["MC_MIN_RPC_PORT"] if ports is PINNED_PORTS else "0")
+        # Over NIXL the session is the metadata port: pinned as Mooncake's RPC port is, but a port apart
+        # from it (CI's full run found the Mooncake run's receivers still on 15000 as the NIXL run began).
+        nixl_port = str(int(ports["MC_MIN_RPC_PORT"]) + 100) if ports is PINNED_PORTS else "0"
+        env = dict(ports, **UCX_ENV, EPD_RING_NIXL_PORT=nixl_port)
         r = ReceiverProcess(self.encoder.endpoint, encoder_key=self.keypair[0], keypair=self.instance,
                             hostname=netns.address(host), status_address=status, prefix=self.hosts.prefix(host),
                             env=env, options=RECEIVER_OPTIONS, transport=self.transport)
