@@ -241,7 +241,8 @@ def interleaved(ours: Callable[[int], None], theirs: Callable[[int], None], bloc
 
 
 def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str, float]:
-    """Calls and bytecode ops per item of one cycle (calls deterministic; opcodes within a fraction, as a branch on the clock may go either way).
+    """Calls and bytecode ops per item of one cycle (the calls deterministic; the opcodes within a
+    fraction, as a branch on the clock may go either way).
 
     "calls": Python functions entered; "builtin_calls": C functions and methods called from
     Python (cProfile's count is the two together).
