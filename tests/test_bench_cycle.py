@@ -1,8 +1,7 @@
 """The controller bench's own figures (`epd-ring bench`): per-item counts and interleaved CPU time.
 
 No timing is asserted: only that the call counts are deterministic (the opcodes nearly so) and the
-interleaved figures come
-from both cycles, each checked for the bytes it wrote.
+interleaved figures come from both cycles, each checked for the bytes it wrote.
 """
 
 from __future__ import annotations
