@@ -94,3 +94,27 @@ class _Config:  # the two fields Settings.of reads from vLLM's config
             return 4
 
         hf_config = None
+
+
+def test_a_receiver_keeps_only_its_live_rooms_and_a_reused_room_starts_untold():
+    import os
+
+    if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
+        pytest.importorskip("mooncake.engine")
+    from epd_ring.executor.drivers.receiver import ReferenceReceiver
+
+    rcv = ReferenceReceiver("tcp://127.0.0.1:9", capacity=1 << 16, insecure=True)
+    try:
+        frame = rcv.expect(5, span=2, hidden=4)
+        rcv.on_notice(5, "success", frame.dst_ptr)
+        assert not rcv.forget(5)  # its region is held: nothing is dropped
+        rcv.consume(5)
+        # the room's id comes again before anyone forgot it: the old outcome is not the new region's
+        frame = rcv.expect(5, span=2, hidden=4)
+        assert rcv.status.get(5) is None and rcv.notices.get(5) is None
+        rcv.on_notice(5, "success", frame.dst_ptr)
+        rcv.consume(5)
+        assert rcv.forget(5)
+        assert all(5 not in kept for kept in (rcv.frames, rcv.views, rcv.status, rcv.notices))
+    finally:
+        rcv.close()

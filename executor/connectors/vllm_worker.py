@@ -468,6 +468,7 @@ class ConsumerWorker:
         self.receivers: dict[str, ReferenceReceiver] = {}
         self._loading: dict[tuple[str, int], _Loading] = {}
         self._by_hash: dict[str, tuple[str, int]] = {}
+        self._over: set[tuple[str, int]] = set()  # loads ended whose receiver's records go once its region has
         # handed to vLLM's thread
         self._lock = threading.Lock()
         self._ready: dict[str, torch.Tensor] = {}
@@ -598,6 +599,7 @@ class ConsumerWorker:
             self._withdraw(key)
 
     def _withdraw(self, key: tuple[str, int]) -> None:
+        self._over.add(key)
         loading = self._loading.pop(key, None)
         if loading is not None:
             self._by_hash.pop(loading.mm_hash, None)
@@ -611,6 +613,8 @@ class ConsumerWorker:
 
     def _tick(self) -> int:
         n = self._take_channel()
+        for key in [k for k in self._over if k[0] not in self.receivers or self.receivers[k[0]].forget(k[1])]:
+            self._over.discard(key)
         for endpoint, rcv in self.receivers.items():
             try:
                 n += rcv.poll(0)
@@ -626,6 +630,8 @@ class ConsumerWorker:
         for key, loading in list(self._loading.items()):
             rcv = self.receivers[key[0]]
             told = rcv.status.get(key[1])
+            if told:
+                self._over.add(key)
             if told and told[0] == "success":
                 del self._loading[key]
                 self._by_hash.pop(loading.mm_hash, None)

@@ -303,6 +303,9 @@ class ReferenceReceiver:
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
                               self.status_endpoint, deep_width // hidden, region_notices=True)
         self.regions[room] = Region(room, extents, frame.dst_ptr)
+        # a room id used again: what its last region was told is not this one's outcome
+        self.status.pop(room, None)
+        self.notices.pop(room, None)
         self.frames[room] = frame
         self.views[room] = (main, deep)
         return frame
@@ -455,6 +458,15 @@ class ReferenceReceiver:
         REGION.step(region, "consume")
         self._free(region)
         return out
+
+    def forget(self, room: int) -> bool:
+        """Drop what is kept of a room whose region is gone (its frame, view, outcome, notices), so a
+        long-lived receiver keeps only its live rooms; False, keeping all, while its region is held."""
+        if room in self.regions:
+            return False
+        for kept in (self.frames, self.views, self.status, self.notices):
+            kept.pop(room, None)
+        return True
 
     def withdraw(self, room: int) -> None:
         """This receiver's request for `room` was aborted: ask the encoder to stop writing there.
