@@ -5,10 +5,12 @@ tests read a room's failure reason as text (`reason_text`)."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 
 from epd_ring.executor import (
@@ -389,3 +391,18 @@ def reachable_states(cfg) -> list[tuple]:
                     nxt.append(c)
         frontier = nxt
     return list(seen)
+
+
+def nixl_missing() -> bool:
+    """NIXL is not installed here, and nothing requires it (CI sets EPD_RING_REQUIRE_NIXL)."""
+    if os.environ.get("EPD_RING_REQUIRE_NIXL"):
+        return False
+    try:
+        import nixl_cu12  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+# The engines a transport's suite runs over: NIXL where it is installed (CI requires it).
+TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(nixl_missing(), reason="nixl_cu12 missing"))]

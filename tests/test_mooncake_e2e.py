@@ -32,7 +32,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("mooncake.engine")
     pytest.importorskip("zmq")
 
-from helpers import drive, figure, reason_kind, wait_stopped
+from helpers import TRANSPORTS, drive, figure, nixl_missing, reason_kind, wait_stopped
 
 from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, MonotonicClock, ReasonKind
 from epd_ring.executor.core.frames import WIRE_MAGIC, shard_rows
@@ -47,25 +47,13 @@ STEP = 8  # pixels per merged token side (patch 4 x merge 2)
 Receiver = ReceiverProcess
 
 
-def _nixl_missing() -> bool:
-    if os.environ.get("EPD_RING_REQUIRE_NIXL"):
-        return False
-    try:
-        import nixl_cu12  # noqa: F401
-    except ImportError:
-        return True
-    return False
-
-
-# The engines each fault runs over: NIXL where it is installed (CI requires it).
-TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(_nixl_missing(), reason="nixl_cu12 missing"))]
 over_each_transport = pytest.mark.parametrize("transport", TRANSPORTS)
 # CI's time: on NIXL by default only the faults whose engine behaviour differs from Mooncake's (a
 # killed peer raises, a stopped one waits for ever, a blackholed add, a withdraw, the bytes); the
 # others (the same handshake code, another shape of the same bytes) with EPD_RING_NIXL_ALL=1.
 NIXL_ALL = bool(os.environ.get("EPD_RING_NIXL_ALL"))
 TRANSPORTS_FULL = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(
-    _nixl_missing() or not NIXL_ALL, reason="nixl_cu12 missing, or EPD_RING_NIXL_ALL unset (CI's time)"))]
+    nixl_missing() or not NIXL_ALL, reason="nixl_cu12 missing, or EPD_RING_NIXL_ALL unset (CI's time)"))]
 over_each_transport_with_all = pytest.mark.parametrize("transport", TRANSPORTS_FULL)
 
 

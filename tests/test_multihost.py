@@ -36,7 +36,7 @@ if not os.environ.get("EPD_RING_REQUIRE_MOONCAKE"):
     pytest.importorskip("zmq")
 
 import netns
-from helpers import wait_stopped
+from helpers import TRANSPORTS, wait_stopped
 
 from epd_ring.executor.drivers.control import generate_keypair
 from epd_ring.executor.drivers.receiver import ReceiverProcess
@@ -65,17 +65,6 @@ RECEIVER_OPTIONS = ["--heartbeat", "1", "--reclaim", "1"]
 RECOVERING_KINDS = FAILED_KINDS | {"park_timeout"}
 
 
-def _nixl_missing() -> bool:
-    if os.environ.get("EPD_RING_REQUIRE_NIXL"):
-        return False
-    try:
-        import nixl_cu12  # noqa: F401
-    except ImportError:
-        return True
-    return False
-
-
-TRANSPORTS = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(_nixl_missing(), reason="nixl_cu12 missing"))]
 # UCX over TCP on each host's own link (a test process on one host may have set `lo` for itself).
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0"}
 _ENGINE = ["mooncake"]  # the module's transport now: figures are printed with it

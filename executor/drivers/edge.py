@@ -46,6 +46,22 @@ def read_owner_page(page: bytes) -> str | None:
     return text if text.isprintable() and " " not in text else None
 
 
+def contact_deadlines(connect_timeout: float, handshake_timeout_s: float | None) -> tuple[float, float]:
+    """Both engines' contact settings, checked: (connect deadline, handshake deadline).
+
+    The handshake must end before the controller's connect deadline does, or an honest but slow
+    answer would come too late to count: 0.8 of it unless given, never more than it."""
+    connect_timeout = settings.seconds("connect_timeout", connect_timeout)
+    if connect_timeout == 0:
+        raise ValueError("connect_timeout must be more than 0 seconds")
+    handshake_timeout_s = settings.seconds("handshake_timeout_s", 0.8 * connect_timeout if handshake_timeout_s
+                                           is None else handshake_timeout_s)
+    if not 0 < handshake_timeout_s <= connect_timeout:
+        raise ValueError(f"handshake_timeout_s must be more than 0 and at most connect_timeout "
+                         f"({connect_timeout} s), got {handshake_timeout_s}")
+    return connect_timeout, handshake_timeout_s
+
+
 class Connector:
     """First contact with peers, off the encode loop.
 

@@ -35,7 +35,7 @@ from typing import Any
 from ..core import settings
 from ..core.transport import Buf, Outcome, TransportError
 from . import handshake
-from .edge import OWNER_MAGIC, OWNER_PAGE, Connector, EdgeTransport, owner_page, read_owner_page
+from .edge import OWNER_MAGIC, OWNER_PAGE, Connector, EdgeTransport, contact_deadlines, owner_page, read_owner_page
 from .handshake import HandshakeError, same_segment
 from .pages import ReadPages
 
@@ -124,16 +124,7 @@ class MooncakeTransport(EdgeTransport):
                              "first segment open)")
         stall_penalty_s = settings.seconds("stall_penalty_s", stall_penalty_s)
         max_respellings = settings.count("max_respellings", max_respellings)
-        connect_timeout = settings.seconds("connect_timeout", connect_timeout)
-        if connect_timeout == 0:
-            raise ValueError("connect_timeout must be more than 0 seconds")
-        # The handshake must end before the controller's connect deadline does, or an honest but
-        # slow answer would come too late to count.
-        handshake_timeout_s = settings.seconds("handshake_timeout_s", 0.8 * connect_timeout if handshake_timeout_s
-                                               is None else handshake_timeout_s)
-        if not 0 < handshake_timeout_s <= connect_timeout:
-            raise ValueError(f"handshake_timeout_s must be more than 0 and at most connect_timeout "
-                             f"({connect_timeout} s), got {handshake_timeout_s}")
+        connect_timeout, handshake_timeout_s = contact_deadlines(connect_timeout, handshake_timeout_s)
         self.handshake_timeout_s = handshake_timeout_s
         # The engine only ever dials our relay on loopback; were it to dial a peer, its connect
         # would wait no longer than ours (its own default is 5 s whatever the deadline says).

@@ -46,7 +46,7 @@ from typing import Any
 from ..core import settings
 from ..core.transport import Buf, Outcome, TransportError
 from . import handshake
-from .edge import OWNER_PAGE, Connector, EdgeTransport, read_owner_page
+from .edge import OWNER_PAGE, Connector, EdgeTransport, contact_deadlines, read_owner_page
 from .handshake import HandshakeError, same_segment
 from .pages import ReadPages
 
@@ -177,14 +177,7 @@ class NixlTransport(EdgeTransport):
                  write_timeout_s: float = 10.0, prove_ownership: bool = True, connector_threads: int = 32,
                  contacts_per_identity: int = 2, quiet: bool = True, clock: Callable[[], float] = time.monotonic):
         settings.text("hostname", hostname)
-        connect_timeout = settings.seconds("connect_timeout", connect_timeout)
-        if connect_timeout == 0:
-            raise ValueError("connect_timeout must be more than 0 seconds")
-        handshake_timeout_s = settings.seconds("handshake_timeout_s", 0.8 * connect_timeout if handshake_timeout_s
-                                               is None else handshake_timeout_s)
-        if not 0 < handshake_timeout_s <= connect_timeout:
-            raise ValueError(f"handshake_timeout_s must be more than 0 and at most connect_timeout "
-                             f"({connect_timeout} s), got {handshake_timeout_s}")
+        connect_timeout, handshake_timeout_s = contact_deadlines(connect_timeout, handshake_timeout_s)
         self.write_timeout_s = settings.seconds("write_timeout_s", write_timeout_s)
         if self.write_timeout_s == 0:
             raise ValueError("write_timeout_s must be more than 0 seconds")
