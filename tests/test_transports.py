@@ -69,3 +69,29 @@ def test_a_flood_of_clients_that_never_send_gets_a_bounded_number_of_answer_thre
         for c in clients:
             c.close()
         server.close()
+
+
+def test_an_agent_name_another_session_holds_or_is_adding_is_refused():
+    import base64
+    import json
+
+    if not os.environ.get("EPD_RING_REQUIRE_NIXL"):
+        pytest.importorskip("nixl_cu12")
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from epd_ring.executor.drivers import nixl
+
+    body = json.dumps({"engine": nixl.ENGINE, "agent": "agent-x", "buffers": [4096],
+                       "metadata": base64.b64encode(b"meta").decode()}).encode()
+    transport = nixl.NixlTransport()
+    try:
+        transport.fetch = lambda session, timeout: body
+        transport._claims["agent-x"] = "10.0.0.1:1"  # another connector thread is adding it for its session
+        ok, _, _ = transport._contact("10.0.0.2:2")
+        assert not ok and transport.stats["adds_failed"] == 0  # refused before any add was tried
+        del transport._claims["agent-x"]
+        transport._names["10.0.0.1:1"] = "agent-x"  # and once it is added
+        ok, _, _ = transport._contact("10.0.0.2:2")
+        assert not ok and transport.stats["adds_failed"] == 0 and "10.0.0.2:2" not in transport._names
+    finally:
+        transport.close()

@@ -192,6 +192,9 @@ class NixlTransport(EdgeTransport):
         self.fetch: Callable[[str, float], bytes] = handshake.fetch
         self._start_edge(notifier)
         self._names: dict[str, str] = {}  # session -> the remote agent its writes go to
+        # connector threads check and change `_names` together; `_claims`: names being added, by session
+        self._names_lock = threading.Lock()
+        self._claims: dict[str, str] = {}
         self._descriptors: dict[str, bytes] = {}  # session -> the metadata it was added with
         self._pending: dict[int, _Write] = {}
         self._next = 0
@@ -341,9 +344,16 @@ class NixlTransport(EdgeTransport):
                 return False, "the receiver's agent changed since it was added (another process there now)", None
             return True, "", None
         if known is None or not same_segment(desc, known):
-            if any(n == name for s, n in self._names.items() if s != session):
-                return False, f"agent name {name!r} is another session's", None
-            failed = self._add(session, name, meta)
+            with self._names_lock:
+                if self._claims.get(name, session) != session or any(
+                        n == name for s, n in self._names.items() if s != session):
+                    return False, f"agent name {name!r} is another session's", None
+                self._claims[name] = session
+            try:
+                failed = self._add(session, name, meta)
+            finally:
+                with self._names_lock:
+                    del self._claims[name]
             if failed:
                 return False, failed, None
             self._descriptors[session] = desc
@@ -364,7 +374,8 @@ class NixlTransport(EdgeTransport):
         except Exception as exc:
             self.stats["adds_failed"] += 1
             return f"adding the peer's agent failed: {type(exc).__name__}: {exc}"
-        old = self._names.pop(session, None)  # the loop's writes to it fail until the new one is added
+        with self._names_lock:
+            old = self._names.pop(session, None)  # the loop's writes to it fail until the new one is added
         try:
             with self._lock:
                 if old is not None:
@@ -373,7 +384,8 @@ class NixlTransport(EdgeTransport):
         except Exception as exc:
             self.stats["adds_failed"] += 1
             return f"adding the peer's agent failed: {type(exc).__name__}: {exc}"
-        self._names[session] = name
+        with self._names_lock:
+            self._names[session] = name
         self.stats["agents_added"] += 1
         return ""
 
