@@ -314,7 +314,10 @@ class NixlTransport(EdgeTransport):
             w.handle.release()
         except Exception as exc:
             self.stats["releases_refused"] += 1
-            log.warning("NIXL refused to release a write to %s (%s); kept, retried next poll", w.name, exc)
+            if self.stats["releases_refused"] & (self.stats["releases_refused"] - 1) == 0:  # 1, 2, 4, ...: a
+                # handle refused on every poll would otherwise log a line a millisecond
+                log.warning("NIXL refused to release a write to %s (%s, %d refusals so far); kept, retried next "
+                            "poll", w.name, exc, self.stats["releases_refused"])
             return False
         w.handle = None
         return True
