@@ -97,7 +97,10 @@ def raw_nixl(size: int, items: int, slots: int, target: Any, base: int) -> float
     def run(n: int) -> None:
         busy: set[int] = set()
         k = 0
+        deadline = time.monotonic() + 60 + n  # a write that never ends (a stopped peer) ends the bench
         while k < n or busy:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw NIXL: {len(busy)} writes still in progress after the bench's deadline")
             for s in range(slots):
                 if s in busy:
                     st = agent.check_xfer_state(handles[s])
