@@ -124,6 +124,20 @@ def _check_args(encode_endpoint: Any, capacity: Any, hostname: Any, dtype: Any, 
 
 
 
+def _check_expect(*, shard: bool, **values: int) -> None:
+    """`expect`'s arguments, each named when it is wrong (a receiver's room is one request's)."""
+    for name, least in (("room", 0), ("span", 1), ("hidden", 1), ("deep_width", 0), ("n", 1), ("rank", 0)):
+        value = values[name]
+        if type(value) is not int:
+            raise TypeError(f"expect: {name} must be an int, got {type(value).__name__} {value!r:.32}")
+        if value < least:
+            raise ValueError(f"expect: {name} must be >= {least}, got {value}")
+    if not isinstance(shard, bool):
+        raise TypeError(f"expect: shard must be a bool, got {type(shard).__name__}")
+    if values["deep_width"] % values["hidden"]:
+        raise ValueError(f"deepstack width {values['deep_width']} is no multiple of hidden {values['hidden']}")
+
+
 class MooncakeTarget:
     """A receiver's memory over Mooncake: the ownership page first, then the receive buffer."""
 
@@ -280,16 +294,7 @@ class ReferenceReceiver:
 
     def expect(self, room: int, *, span: int, hidden: int, deep_width: int = 0, n: int = 1, rank: int = 0,
                shard: bool = False) -> ReceiverFrame:
-        for name, value, least in (("room", room, 0), ("span", span, 1), ("hidden", hidden, 1),
-                                   ("deep_width", deep_width, 0), ("n", n, 1), ("rank", rank, 0)):
-            if type(value) is not int:
-                raise TypeError(f"expect: {name} must be an int, got {type(value).__name__} {value!r:.32}")
-            if value < least:
-                raise ValueError(f"expect: {name} must be >= {least}, got {value}")
-        if not isinstance(shard, bool):
-            raise TypeError(f"expect: shard must be a bool, got {type(shard).__name__}")
-        if deep_width % hidden:
-            raise ValueError(f"deepstack width {deep_width} is no multiple of hidden {hidden}")
+        _check_expect(room=room, span=span, hidden=hidden, deep_width=deep_width, n=n, rank=rank, shard=shard)
         if room in self.regions:
             raise ValueError(f"room {room} already has a region here ({self.regions[room].state})")
         row_start, rows = shard_rows(span, rank, n) if shard else (0, span)
@@ -303,9 +308,7 @@ class ReferenceReceiver:
                               rows, row_start, span, hidden, str(self.dtype), bool(deep_width), n,
                               self.status_endpoint, deep_width // hidden, region_notices=True)
         self.regions[room] = Region(room, extents, frame.dst_ptr)
-        # a room id used again: what its last region was told is not this one's outcome
-        self.status.pop(room, None)
-        self.notices.pop(room, None)
+        self.status.pop(room, None), self.notices.pop(room, None)  # a reused id: the last region's, not this
         self.frames[room] = frame
         self.views[room] = (main, deep)
         return frame
@@ -460,8 +463,7 @@ class ReferenceReceiver:
         return out
 
     def forget(self, room: int) -> bool:
-        """Drop what is kept of a room whose region is gone (its frame, view, outcome, notices), so a
-        long-lived receiver keeps only its live rooms; False, keeping all, while its region is held."""
+        """Drop a gone region's frame, view, outcome and notices (False while its region is held)."""
         if room in self.regions:
             return False
         for kept in (self.frames, self.views, self.status, self.notices):
