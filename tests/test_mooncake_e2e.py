@@ -49,8 +49,8 @@ Receiver = ReceiverProcess
 
 over_each_transport = pytest.mark.parametrize("transport", TRANSPORTS)
 # CI's time: on NIXL by default only the faults whose engine behaviour differs from Mooncake's (a
-# killed peer raises, a stopped one waits for ever, a blackholed add, a withdraw, the bytes); the
-# others (the same handshake code, another shape of the same bytes) with EPD_RING_NIXL_ALL=1.
+# killed peer raises, a stopped one waits for ever, a blackholed add, the bytes); the others (the
+# same handshake, heartbeat and withdraw code, another shape of the same bytes) with EPD_RING_NIXL_ALL=1.
 NIXL_ALL = bool(os.environ.get("EPD_RING_NIXL_ALL"))
 TRANSPORTS_FULL = ["mooncake", pytest.param("nixl", marks=pytest.mark.skipif(
     nixl_missing() or not NIXL_ALL, reason="nixl_cu12 missing, or EPD_RING_NIXL_ALL unset (CI's time)"))]
@@ -477,7 +477,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         enc.close()
 
 
-@over_each_transport
+@over_each_transport_with_all
 def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat(transport):
     """SIGSTOP: the peer accepts TCP and answers nothing; its writes would wait out the engine's timeouts.
     The probe of a busy peer goes unanswered, so the peer goes down at its connect deadline (within twice
@@ -552,7 +552,7 @@ def test_a_read_that_gave_up_is_answered_late_into_a_retired_page_never_handed_o
         enc.close()
 
 
-@over_each_transport
+@over_each_transport_with_all
 def test_withdrawn_region_is_acknowledged_then_carved_again(transport):
     enc = EncodeSide(False, transport=transport, slots=2)
     a = enc.receiver()
