@@ -62,22 +62,9 @@ def controller(transport: Any, size: int, items: int, slots: int, session: str, 
         ex.execute([(room, EncodeItem("image", rows))])
         pump.flush()
 
-    for k in range(slots):  # warm-up: first contact, the arena touched
-        one(k)
-    deadline = time.monotonic() + 60
-    while manager.rooms and time.monotonic() < deadline:
-        pump.tick()
-    t0 = time.perf_counter()
-    for k in range(items):
-        one(k)
-        pump.tick()
-    while manager.rooms:
-        pump.tick()
-    elapsed = time.perf_counter() - t0
-    if manager.stats["success"] != items + slots:
-        raise RuntimeError(f"the controller's rooms did not all succeed: {dict(manager.stats)}")
-    ex.reap_concluded_senders(set())
-    return elapsed
+    from .bench_mooncake import timed_rooms  # lazily: it imports Mooncake's driver
+
+    return timed_rooms(ex, pump, one, items, slots)
 
 
 def raw_nixl(size: int, items: int, slots: int, target: Any, base: int) -> float:
