@@ -487,12 +487,6 @@ class ConsumerWorker:
         self.loop = Loop("epd-ring-consumer", self._tick)
 
     # vLLM's thread -------------------------------------------------------------------------
-    def load(self, mm_hash: str, room: Any, index: int, num_embeds: int) -> None:
-        self.loop.call(lambda: self._load(mm_hash, room, index, num_embeds))
-
-    def cancel(self, mm_hash: str) -> None:
-        self.loop.call(lambda: self._cancel(mm_hash))
-
     def take_reports(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         if self.loop.error is not None and not self._closed:
             raise RuntimeError("epd-ring's consumer loop stopped") from self.loop.error
