@@ -192,7 +192,7 @@ class Events(Rules):
                 self._emit(out, d, ("tower", i, z))
                 continue
             d.rooms[i][CH] = CH_DEFERRED  # placeholder until offered
-            for served in self._serve_deferred(d):
+            for served in self.ring.serve_deferred(d):
                 self._offer_chunk(served, i, out)
         if state[3]:
             for ev in ("tower_error", "stage_error"):
@@ -210,21 +210,21 @@ class Events(Rules):
             # the core's `_offer`: behind a send that waits for bytes (or any, with one FIFO), or held back by
             # its identity's share, or fitting nowhere, it joins its identity's queue
             waits = d.waits if not self.shares.one_fifo else bool(d.deferred)
-            if d.halt is None and (waits or self.shares.held_back(d.rooms, d.cells, i) or not self._fits(d, i)):
+            if d.halt is None and (waits or self.shares.held_back(d.rooms, d.cells, i) or not self.ring.fits(d, i)):
                 d.deferred = self.shares.enqueue(d.rooms, d.deferred, i)
             elif d.halt is None:  # sends passed over (held back by their share) do not keep it behind them
-                for staged in self._stage(d, i):
+                for staged in self.ring.stage(d, i):
                     self._emit(out, staged, event)
                 return
             self._emit(out, d, event)
             return
-        if d.halt is None and (d.deferred or not self._fits(d, i)):
+        if d.halt is None and (d.deferred or not self.ring.fits(d, i)):
             if self.busy_wait:
                 d.halt = "spin"
             else:
                 d.deferred += (i,)
         elif d.halt is None:
-            for staged in self._stage(d, i):
+            for staged in self.ring.stage(d, i):
                 self._emit(out, staged, event)
             return
         self._emit(out, d, event)
@@ -432,8 +432,8 @@ class Events(Rules):
 
     def _deferred_served(self, state: tuple, out: list) -> None:
         """The loop serves deferred sends when the oldest fits or is to be dropped."""
-        if self._servable(state[0], state[1], state[2]):
-            for d in self._serve_deferred(Draft.of(state)):
+        if self.ring.servable(state[0], state[1], state[2]):
+            for d in self.ring.serve_deferred(Draft.of(state)):
                 self._emit(out, d, ("drain",))
 
     def _reap(self, state: tuple, out: list) -> None:

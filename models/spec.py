@@ -40,7 +40,7 @@ encoder sends them (one ordered socket per receiver, so a delay changes when, ne
 what, it learns).
 
 The code: models/state.py (the layout above), models/rules.py (moves, the couplings'
-actions, the ring), models/events.py (one method per family of events), this module
+actions), models/ring.py (leasing, serving deferred sends), models/events.py (one method per family of events), this module
 (checks and presentation). Variants change the executor's and manager's rules, never
 the machines: the `seed` variant (models/seed.py) models the seed, whose slots have
 no machine at all (a range of cells is reusable as soon as the rooms whose bytes it
