@@ -72,9 +72,7 @@ class Rules:
         self.cfg = config
         v = config.variant
         self.busy_wait = v == "busy-wait"
-        self.blocking_contact = v == "blocking-contact"
         self.write_before_up = v == "write-before-up"
-        self.no_write_deadline = v == "no-write-deadline"
         self.N = config.receivers
         self.regions = config.regions
         self.peers = config.peers
