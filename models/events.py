@@ -4,7 +4,9 @@ Room families run for each room in turn, in `ROOM_FAMILIES` order, then the
 global ones: that order is the order of `Spec.successors`, which the saved
 traces and the explorer's shortest traces rely on. A family builds each
 successor in a `Draft`, moves the machines through `Rules` (so the couplings
-run), and emits it.
+run), and emits it. Three groups of families are parts of their own, each given only the rules it
+calls: `PeerEvents` (models/events_peers.py), `Withdraws` (models/events_withdraws.py) and
+`Restarts` (models/events_restarts.py).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""The executor's and manager's rules as the spec has them: machine moves, the couplings, the ring.
+"""The executor's and manager's rules as the spec has them: machine moves and the couplings.
 
 Every move of a room, slot or peer goes through `_move_room`, `_move_slot` or
 `_move_peer`: the destination is looked up in the fsm/ declarations, and the
 actions fsm/couplings.py lists for the state entered (`ON_ENTER`) and the event
 taken (`ON_EVENT`) run after it, each one method named after its action. The
-variants (models/seed.py, and the flags set here) change these rules, never the
-machines or the table.
+variants (models/seed.py, and the flags set here and in the parts) change these rules,
+never the machines or the table. The ring (leasing, serving deferred sends) is a part of its own,
+models/ring.py's `Ring`, built here as `ring`.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ Action = Callable[[Draft, int, str], None]
 
 
 class Rules:
-    """Moves, the couplings' actions and the ring, over a `Draft`; `Events` builds successors from them."""
+    """Moves and the couplings' actions over a `Draft`, and the ring (`ring`); `Events` builds successors from them."""
 
     # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
     # the index of the room, slot or peer that moved, and the event that moved it.
