@@ -4,7 +4,8 @@
 every write held until the harness completes it, copies gated by fences the
 harness completes, and with `Config.peers` every first contact held until the
 harness answers it or fires its deadline) and maps each spec event onto them. `abstract()` reads the
-implementation's state back as a spec state: rooms, cells, the deferred queue,
+implementation's state back as a spec state (through its `Readback` part, models/conformance_reads.py;
+its `Timing` part, models/conformance_clock.py, fires deadlines through the clock): rooms, cells, the deferred queue,
 writes in flight and each receiver's region (stepped through the region
 machine on every notice that receiver got, so a second outcome fails at once);
 after every event it must equal, up to relabelling rooms, one of the
@@ -18,8 +19,6 @@ every receive buffer as room labels.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
-from typing import Any
 
 import torch
 
@@ -34,62 +33,26 @@ from epd_ring.executor.core import (
     ReasonKind,
     ReceiverFrame,
 )
-from epd_ring.fsm import REGION, InvalidTransition
-from epd_ring.fsm.regions import NOTICE_EVENTS
 
+from .conformance_clock import FAR, OFFSET, Timing, fires
+from .conformance_reads import Readback
 from .explore import canonical, event_name
 from .spec import (
-    CH_COPYING,
-    CH_DEFERRED,
-    CH_DROPPED,
-    CH_HELD,
-    CH_NONE,
-    CH_SENT,
     RCV,
-    SIZE,
-    SLOTI,
     W_FLIGHT,
     W_GHOST,
-    W_IDLE,
     W_LANDED,
     Config,
     Spec,
 )
-from .state import TOLD_NONE, told_after
 
 HIDDEN = 4
-# Deadlines fire through the clock and `poll()`. The spec fires them in any order, the clock in the order
-# of their due times, so the harness picks each deadline's duration when it is armed (through the
-# settings: a kind's timeout before each event): one its plan fires at event f is due at STEP * (f + 1),
-# one it does not fire is due FAR away; other events take at most a second each. Each kind adds its own
-# OFFSET, so a deadline armed from another kind's setting shows (`check_full_state`).
-STEP, FAR = 1000.0, 1e6
-OFFSET = {"park": 101.0, "announce": 103.0, "write": 107.0, "quarantine": 109.0, "connect": 113.0,
-          "probe": 131.0}
-# A probe's contact is armed and left unanswered within one event: its connect deadline this soon after.
-PROBE_CONTACT = 10.0
 TIMEOUTS = dict(park_timeout=FAR + OFFSET["park"], announce_timeout=FAR + OFFSET["announce"],
                 write_timeout=FAR + OFFSET["write"], quarantine_s=FAR + OFFSET["quarantine"],
                 tombstone_ttl=1e9, connect_timeout=FAR + OFFSET["connect"],
                 peer_probe_interval=FAR + OFFSET["probe"], peer_backoff=127.0,
                 # The model does not move peers on write failures: neither may the implementation here.
                 peer_fail_threshold=1 << 30)
-
-
-def fires(event: tuple) -> tuple[tuple[str, int], ...]:
-    """The deadlines (as `Harness.deadline_key`s) a spec event fires."""
-    name = event[0]
-    if name == "expire":
-        return (("room", event[1]),)
-    if name == "write_deadline":
-        return (("write", event[1]),)
-    if name == "release":
-        return (("extent", event[1]),)
-    if name == "connect_expired":
-        return (("connect", event[1]),)
-    if name in ("probe_refused", "probe_expired"):
-        return (("probe", event[1]),)
-    return ()
 
 
 # The reason kind a room fails with, by the spec event that fails it (an expiry by the state it expired
@@ -108,11 +71,6 @@ FAILED_BY = {"abort": ReasonKind.CALLER, "tower_error": ReasonKind.TOWER, "write
 # Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
 NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
 
-
-class NotByClock(Exception):
-    """A deadline an event fires is not the clock's next, even with the event in the harness's plan (one
-    event armed two deadlines of a kind, which the plan fires at different events: one timeout each
-    kind per event cannot tell them apart)."""
 
 
 class Fence:
@@ -206,15 +164,13 @@ class Harness:
         self.handle_room: dict[int, int] = {}
         self.handle_slot: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
-        self.withdrawn: set[tuple[int, str]] = set()  # (room, session) that withdrew (the receiver's own move)
-        self._withdrawn_at: dict[tuple[int, str], int] = {}  # how many notices it had got when it withdrew
-        # (what, id, kind) -> when it is due: the time of the event that armed it plus the timeout then set
-        self.armed: dict[tuple, float] = {}
-        # Deadline events fired, all through the clock and `poll()`.
-        self.fired = {"clock": 0}
         self.replans = 0  # times it rebuilt itself to fire a deadline it had not foreseen (`_replan`)
-        self.plan, self.arms = list(plan), list(arms)
-        self.foreseen = len(self.plan)  # the plan's first events, known before any was taken
+        # The parts: reading the implementation back, and time (the plan, the timeouts, the clock).
+        self.reads = Readback(config, self.executor, self.manager, self.transport, self.buffers, self.size,
+                              self.owner, self.cell_bytes, self.ROOM_BASE, self.room, self.rid, self.session)
+        self.timing = Timing(config.peers, self.manager, self.clock, self.pump, self.reads.cell, self.ROOM_BASE,
+                             list(plan), list(arms))
+        self.foreseen = len(plan)  # the plan's first events, known before any was taken
         self.arms_made: list[frozenset] = []  # the deadlines each event taken armed
         self.why = [""] * R  # the reason kind each room failed with, by the event that failed it (FAILED_BY)
 
@@ -238,298 +194,34 @@ class Harness:
         """Each room's item size by default: the configuration's sizes in turn."""
         return tuple(config.sizes[i % len(config.sizes)] for i in range(config.rooms))
 
-    # -- reading the implementation back ---------------------------------------------
     def _observe(self) -> None:
-        now = self.clock.now()
+        """After an event: the deadlines it armed, when each is due (`Timing.record`), and its writes' handles."""
         m = self.manager
-        for rid, room in m.rooms.items():
-            if room.timer:
-                timeout = m.park_timeout if room.state == "parked" else m.announce_timeout
-                self.armed.setdefault(("room", rid, room.state), now + timeout)
-        extents = list(self.executor.ring.extents.values())
-        quarantined = {self.cell(e) for e in extents if e.state == "quarantined"}
-        for c in quarantined:
-            self.armed.setdefault(("extent", c, "quarantine"), now + m.quarantine_s)
-        for key in [k for k in self.armed if k[0] == "extent" and k[1] not in quarantined]:
-            del self.armed[key]
-        for h in m.writes.by_handle:
-            self.armed.setdefault(("write", h, ""), now + m.write_timeout)
-        # a peer's contact and heartbeat are re-armed as they go: each arming is its own (by its timer's id)
-        for k in range(self.cfg.receivers) if self.cfg.peers else ():
-            peer = m.peers.get(f"p.{k}")
-            if peer is not None and peer.timer:
-                self.armed.setdefault(("connect", k, peer.timer), now + m.peers.connect_timeout)
-            if peer is not None and peer.beat.timer:
-                self.armed.setdefault(("probe", k, peer.beat.timer), now + m.peers.probe_interval)
+        self.timing.record(self.executor.ring.extents.values(), self.cfg.receivers)
         for h, write in self.pump.handles().items():  # transport handle -> the core's write
             w = m.writes.by_handle[write]
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
-                self.handle_slot[h] = self.cell(w.slot)
-
-    def cell(self, extent: Any) -> int:
-        """The model's cell an extent starts at."""
-        return extent.offset // self.cell_bytes
-
-    def span(self, extent: Any) -> range:
-        """The model's cells an extent covers."""
-        first = self.cell(extent)
-        return range(first, first + max(1, -(-extent.nbytes // self.cell_bytes)))
-
-    def cells(self) -> list[Any]:
-        """The ring as the model's cells: the live extent covering each cell, or a free stand-in."""
-        out: list[Any] = [SimpleNamespace(state="free", room=None, unsure=False, timer=0, due=0.0,
-                                          offset=i * self.cell_bytes, nbytes=self.cell_bytes)
-                          for i in range(self.cfg.cells)]
-        for e in self.executor.ring.extents.values():
-            for c in self.span(e):
-                out[c] = e
-        return out
-
-    def reasons(self) -> tuple[str, ...]:
-        """The reason kind each failed room's tombstone keeps, read from the core ("" for a room not failed)."""
-        out = []
-        for i in range(self.cfg.rooms):
-            reason = self.manager.failure_reason(self.room(i))
-            out.append(reason.kind.value if reason is not None else "")
-        return tuple(out)
+                self.handle_slot[h] = self.reads.cell(w.slot)
 
     def history(self) -> tuple[str, ...]:
         """What the core keeps of each room's past that the spec does not: the reason kind it failed with."""
         return tuple(self.why)
 
-    def told(self, i: int, session: str) -> str:
-        """The outcome the session's receiver was told for room i, as the spec keeps it (state.told_after)."""
-        told = TOLD_NONE
-        for status in self.transport.receivers[session].statuses(self.room(i)):
-            told = told_after(told, status)
-        return told
-
-    def region(self, i: int, session: str) -> str:
-        """The session's region, stepped through the region machine on every notice it got."""
-        r = SimpleNamespace(state=REGION.initial)
-        steps = [("withdraw" if n.status == "withdraw" else NOTICE_EVENTS[n.status])
-                 for n in self.transport.receivers[session].notices if n.room == self.room(i)]
-        if (i, session) in self.withdrawn:
-            steps.insert(self._withdrawn_at[(i, session)], "withdraw")
-        for e in steps:
-            try:
-                REGION.step(r, e)
-            except InvalidTransition as exc:
-                raise AssertionError(f"receiver {session} of room {i}: {exc}") from None
-        return r.state
-
-    def registered_sessions(self, i: int) -> list[str]:
-        """The sessions whose frame room i took, read from the core: the live room's frames, else its
-        tombstone's; a frame for a concluded room is answered at once, so its receiver's notices show it."""
-        rid, m = self.room(i), self.manager
-        room = m.rooms.get(rid)
-        tomb = m.tombstone(rid) if room is None else None
-        got = set(room.frames) if room is not None else set(tomb.sessions) if tomb is not None else set()
-        got |= {s for s, r in self.transport.receivers.items() if any(n.room == rid for n in r.notices)}
-        return sorted(got)
-
-    def sender(self, i: int) -> tuple[int, bool]:
-        """Room i's sender as the spec keeps it (none, registered, reaped), and whether its item was taken
-        (the tower ran on it, or it came from the cache): the executor's sender while it has one, then
-        the manager's record of the room, which keeps that one came (a sender is reaped only after its
-        item was taken)."""
-        sender = self.executor.senders.get(self.rid(i))
-        if sender is not None:
-            return 1, sender.offered
-        return (2, True) if self.manager.has_sender(self.room(i)) else (0, False)
-
-    def _writes_into(self, i: int, k: int) -> set[int]:
-        """Handles of the writes the transport was asked to make into room i's k-th receive buffer."""
-        buf = self.buffers[(i, k)]
-        lo = buf.data_ptr()
-        hi = lo + buf.numel() * buf.element_size()
-        return {h for h, ptr, _ in self.transport.receivers[self.session(i, k)].submitted if lo <= ptr < hi}
-
-    def sent(self, i: int) -> bool:
-        """Whether room i's chunk was written (its writes were submitted), as its receivers' side shows."""
-        return any(self._writes_into(i, k) for k in range(self.cfg.receivers))
-
-    def written(self, i: int) -> int:
-        """Receivers of room i whose bytes landed before they were told the room's outcome: the writes
-        that reported done while the room was transferring (a write done later, or one that lands after
-        reporting unsure, lands after the outcome notice)."""
-        n = 0
-        for k in range(self.cfg.receivers):
-            rcv = self.transport.receivers[self.session(i, k)]
-            mine = self._writes_into(i, k)
-            told = next((j for j, x in enumerate(rcv.notices)
-                         if x.room == self.room(i) and x.status in ("success", "failed")), len(rcv.notices))
-            n += any(h in mine and seen <= told for h, seen in rcv.landed)
-        return n
-
-    def write_state(self, i: int, session: str) -> int:
-        """Where the write into the session's region is, read from the manager and the transport."""
-        rid = self.room(i)
-        if any(w.room == rid and w.frame.session == session for w in self.manager.writes.by_handle.values()):
-            return W_FLIGHT
-        t = self.transport
-        k = next(k for k in range(self.cfg.receivers) if self.session(i, k) == session)
-        if set(t.ghosts) & self._writes_into(i, k):  # reported failed or timed out, and may still land
-            return W_GHOST
-        if self.manager.regions.is_open(rid, session):
-            return W_LANDED  # reported unsure, landed or not: the encoder waits out the quarantine
-        return W_IDLE
-
     def abstract(self) -> tuple:
-        ex, m = self.executor, self.manager
-        deferred = tuple(int(rid[1:]) for rid in ex.deferred_requests())
-        cells = self.cells()
-        slot_of = {s.room - self.ROOM_BASE: s for s in cells if s.room is not None}
-        infl = [0] * self.cfg.rooms
-        for w in m.writes.values():
-            infl[w.room - self.ROOM_BASE] += 1
-        rooms = []
-        for i in range(self.cfg.rooms):
-            rid = self.room(i)
-            rs = m.room_status(rid) or "new"
-            snd, taken = self.sender(i)
-            ok = self.written(i)
-            slot = slot_of.get(i)
-            if not taken:
-                ch = CH_NONE
-            elif i in deferred:
-                ch = CH_DEFERRED
-            elif slot is not None and slot.state == "copying":
-                ch = CH_COPYING
-            elif slot is not None and slot.state in ("staged", "parked"):
-                ch = CH_HELD
-            elif self.sent(i):
-                ch = CH_SENT
-            else:
-                ch = CH_DROPPED
-            told = sum(1 for k in range(self.cfg.receivers)
-                       if self.transport.receivers[self.session(i, k)].statuses(rid))
-            # A quarantined slot still names its last room; the spec lets go once nothing may read it.
-            sessions = self.registered_sessions(i)
-            rcv = tuple(sorted((self.region(i, s), self.write_state(i, s), self.told(i, s)) for s in sessions))
-            uses = slot is not None and (ch != CH_SENT or any(x[1] != W_IDLE for x in rcv))
-            ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
-            live = m.rooms.get(rid)
-            if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
-                # the manager's count and the receivers' bytes agree
-                assert self.cfg.receivers - live.writes_left == ok, f"room {i}: writes left {live.writes_left}"
-            size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
-            owner = () if self.owner[i] is None else (self.owner[i],)
-            rooms.append((rs, snd, ch, len(sessions), told, ok, infl[i], ghosts, rcv, size,
-                          self.cell(slot) if uses else -1, *owner))
-        # the spec forgets the bytes of cells no room's extent covers (with identities a busy one keeps whose
-        # identity it is charged to, as `-2 - owner`: models/shares.py)
-        used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
-        slots = tuple((s.state, s.room - self.ROOM_BASE if i in used else self._charged(s), s.unsure,
-                       len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
-                      for i, s in enumerate(cells))
-        peers = ()
-        if self.cfg.peers:
-            peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
-        # the fault budget is the spec's alone: the implementation has none, so it is the harness's count
-        return (tuple(rooms), slots, deferred, self.faults, None, peers)
+        """The implementation as a spec state (the fault budget is the harness's count: the core has none)."""
+        return self.reads.abstract(self.faults)
 
-    def _charged(self, extent: Any) -> int:
-        """A cell no room covers: -1, or with identities, while its extent is busy, `-2 - ` the identity the
-        core charges it to (its share, read back as the spec's owner)."""
-        if self.owner[0] is None or extent.state == "free" or extent.share is None:
-            return -1
-        return -2 - int(extent.share.identity.removeprefix("id"))
-
-    # -- time ------------------------------------------------------------------------
-    def pending(self) -> list[tuple[float, str, Any]]:
-        """Every deadline the core has armed (rooms, writes, quarantines, connects, heartbeats), earliest first."""
-        out = self.manager.deadlines.pending()
-        if self.cfg.peers:
-            out = sorted(out + self.manager.peers.beats.pending(), key=lambda e: e[0])
-        return out
-
-    def deadline_key(self, kind: str, obj: Any) -> tuple[str, int]:
-        """A pending deadline as the spec's event names what it fires: a room's, a room's writes', an
-        extent's (by its first cell), a peer's contact or heartbeat (by its receivers' rank)."""
-        if kind in ("announce", "park"):
-            return ("room", obj.id - self.ROOM_BASE)
-        if kind == "write":
-            return ("write", obj.room - self.ROOM_BASE)
-        if kind == "quarantine":
-            return ("extent", self.cell(obj))
-        peer = obj.peer if kind == "probe" else obj
-        return (kind, int(peer.session.rsplit(".", 1)[1]))
-
-    def _armed_now(self) -> set[tuple]:
-        """Pending deadlines as (kind, key, due)."""
-        return {(kind, self.deadline_key(kind, obj), when) for when, kind, obj in self.pending()}
-
-    def _fired_at(self, key: tuple, j: int) -> int | None:
-        """The plan's event that fires the deadline `key` armed at event j (None: none, or it is armed again first)."""
-        for f in range(j + 1, len(self.plan)):
-            if key in fires(self.plan[f]):
-                return f
-            if f < len(self.arms) and any(k == key for _, k in self.arms[f]):
-                return None
-        return None
-
-    def _set_timeouts(self, j: int) -> None:
-        """Before the j-th event: each kind's timeout, so that a deadline it arms is due when the plan fires it."""
-        ev = self.plan[j] if j < len(self.plan) else None
-        # what an event that fires a deadline arms, it arms once the clock reached that deadline
-        now = (self._fire_time(ev) if ev is not None else None) or self.clock.now()
-        want: dict[str, set] = {}
-        for kind, key in self.arms[j] if j < len(self.arms) else ():
-            want.setdefault(kind, set()).add(self._fired_at(key, j))
-        due = {}
-        for kind in OFFSET:
-            targets = want.get(kind, set())
-            f = next(iter(targets)) if len(targets) == 1 else None  # several, each its own: none can be exact
-            due[kind] = STEP * (f + 1) + OFFSET[kind] - now if f is not None else 0.0
-            if due[kind] <= 0:  # not foreseen (or past already: no plan has that many events)
-                due[kind] = FAR + OFFSET[kind]
-        if ev is not None and ev[0] == "probe_expired":
-            due["connect"] = PROBE_CONTACT + OFFSET["connect"] / 1000
-        m = self.manager
-        m.park_timeout, m.announce_timeout = due["park"], due["announce"]
-        m.write_timeout, m.quarantine_s = due["write"], due["quarantine"]
-        m.peers.connect_timeout, m.peers.probe_interval = due["connect"], due["probe"]
-
-    def pass_time(self) -> None:
-        """Move the clock on before an event: a second, or less so that no pending deadline comes due
-        (after a deadline fired the next may be a second away; each event then takes a slice of the gap)."""
-        now = self.clock.now()
-        pending = self.pending()
-        self.clock.advance(min(1.0, (pending[0][0] - now) / 64) if pending else 1.0)
-
-    def fire(self, objs: list) -> None:
-        """Fire the deadlines of `objs` (one spec event) through the clock and the pump's tick (which polls):
-        they are the next due, with nothing else due by then (`step` saw to it, see `_replan`)."""
-        pending = self.pending()
-        mine = [when for when, _, obj in pending if any(obj is o for o in objs)]
-        if not objs or len(mine) != len(objs):
-            raise AssertionError(f"the core has no pending deadline for {objs}")
-        when = max(mine)
-        if not all(any(obj is o for o in objs) for w, _, obj in pending if w <= when):
-            raise NotByClock(f"{[o for w, _, o in pending if w <= when]} are due by {when}, not only {objs}")
-        self.clock.advance(when - self.clock.now())
-        self.pump.tick()
-        self.fired["clock"] += 1
-
-    def _fire_time(self, event: tuple) -> float | None:
-        """When the clock fires the deadlines `event` fires: the latest of them, if they are pending and nothing
-        else is due by then; else None."""
-        keys = fires(event)
-        if not keys:
-            return None
-        pending = [(key, when) for _, key, when in self._armed_now()]
-        mine = [when for key, when in pending if key in keys]
-        if mine and all(key in keys for key, when in pending if when <= max(mine)):
-            return max(mine)
-        return None
+    @property
+    def fired(self) -> dict[str, int]:
+        """Deadline events fired, all through the clock and `poll()`."""
+        return self.timing.fired
 
     def follow(self, events: Sequence[tuple]) -> None:
         """Take `events` on the implementation without checking them (they were checked when first walked)."""
         for n, ev in enumerate(events):
-            self.pass_time()
+            self.timing.pass_time()
             self.apply(ev)
             if n + 1 == len(events) or events[n + 1][0] in NEEDS_STATE:
                 self.state = self.abstract()
@@ -538,9 +230,10 @@ class Harness:
         """Become a harness that took the same events with `event` foreseen next: the deadlines it fires are
         then the clock's next (the spec fires deadlines in any order; the clock fires the earliest)."""
         j = len(self.arms_made)
-        new = Harness(self.cfg, self.tokens, self.size, plan=[*self.plan[:j], event], arms=self.arms_made)
-        new.follow(self.plan[:j])
-        new.fired, new.replans = self.fired, self.replans + 1
+        plan = self.timing.plan
+        new = Harness(self.cfg, self.tokens, self.size, plan=[*plan[:j], event], arms=self.arms_made)
+        new.follow(plan[:j])
+        new.timing.fired, new.replans = self.timing.fired, self.replans + 1
         self.__dict__.update(new.__dict__)
 
     # -- events ----------------------------------------------------------------------
@@ -556,14 +249,15 @@ class Harness:
         """Apply `event` to the implementation only."""
         name, *args = event
         i = args[0] if args else None
-        ex, m, t = self.executor, self.manager, self.transport
+        ex, m, t, fire = self.executor, self.manager, self.transport, self.timing.fire
         j = len(self.arms_made)
-        if self.plan[j:j + 1] != [event]:  # not the event planned (or none was): the plan is this from here on
-            self.plan[j:] = [event]
-            del self.arms[j:]  # what the planned events armed says nothing of this one
+        plan = self.timing.plan
+        if plan[j:j + 1] != [event]:  # not the event planned (or none was): the plan is this from here on
+            plan[j:] = [event]
+            del self.timing.arms[j:]  # what the planned events armed says nothing of this one
             self.foreseen = min(self.foreseen, j)
-        self._set_timeouts(j)
-        before = self._armed_now()
+        self.timing.set_timeouts(j)
+        before = self.timing.armed_now()
         was = [m.room_status(self.room(k)) or "new" for k in range(self.cfg.rooms)]
         if name == "register":
             ex.register(self.rid(i), "prefill-bootstrap", 8998, self.room(i),
@@ -608,12 +302,10 @@ class Harness:
             del self.ghosts[h]
             t.land_ghost(h)
         elif name == "expire":
-            self.fire([m.rooms[self.room(i)]])
+            fire([m.rooms[self.room(i)]])
         elif name == "withdraw":
             session = self._session_for(i, args[1])
-            self._withdrawn_at[(i, session)] = len([n for n in t.receivers[session].notices
-                                                    if n.room == self.room(i)])
-            self.withdrawn.add((i, session))
+            self.reads.withdrew(i, session)
             m.withdraw(self.room(i), session, **({"identity": self.key(i)} if self.owner[i] is not None else {}))
             self.faults -= 1
         elif name == "abort":
@@ -626,23 +318,23 @@ class Harness:
             self.pump.tick()
         elif name == "connect_expired":
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer])
+            fire([peer])
             self.faults -= 1
         elif name in ("probe_refused", "probe_expired"):
             peer = m.peers.get(f"p.{i}")
-            self.fire([peer.beat])
+            fire([peer.beat])
             self.pump.flush()  # the probe's contact goes to the edge, where the harness answers it
             if name == "probe_refused":
                 assert t.answer(f"p.{i}", ok=False)
                 self.pump.tick()
             else:
-                self.pass_time()
-                self.fire([peer])
+                self.timing.pass_time()
+                fire([peer])
             self.faults -= 1
         elif name == "write_deadline":
             rid = self.room(i)
             due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
-            self.fire(due)
+            fire(due)
             self.faults -= 1
         elif name == "drain":
             ex.serve_deferred()
@@ -650,8 +342,8 @@ class Harness:
             # as the engine does: requests whose item has not gone to the tower are still pending
             ex.reap_concluded_senders({rid for rid, s in ex.senders.items() if not s.offered})
         elif name == "release":
-            slot = next(e for e in ex.ring.extents.values() if self.cell(e) == i)
-            self.fire([slot])
+            slot = next(e for e in ex.ring.extents.values() if self.reads.cell(e) == i)
+            fire([slot])
             for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
@@ -663,14 +355,14 @@ class Harness:
             if rs not in ("success", "failed") and m.room_status(self.room(k)) == "failed":
                 kind = FAILED_BY.get((name, rs)) or FAILED_BY.get(name)
                 self.why[k] = kind.value if kind is not None else f"failed by {name} from {rs}"
-        self.arms_made.append(frozenset((kind, key) for kind, key, _ in self._armed_now() - before))
+        self.arms_made.append(frozenset((kind, key) for kind, key, _ in self.timing.armed_now() - before))
 
     def _session_for(self, i: int, k: int) -> str:
         """A session of room i whose (region, write) is the spec's k-th receiver (alike ones are one choice)."""
         want = self.state[0][i][RCV][k]
         for n in range(self.frames_sent[i]):
             s = self.session(i, n)
-            if (self.region(i, s), self.write_state(i, s), self.told(i, s)) == want:
+            if (self.reads.region(i, s), self.reads.write_state(i, s), self.reads.told(i, s)) == want:
                 return s
         raise AssertionError(f"no receiver of room {i} is {want}")
 
@@ -679,14 +371,14 @@ class Harness:
         options = [s for s in self.spec.successors(self.state) if s.event == event]
         if not options:
             raise ValueError(f"{event_name(event)} is not enabled in the spec")
-        self.pass_time()  # every event at its own time, before every pending deadline
+        self.timing.pass_time()  # every event at its own time, before every pending deadline
         j = len(self.arms_made)
-        foreseen = j < self.foreseen and self.plan[j] == event
+        foreseen = j < self.foreseen and self.timing.plan[j] == event
         # A probe left unanswered arms a contact and fires its deadline within the event: only a foreseen
         # one is sure to be the clock's next.
-        if fires(event) and not foreseen and (event[0] == "probe_expired" or self._fire_time(event) is None):
+        if fires(event) and not foreseen and (event[0] == "probe_expired" or self.timing.fire_time(event) is None):
             self._replan(event)
-            self.pass_time()
+            self.timing.pass_time()
         self.apply(event)
         check_full_state(self)
         got = self.abstract()
@@ -706,7 +398,7 @@ def check_full_state(h: Harness) -> None:
     """What the spec abstracts, on harness `h`'s implementation: frames, deadline values, bytes at
     receivers. Raise AssertionError."""
     m, N = h.manager, h.cfg.receivers
-    assert h.reasons() == h.history(), f"failed rooms' reason kinds {h.reasons()}, not {h.history()}"
+    assert h.reads.reasons() == h.history(), f"failed rooms' reason kinds {h.reads.reasons()}, not {h.history()}"
     for i in range(h.cfg.rooms):
         rid = h.room(i)
         room = m.rooms.get(rid)
@@ -715,27 +407,27 @@ def check_full_state(h: Harness) -> None:
             assert room.frames == sent, f"room {i}: frames {sorted(room.frames)} but {sorted(sent)} were sent"
             if room.timer:
                 assert room.state in ("announced", "parked"), f"room {i} has a deadline in state {room.state}"
-                want = h.armed[("room", rid, room.state)]
+                want = h.timing.armed[("room", rid, room.state)]
                 assert room.due == want, f"room {i} ({room.state}) due at {room.due}, not {want}"
             elif room.state in ("announced", "parked"):
                 raise AssertionError(f"room {i} is {room.state} without a deadline")
         for k in range(N):
             vals = set(h.buffers[(i, k)].unique().tolist())
             assert vals <= {-1.0, float(rid)}, f"receiver p{i}.{k} holds bytes of rooms {vals - {-1.0, float(rid)}}"
-            if k < h.frames_sent[i] and h.region(i, h.session(i, k)) == "written":
+            if k < h.frames_sent[i] and h.reads.region(i, h.session(i, k)) == "written":
                 assert vals == {float(rid)}, f"receiver p{i}.{k} was told success but holds {vals}"
     for write, w in m.writes.by_handle.items():
-        want = h.armed[("write", write, "")]
+        want = h.timing.armed[("write", write, "")]
         # an overdue write (its deadline fired: `write_deadline`) is still in flight, its timer spent
         assert (w.timer or w.overdue) and w.due == want, f"write {write} due at {w.due}, not {want}"
     for s in h.executor.ring.extents.values():
         if s.state == "quarantined":
-            want = h.armed[("extent", h.cell(s), "quarantine")]
+            want = h.timing.armed[("extent", h.reads.cell(s), "quarantine")]
             assert s.timer and s.due == want, f"{s} released at {s.due}, not {want}"
-    for _, kind, obj in h.pending():
+    for _, kind, obj in h.timing.pending():
         if kind in ("connect", "probe"):
-            k = h.deadline_key(kind, obj)[1]
-            want = h.armed[(kind, k, obj.timer)]
+            k = h.timing.deadline_key(kind, obj)[1]
+            want = h.timing.armed[(kind, k, obj.timer)]
             assert obj.due == want, f"peer p.{k}'s {kind} deadline due at {obj.due}, not {want}"
         else:  # every other kind is compared above, from the object that holds it
             assert kind in ("announce", "park", "write", "quarantine"), f"a deadline of kind {kind} is not compared"

@@ -357,7 +357,7 @@ def _macros(cfg: Config) -> list[str]:
     for machine, code in (("room", _rs), ("extent", _ss)):
         armed = " || ".join(f"(x) == {code(s)}" for s in sorted(couplings.armed_states(machine, unarmed)))
         defs.append(f"#define ARMED_{machine.upper()}(x) ({armed or 0})")
-    # rules._leasable, per cell; the seed (SeedSpec._leasable) reuses a cell whose tenant is concluded and not parked
+    # Ring.leasable, per cell; the seed (SeedRing.leasable) reuses a cell whose tenant is concluded and not parked
     if cfg.variant == "seed":
         defs.append("#define LEASABLE(x) (cell[x].content == NONE || (CONCLUDED(room[cell[x].content].rs)"
                     " && room[cell[x].content].ch != CH_HELD))")
@@ -368,13 +368,13 @@ def _macros(cfg: Config) -> list[str]:
                     " && CONCLUDED(room[cell[x].content].rs)))")
     else:
         defs.append("#define LEASABLE(x) (cell[x].ss == S_free)")
-    # rules._placements: an extent of z cells may start at cell o (FITS_o); FITS(z): somewhere
+    # ring.Ring.placements: an extent of z cells may start at cell o (FITS_o); FITS(z): somewhere
     for o in range(C):
         arms = [f"((z) == {z} && " + " && ".join(f"LEASABLE({o + c})" for c in range(z)) + ")"
                 for z in cfg.sizes if o + z <= C]
         defs.append(f"#define FITS_{o}(z) ({' || '.join(arms) or 0})")
     defs.append("#define FITS(z) (" + " || ".join(f"FITS_{o}(z)" for o in range(C)) + ")")
-    # rules._reads: room x still needs its extent's bytes
+    # ring.Ring.reads: room x still needs its extent's bytes
     defs.append("#define READS(x) (room[x].ghost > 0 || room[x].infl > 0 || room[x].ch == CH_COPYING"
                 " || room[x].ch == CH_HELD)")
     # every cell of room x's extent holds its bytes (nothing overlapped it)

@@ -363,7 +363,7 @@ def withdraws_seen(r: str, i: str, j: str, cfg) -> list[Arm]:
 
 
 CHANNELS = r"""
-/* the notice at the head of a receiver's FIFO reaches it (events._deliveries) */
+/* the notice at the head of a receiver's FIFO reaches it (events_withdraws.Withdraws.deliveries) */
 inline ev_deliver(x, j) {
   lc = room[x].rc[j] % 5; room[x].rc[j] = room[x].rc[j] / 5;
   if

@@ -97,7 +97,7 @@ ACTIONS = {
 }
 
 
-# -- room families (models/events.py: _frame_with_peer, _write_deadlines) -------------------------------
+# -- room families (models/events_peers.py: frame, write_deadlines) ------------------------------------
 def frame_arms(r: str, i: str) -> list[tuple[str, str, str, bool]]:
     """A frame to a down peer fails its room (during the backoff) or contacts it again (after)."""
     down = f"PEERS && {r}.reg < N && !CONCLUDED({r}.rs) && peer[{r}.reg] == P_down"
@@ -162,7 +162,7 @@ inline show_peers() {
 """
 
 
-# -- the encoder's families (models/events.py: _connect_outcomes, _probe_outcomes) ------------------------
+# -- the encoder's families (models/events_peers.py: connect_outcomes, probe_outcomes) --------------------
 def global_arms(cfg, code) -> list[tuple[list[str], str]]:
     """(guards, the proctype's arm) of the peers' events; `code(name)` is the event's number."""
     if not cfg.peers:

@@ -1,31 +1,31 @@
-"""The executor's and manager's rules as the spec has them: machine moves, the couplings, the ring.
+"""The executor's and manager's rules as the spec has them: machine moves and the couplings.
 
 Every move of a room, slot or peer goes through `_move_room`, `_move_slot` or
 `_move_peer`: the destination is looked up in the fsm/ declarations, and the
 actions fsm/couplings.py lists for the state entered (`ON_ENTER`) and the event
 taken (`ON_EVENT`) run after it, each one method named after its action. The
-variants (models/seed.py, and the flags set here) change these rules, never the
-machines or the table.
+variants (models/seed.py, and the flags set here and in the parts) change these rules,
+never the machines or the table. The ring (leasing, serving deferred sends) is a part of its own,
+models/ring.py's `Ring`, built here as `ring`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import ClassVar
 
 from epd_ring.fsm import EXTENT, PEER, REGION, ROOM, couplings
 from epd_ring.fsm.regions import NOTICE_EVENTS
 
+from .ring import Ring
 from .shares import Shares
 from .state import (
     CH,
-    CH_COPYING,
     CH_DROPPED,
     CH_HELD,
     CH_SENT,
     CHAN,
     CONCLUDED,
-    CONTENT,
     GHOST,
     INFL,
     LEN,
@@ -33,11 +33,8 @@ from .state import (
     REG,
     REL,
     RS,
-    SIZE,
     SLOTI,
-    SND,
     SS,
-    STAGEABLE,
     TOLD,
     TOLD_NONE,
     UNSURE,
@@ -61,7 +58,7 @@ Action = Callable[[Draft, int, str], None]
 
 
 class Rules:
-    """Moves, the couplings' actions and the ring, over a `Draft`; `Events` builds successors from them."""
+    """Moves and the couplings' actions over a `Draft`, and the ring (`ring`); `Events` builds successors from them."""
 
     # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
     # the index of the room, slot or peer that moved, and the event that moved it.
@@ -70,17 +67,13 @@ class Rules:
                          "release_regions"))
     UNARMED: frozenset[str] = frozenset()  # deadline actions a variant does without
     LANDED = W_LANDED  # where a late write that landed leaves its region's write
+    RING: ClassVar[type[Ring]] = Ring  # the leasing rules (a variant's own subclass, models/seed.py)
 
     def __init__(self, config) -> None:
         self.cfg = config
         v = config.variant
-        self.no_parked_check = v == "no-parked-check"
-        self.reuse_when_terminal = v == "reuse-when-terminal"
         self.busy_wait = v == "busy-wait"
-        self.reap_crash = v == "reaped-deferred-crash"
-        self.blocking_contact = v == "blocking-contact"
         self.write_before_up = v == "write-before-up"
-        self.no_write_deadline = v == "no-write-deadline"
         self.N = config.receivers
         self.regions = config.regions
         self.peers = config.peers
@@ -90,6 +83,8 @@ class Rules:
         self.shares = Shares(config)
         self.fair = self.shares.k > 1  # per-identity shares and deferred queues (models/shares.py)
         self._read_couplings()
+        # the arena's part: leases through `_move_slot`, so the couplings run (after they are bound)
+        self.ring = self.RING(config, self.shares, self._move_slot, self._spread)
 
     def _read_couplings(self) -> None:
         """Bind fsm/couplings.py's table to this spec's methods (read at construction, as the core reads it)."""
@@ -341,93 +336,3 @@ class Rules:
         if self.regions:
             receivers(ro).append(("offered", W_IDLE, TOLD_NONE, 0, 0, 0) if self.channels
                                  else ("offered", W_IDLE, TOLD_NONE))
-
-    # -- the ring: an arena of cells ------------------------------------------------------------
-    def _leasable(self, rooms, cells) -> list[bool]:
-        """Per cell: may a new extent take it?"""
-        if self.reuse_when_terminal:  # whatever its extent's state, once the room whose bytes it holds concluded
-            return [sl[SS] == "free" or (sl[CONTENT] >= 0 and rooms[sl[CONTENT]][RS] in CONCLUDED) for sl in cells]
-        ok = ("free", "parked") if self.no_parked_check else ("free",)
-        return [sl[SS] in ok for sl in cells]
-
-    def _placements(self, rooms, cells, size: int) -> list[int]:
-        """First cells of every run of `size` leasable cells: where an extent of that size may go."""
-        ok = self._leasable(rooms, cells)
-        return [s for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
-
-    @staticmethod
-    def _reads(r) -> bool:
-        """Does the room still need its extent's bytes (a write in flight or unsure, a chunk to send)?"""
-        return bool(r[GHOST] or r[INFL] or r[CH] in (CH_COPYING, CH_HELD))
-
-    def _fits(self, d: Draft, i: int) -> bool:
-        return bool(self._placements(d.rooms, d.cells, d.rooms[i][SIZE]))
-
-    def _stage(self, d: Draft, i: int) -> Iterator[Draft]:
-        """Lease an extent of the room's size and start the copy: one draft per place it may take."""
-        if d.rooms[i][RS] not in STAGEABLE:
-            d2 = d.copy()
-            d2.rooms[i][CH] = CH_DROPPED
-            yield d2
-            return
-        z = d.rooms[i][SIZE]
-        for s in self._placements(d.rooms, d.cells, z):
-            d2 = d.copy()
-            cells = d2.cells
-            free = cells[s][SS] == "free"
-            for c in range(s, s + z):
-                # A busy extent is never overlapped: a write may still read it, as far as the encoder can
-                # tell. Where the spec knows the reader (a write in flight or unsure, a chunk to send), the
-                # invariant names the overwrite; otherwise the allocation itself is the violation.
-                t = cells[c][CONTENT]
-                if cells[c][SS] != "free" and not (t >= 0 and self._reads(d2.rooms[t])):
-                    d2.flag("overlap-of-busy-extent", f"room {i}'s extent overlaps a {cells[c][SS]} extent at "
-                                                      f"cell {c}, which a write may still read")
-            for c in range(s, s + z):
-                cells[c][CONTENT], cells[c][LEN] = i, 0
-            cells[s][LEN] = z
-            if free:
-                self._move_slot(d2, s, "lease")
-            else:  # a variant leasing over a busy extent: no move declared
-                cells[s][SS], cells[s][UNSURE] = "copying", False
-                self._spread(d2, s)
-            d2.rooms[i][CH], d2.rooms[i][SLOTI] = CH_COPYING, s
-            yield d2
-
-    def _servable(self, rooms, cells, deferred) -> bool:
-        """Would serving deferred sends do anything: the oldest is dropped (its sender reaped, its room
-        concluded) or fits?"""
-        if not deferred:
-            return False
-        if self.fair:
-            return self.shares.servable(rooms, cells, deferred, self._placements)
-        head = rooms[deferred[0]]
-        return head[SND] == 2 or head[RS] not in STAGEABLE or bool(self._placements(rooms, cells, head[SIZE]))
-
-    def _serve_deferred(self, d: Draft) -> Iterator[Draft]:
-        """Serve deferred sends oldest first: drop the oldest if its sender was reaped or its room
-        concluded, stage it if it fits, else stop (nothing behind it overtakes it). A crash halts."""
-        if not d.deferred:
-            yield d
-            return
-        if self.fair:
-            yield from self.shares.serve(d.copy(), self._stage, self._fits)
-            return
-        head, rest = d.deferred[0], d.deferred[1:]
-        r = d.rooms[head]
-        if r[SND] == 2 and self.reap_crash:
-            d.halt = "crash"
-            yield d
-            return
-        if r[SND] == 2 or r[RS] not in STAGEABLE:
-            d2 = d.copy()
-            d2.rooms[head][CH] = CH_DROPPED
-            d2.deferred = rest
-            yield from self._serve_deferred(d2)
-            return
-        if not self._fits(d, head):
-            yield d
-            return
-        for d2 in self._stage(d, head):
-            d2.deferred = rest
-            yield from self._serve_deferred(d2)

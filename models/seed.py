@@ -13,8 +13,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from .ring import Ring
 from .spec import Config, Spec
 from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers, told_after
+
+
+class SeedRing(Ring):
+    """The seed's leasing: a cell is reusable once the room whose bytes it holds concluded, its chunk not parked."""
+
+    def leasable(self, rooms, cells) -> list[bool]:
+        out = []
+        for sl in cells:
+            t = sl[CONTENT]
+            out.append(t < 0 or (rooms[t][RS] in ("success", "failed") and rooms[t][CH] != CH_HELD))
+        return out
 
 
 class SeedSpec(Spec, variant="seed"):
@@ -22,6 +34,7 @@ class SeedSpec(Spec, variant="seed"):
 
     UNARMED = frozenset(("arm_announce_deadline",))
     LANDED = W_IDLE  # it waits out no quarantine: a landed write is simply gone
+    RING = SeedRing
     # Each slot move sets the state it names, from whatever state the slot is in.
     SLOT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked",
                                             "send": "sending", "abandon": "free"}
@@ -43,13 +56,6 @@ class SeedSpec(Spec, variant="seed"):
 
     def _release_settled(self, ro: list) -> None:
         """No release protocol: nothing waits for the writes to settle."""
-
-    def _leasable(self, rooms, cells) -> list[bool]:
-        out = []
-        for sl in cells:
-            t = sl[CONTENT]
-            out.append(t < 0 or (rooms[t][RS] in ("success", "failed") and rooms[t][CH] != CH_HELD))
-        return out
 
     def _abandon_extent(self, d: Draft, i: int, cause: str) -> None:
         # A room failed by the loop keeps its parked chunk: the seed's reaper pops it later.

@@ -29,8 +29,8 @@ A global state is a tuple `(rooms, cells, deferred, faults, halt, peers)`:
   room, not per receiver); the suites cover suspect peers.
 - with `Config.restarts`, a seventh part: the encoder restarts left. A restart loses everything the
   encoder held; each room that had begun becomes an orphan (its sender `SND_DEAD`), kept only for its
-  receivers' regions and the dead incarnation's writes that may still land in them (models/events.py,
-  `_restarts`, `_reclaims`).
+  receivers' regions and the dead incarnation's writes that may still land in them
+  (models/events_restarts.py, `restarts`, `reclaims`).
 
 Room, extent and region moves are looked up in the fsm/ declarations (`ROOM`, `EXTENT`,
 `REGION`), not copied, and what a move obliges elsewhere (a parked room parks its
@@ -40,8 +40,9 @@ encoder sends them (one ordered socket per receiver, so a delay changes when, ne
 what, it learns).
 
 The code: models/state.py (the layout above), models/rules.py (moves, the couplings'
-actions, the ring), models/events.py (one method per family of events), this module
-(checks and presentation). Variants change the executor's and manager's rules, never
+actions), models/ring.py (leasing, serving deferred sends), models/events.py (one method per
+family of events, and its parts events_peers.py, events_withdraws.py and events_restarts.py), this
+module (checks and presentation). Variants change the executor's and manager's rules, never
 the machines: the `seed` variant (models/seed.py) models the seed, whose slots have
 no machine at all (a range of cells is reusable as soon as the rooms whose bytes it
 holds are terminal and not parked), so its extent moves are set directly and the

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import permutations
 
-from .conformance import Harness, NotByClock
+from .conformance import Harness
+from .conformance_clock import NotByClock
 from .explore import canonical, event_name
 from .spec import LEN, RS, SIZE, SLOTI, Config, Spec
 
@@ -44,7 +45,7 @@ class Walk:
     steps: int = 0  # events applied, replays included
     seconds: float = 0.0
     # edges whose deadlines fired through the clock and poll(); edges whose deadline could not be made the
-    # clock's next (`conformance.NotByClock`): not walked
+    # clock's next (`conformance_clock.NotByClock`): not walked
     deadlines: dict = field(default_factory=lambda: {"clock": 0, "not by clock": 0})
     failures: list = field(default_factory=list)  # (event path, message): the implementation left the spec
 

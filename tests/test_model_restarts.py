@@ -19,7 +19,7 @@ from test_model_invariants import _mutated
 
 from epd_ring.executor.tools.cli import main as cli_main
 from epd_ring.models import liveness
-from epd_ring.models.events import Events
+from epd_ring.models.events_restarts import Restarts
 from epd_ring.models.explore import explore, replay, trace_to_json
 from epd_ring.models.spec import RCV, RS, SND, Config, Spec
 from epd_ring.models.state import SND_DEAD, TOLD_NONE, TOLD_TWICE, W_GHOST, told_after
@@ -94,8 +94,8 @@ def test_a_dead_write_may_land_until_its_region_is_reclaimed():
 # -- teeth: each check catches a mutant of the receivers' side ------------------------------------------------
 def test_a_receiver_that_never_reclaims_a_failed_region_is_caught(monkeypatch):
     # The region told `failed` by the dead encoder waited for its release, which never comes.
-    monkeypatch.setattr(Events, "_reclaims", _mutated(Events, "_reclaims", '("failed", "withdrawing")',
-                                                      '("withdrawing",)'))
+    monkeypatch.setattr(Restarts, "reclaims", _mutated(Restarts, "reclaims", '("failed", "withdrawing")',
+                                                        '("withdrawing",)'))
     v = explore(ONE).violations
     # kept forever with only a dead write left to land (the liveness judge), or with nothing at all (deadlock)
     assert set(v) == {"region-never-released", "deadlock"}
@@ -105,8 +105,8 @@ def test_a_receiver_that_never_reclaims_a_failed_region_is_caught(monkeypatch):
 
 def test_a_reclaim_before_the_dead_writes_are_over_is_caught(monkeypatch):
     # The region is reused while a write of the dead incarnation may still land in it.
-    monkeypatch.setattr(Events, "_dead_write_at_reclaim", _mutated(
-        Events, "_dead_write_at_reclaim", "W_STRAY if self.late_landing else W_IDLE",
+    monkeypatch.setattr(Restarts, "_dead_write_at_reclaim", _mutated(
+        Restarts, "_dead_write_at_reclaim", "W_STRAY if self.late_landing else W_IDLE",
         "W_STRAY if self.late_landing else W_GHOST"))
     v = explore(ONE).violations
     assert "write-into-released-region" in v
@@ -129,7 +129,7 @@ def test_a_second_failed_for_one_room_is_caught(rule, monkeypatch):
     # `_concluded_here`: the receiver fails a room the dead encoder already told `failed`; `_repeated`: it
     # takes the new incarnation's `failed` for a room concluded here as an outcome.
     wrong = {"_concluded_here": lambda told: told_after(told, "failed"), "_repeated": told_after}[rule]
-    monkeypatch.setattr(Events, rule, staticmethod(wrong))
+    monkeypatch.setattr(Restarts, rule, staticmethod(wrong))
     v = explore(ONE).violations
     assert set(v) == {"told-twice"}
     assert v["told-twice"].trace[-1][1][0][0][RCV][0][2] == TOLD_TWICE
