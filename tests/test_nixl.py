@@ -108,6 +108,97 @@ def test_a_blackholed_add_holds_a_connector_thread_never_the_writing_agent(monke
         good.close()
 
 
+class FakeAgent:
+    """NIXL's agent as NixlTransport calls it, without UCX: a transfer stays in progress until the test
+    ends it, and an add of `hole`'s metadata by a writing agent blocks until `gate` is set."""
+
+    backends = ("UCX",)
+
+    def __init__(self, name: str, hole: bytes, gate: threading.Event, entered: threading.Event):
+        self.name, self.hole, self.gate, self.entered = name, hole, gate, entered
+        self.handles: list[FakeHandle] = []
+        self.registered: list[object] = []
+        self.deregistered: list[object] = []
+
+    def get_agent_metadata(self) -> bytes:
+        return self.name.encode()
+
+    def register_memory(self, regions, _kind):
+        reg = object()
+        self.registered.append(reg)
+        return reg
+
+    def deregister_memory(self, reg) -> None:
+        self.deregistered.append(reg)
+
+    def get_xfer_descs(self, descs, _kind):
+        return descs
+
+    def initialize_xfer(self, *_args) -> FakeHandle:
+        self.handles.append(FakeHandle())
+        return self.handles[-1]
+
+    def transfer(self, handle: FakeHandle, _notif: bytes = b"") -> str:
+        return handle.state
+
+    def check_xfer_state(self, handle: FakeHandle) -> str:
+        return handle.state
+
+    def add_remote_agent(self, meta: bytes) -> None:
+        if meta == self.hole and self.name.startswith("epd-ring-tx"):  # the prober's add goes through
+            self.entered.set()
+            assert self.gate.wait(60), "never let go"
+
+    def remove_remote_agent(self, _name: str) -> None:
+        pass
+
+
+class FakeHandle:
+    def __init__(self):
+        self.state, self.released = "PROC", 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_write_past_its_deadline_is_named_overdue_while_a_blocked_add_holds_the_agent(monkeypatch):
+    """A peer lets the prober's add through and blackholes the writing agent's: the connector thread
+    holds the agent. A healthy peer's write passes our deadline meanwhile: the deferred poll names it
+    overdue at once (once), without a call into NIXL; its handle is released, and the write reports
+    TIMED_OUT, only once a poll has the agent again (NIXL may touch its memory until then)."""
+    gate, entered = threading.Event(), threading.Event()
+    agents: list[FakeAgent] = []
+
+    def load_agent(name, **_kw):
+        agents.append(FakeAgent(name, b"epd-ring-rx-hole", gate, entered))
+        return agents[-1]
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    now = [0.0]
+    t = NixlTransport(write_timeout_s=10.0, prove_ownership=False, clock=lambda: now[0])
+    peers = {s: nixl.descriptor(FakeAgent(f"epd-ring-rx-{s}", b"", gate, entered), 4096) for s in ("good", "hole")}
+    t.fetch = lambda session, _timeout: peers[session]
+    try:
+        assert t.connect("good", 1) is None
+        assert reports(t, "good")[2] is True
+        handle = t.submit_write("good", [(4096, 8192, 256)])
+        (xfer,) = agents[0].handles
+        assert t.connect("hole", 1) is None
+        assert entered.wait(60)  # the writing agent's add is blocked, holding the agent
+        assert t.poll() == [] and t.overdue() == []
+        now[0] += 10.0  # our deadline
+        assert t.poll() == [] and t.overdue() == [handle]
+        assert t.poll() == [] and t.overdue() == []  # named once
+        assert xfer.released == 0 and t.in_flight == 1  # NIXL may still touch its memory
+        gate.set()
+        assert reports(t, "hole")[2] is True  # the add came back: the agent is free
+        assert t.poll() == [(handle, Outcome.TIMED_OUT)]
+        assert xfer.released == 1 and t.in_flight == 0
+    finally:
+        gate.set()
+        t.close()
+
+
 def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelled():
     """NIXL keeps a stopped peer's transfer in progress with no timeout of its own: only our deadline
     (on the transport's clock, moved by the test) ends it, with TIMED_OUT, once its handle is
