@@ -165,7 +165,8 @@ def test_a_write_past_its_deadline_is_named_overdue_while_a_blocked_add_holds_th
     """A peer lets the prober's add through and blackholes the writing agent's: the connector thread
     holds the agent. A healthy peer's write passes our deadline meanwhile: the deferred poll names it
     overdue at once (once), without a call into NIXL; its handle is released, and the write reports
-    TIMED_OUT, only once a poll has the agent again (NIXL may touch its memory until then)."""
+    TIMED_OUT, only once a poll has the agent again (NIXL may touch its memory until then). A write
+    handed to the submit thread meanwhile is never posted once past its deadline."""
     gate, entered = threading.Event(), threading.Event()
     agents: list[FakeAgent] = []
 
@@ -185,15 +186,17 @@ def test_a_write_past_its_deadline_is_named_overdue_while_a_blocked_add_holds_th
         (xfer,) = agents[0].handles
         assert t.connect("hole", 1) is None
         assert entered.wait(60)  # the writing agent's add is blocked, holding the agent
+        handed = t.submit_write("good", [(4096, 8192, 256)])
+        assert t.stats["submits_handed"] == 1
         assert t.poll() == [] and t.overdue() == []
         now[0] += 10.0  # our deadline
-        assert t.poll() == [] and t.overdue() == [handle]
+        assert t.poll() == [] and t.overdue() == [handle, handed]
         assert t.poll() == [] and t.overdue() == []  # named once
-        assert xfer.released == 0 and t.in_flight == 1  # NIXL may still touch its memory
+        assert xfer.released == 0 and t.in_flight == 2  # NIXL may still touch its memory
         gate.set()
         assert reports(t, "hole")[2] is True  # the add came back: the agent is free
-        assert t.poll() == [(handle, Outcome.TIMED_OUT)]
-        assert xfer.released == 1 and t.in_flight == 0
+        assert outcomes(t, [handle, handed]) == {handle: Outcome.TIMED_OUT, handed: Outcome.TIMED_OUT}
+        assert xfer.released == 1 and agents[0].handles == [xfer] and t.in_flight == 0
     finally:
         gate.set()
         t.close()
