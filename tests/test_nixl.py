@@ -113,6 +113,7 @@ class FakeAgent:
     ends it, and an add of `hole`'s metadata by a writing agent blocks until `gate` is set."""
 
     backends = ("UCX",)
+    refuse_deregister = False
 
     def __init__(self, name: str, hole: bytes, gate: threading.Event, entered: threading.Event):
         self.name, self.hole, self.gate, self.entered = name, hole, gate, entered
@@ -129,6 +130,8 @@ class FakeAgent:
         return reg
 
     def deregister_memory(self, reg) -> None:
+        if self.refuse_deregister:
+            raise RuntimeError("nixlNotFoundError")
         self.deregistered.append(reg)
 
     def get_xfer_descs(self, descs, _kind):
@@ -200,6 +203,29 @@ def test_a_write_past_its_deadline_is_named_overdue_while_a_blocked_add_holds_th
     finally:
         gate.set()
         t.close()
+
+
+def test_a_targets_close_deregisters_its_memory_before_it_lets_go_of_the_agent(monkeypatch):
+    agents: list[FakeAgent] = []
+
+    def load_agent(name, **_kw):
+        agents.append(FakeAgent(name, b"", threading.Event(), threading.Event()))
+        return agents[-1]
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    page, buffer = torch.zeros(64, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)
+    target = nixl.NixlTarget("127.0.0.1", page, buffer)
+    (agent,) = agents
+    assert len(agent.registered) == 2 and agent.deregistered == []
+    agent.refuse_deregister = True
+    target.close()
+    assert target.agent is agent and target.memory == (page, buffer)  # NIXL may still expose it: held
+    agent.refuse_deregister = False
+    target.close()
+    assert sorted(map(id, agent.deregistered)) == sorted(map(id, agent.registered))
+    assert target.agent is None and target.memory == ()
+    target.close()  # idempotent
+    assert len(agent.deregistered) == 2
 
 
 def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelled():

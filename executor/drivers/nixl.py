@@ -164,7 +164,21 @@ class NixlTarget:
         self.memory = (page, buffer)
 
     def close(self) -> None:
+        """Stop serving the metadata, deregister the memory, then let go of the agent (idempotent).
+        Memory whose deregistration NIXL refused stays held, with the agent, as long as this object."""
         self.server.close()
+        if self.agent is None:
+            return
+        refused = []
+        for reg in reversed(self.regs):
+            try:
+                self.agent.deregister_memory(reg)
+            except Exception as exc:
+                log.warning("deregistering a receiver's memory from NIXL failed: %s: %s", type(exc).__name__, exc)
+                refused.append(reg)
+        self.regs = refused
+        if not refused:
+            self.agent, self.memory = None, ()
 
 
 class _Write:
