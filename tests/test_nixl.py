@@ -108,10 +108,131 @@ def test_a_blackholed_add_holds_a_connector_thread_never_the_writing_agent(monke
         good.close()
 
 
+class FakeAgent:
+    """NIXL's agent as NixlTransport calls it, without UCX: a transfer stays in progress until the test
+    ends it, and an add of `hole`'s metadata by a writing agent blocks until `gate` is set."""
+
+    backends = ("UCX",)
+    refuse_deregister = False
+
+    def __init__(self, name: str, hole: bytes, gate: threading.Event, entered: threading.Event):
+        self.name, self.hole, self.gate, self.entered = name, hole, gate, entered
+        self.handles: list[FakeHandle] = []
+        self.registered: list[object] = []
+        self.deregistered: list[object] = []
+
+    def get_agent_metadata(self) -> bytes:
+        return self.name.encode()
+
+    def register_memory(self, regions, _kind):
+        reg = object()
+        self.registered.append(reg)
+        return reg
+
+    def deregister_memory(self, reg) -> None:
+        if self.refuse_deregister:
+            raise RuntimeError("nixlNotFoundError")
+        self.deregistered.append(reg)
+
+    def get_xfer_descs(self, descs, _kind):
+        return descs
+
+    def initialize_xfer(self, *_args) -> FakeHandle:
+        self.handles.append(FakeHandle())
+        return self.handles[-1]
+
+    def transfer(self, handle: FakeHandle, _notif: bytes = b"") -> str:
+        return handle.state
+
+    def check_xfer_state(self, handle: FakeHandle) -> str:
+        return handle.state
+
+    def add_remote_agent(self, meta: bytes) -> None:
+        if meta == self.hole and self.name.startswith("epd-ring-tx"):  # the prober's add goes through
+            self.entered.set()
+            assert self.gate.wait(60), "never let go"
+
+    def remove_remote_agent(self, _name: str) -> None:
+        pass
+
+
+class FakeHandle:
+    def __init__(self):
+        self.state, self.released = "PROC", 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_write_past_its_deadline_is_named_overdue_while_a_blocked_add_holds_the_agent(monkeypatch):
+    """A peer lets the prober's add through and blackholes the writing agent's: the connector thread
+    holds the agent. A healthy peer's write passes our deadline meanwhile: the deferred poll names it
+    overdue at once (once), without a call into NIXL; its handle is released, and the write reports
+    TIMED_OUT, only once a poll has the agent again (NIXL may touch its memory until then). A write
+    handed to the submit thread meanwhile is never posted once past its deadline."""
+    gate, entered = threading.Event(), threading.Event()
+    agents: list[FakeAgent] = []
+
+    def load_agent(name, **_kw):
+        agents.append(FakeAgent(name, b"epd-ring-rx-hole", gate, entered))
+        return agents[-1]
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    now = [0.0]
+    t = NixlTransport(write_timeout_s=10.0, prove_ownership=False, clock=lambda: now[0])
+    peers = {s: nixl.descriptor(FakeAgent(f"epd-ring-rx-{s}", b"", gate, entered), 4096) for s in ("good", "hole")}
+    t.fetch = lambda session, _timeout: peers[session]
+    try:
+        assert t.connect("good", 1) is None
+        assert reports(t, "good")[2] is True
+        handle = t.submit_write("good", [(4096, 8192, 256)])
+        (xfer,) = agents[0].handles
+        assert t.connect("hole", 1) is None
+        assert entered.wait(60)  # the writing agent's add is blocked, holding the agent
+        handed = t.submit_write("good", [(4096, 8192, 256)])
+        assert t.stats["submits_handed"] == 1
+        assert t.poll() == [] and t.overdue() == []
+        now[0] += 10.0  # our deadline
+        assert t.poll() == [] and t.overdue() == [handle, handed]
+        assert t.poll() == [] and t.overdue() == []  # named once
+        assert xfer.released == 0 and t.in_flight == 2  # NIXL may still touch its memory
+        gate.set()
+        assert reports(t, "hole")[2] is True  # the add came back: the agent is free
+        assert outcomes(t, [handle, handed]) == {handle: Outcome.TIMED_OUT, handed: Outcome.TIMED_OUT}
+        assert xfer.released == 1 and agents[0].handles == [xfer] and t.in_flight == 0
+    finally:
+        gate.set()
+        t.close()
+
+
+def test_a_targets_close_deregisters_its_memory_before_it_lets_go_of_the_agent(monkeypatch):
+    agents: list[FakeAgent] = []
+
+    def load_agent(name, **_kw):
+        agents.append(FakeAgent(name, b"", threading.Event(), threading.Event()))
+        return agents[-1]
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    page, buffer = torch.zeros(64, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)
+    target = nixl.NixlTarget("127.0.0.1", page, buffer)
+    (agent,) = agents
+    assert len(agent.registered) == 2 and agent.deregistered == []
+    agent.refuse_deregister = True
+    target.close()
+    assert target.agent is agent and target.memory == (page, buffer)  # NIXL may still expose it: held
+    agent.refuse_deregister = False
+    target.close()
+    assert sorted(map(id, agent.deregistered)) == sorted(map(id, agent.registered))
+    assert target.agent is None and target.memory == ()
+    target.close()  # idempotent
+    assert len(agent.deregistered) == 2
+
+
 def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelled():
     """NIXL keeps a stopped peer's transfer in progress with no timeout of its own: only our deadline
-    (on the transport's clock, moved by the test) ends it, with TIMED_OUT, once its handle is
-    released (which cancels); nothing is reported before that, however long the poll loop runs."""
+    (on the transport's clock, moved by the test) ends it, with TIMED_OUT (not FAILED: NIXL had not
+    ended it), once its handle is released (which cancels); nothing is reported before that, however
+    often it is polled. 32 MiB, more than the sockets' buffers hold: a stopped peer cannot take it."""
     now = [0.0]
     t = NixlTransport(write_timeout_s=30.0, clock=lambda: now[0])
     b = ReceiverProcess(NOWHERE, transport="nixl")
@@ -124,11 +245,10 @@ def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelle
         b.proc.send_signal(signal.SIGSTOP)
         wait_stopped(b.proc.pid)
         handle = t.submit_write(b.session, [(ring.data_ptr(), dst, 32 << 20)])
-        polled = time.monotonic() + 3.0  # a stopped peer: 32 MiB cannot land, whatever the machine's pace
-        while time.monotonic() < polled:
+        now[0] = 30.0 - 1e-3  # just short of our deadline
+        for _ in range(100):
             assert t.poll() == []
-            time.sleep(0.01)
-        now[0] += 30.0  # our deadline
+        now[0] = 30.0  # our deadline
         assert outcome(t, handle, 10.0) is Outcome.TIMED_OUT
         assert t.stats["timed_out"] == 1 and t.in_flight == 0
     finally:

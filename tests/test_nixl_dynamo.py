@@ -33,6 +33,7 @@ if not os.environ.get("EPD_RING_REQUIRE_NIXL"):
         pytest.skip("ai-dynamo is not installed (pip install --no-deps ai-dynamo==1.6.1)", allow_module_level=True)
 
 from epd_ring.executor.core.transport import Outcome
+from epd_ring.executor.drivers import nixl
 from epd_ring.executor.drivers.nixl import NixlTransport
 from epd_ring.executor.drivers.nixl_dynamo import DynamoWriteSender
 from epd_ring.executor.drivers.receiver import ReferenceReceiver
@@ -160,3 +161,60 @@ def test_epd_rings_receiver_keeps_a_failed_region_until_its_release_notice():
         assert r.protocol_errors == []
     finally:
         r.close()
+
+
+class NotifyingAgent:
+    """NIXL's agent as the sender calls it, without UCX: `notifs` is what the next poll gets, metadata
+    `b"bad"` is refused by `add_remote_agent`, and every transfer is done at once."""
+
+    backends = ("UCX",)
+
+    def __init__(self, name: str):
+        self.name, self.notifs, self.added, self.posted = name, {}, [], []
+
+    def get_agent_metadata(self) -> bytes:
+        return b"meta"
+
+    def get_new_notifs(self) -> dict:
+        notifs, self.notifs = self.notifs, {}
+        return notifs
+
+    def add_remote_agent(self, meta: bytes) -> None:
+        if meta == b"bad":
+            raise RuntimeError("nixlInvalidParamError")
+        self.added.append(meta)
+
+    def get_xfer_descs(self, descs, _kind):
+        return descs
+
+    def initialize_xfer(self, _op, _local, remote, _name, notif):
+        self.posted.append((remote, notif))
+        return types.SimpleNamespace(release=lambda: None)
+
+    def transfer(self, _handle, _notif) -> str:
+        return "DONE"
+
+
+def test_one_bad_notification_fails_its_own_tensor_never_the_rest_of_the_batch(monkeypatch):
+    import msgspec
+
+    monkeypatch.setattr(nixl, "load_agent", lambda name, **_kw: NotifyingAgent(name))
+    t = NixlTransport()
+    sender = DynamoWriteSender(t)
+    for i in range(3):
+        sender.request(0x1000 * (i + 1), 256, [64], "torch.float32")  # tensors 1, 2, 3
+
+    def ask(tensor_id, meta=b"meta", mem="cpu"):
+        return msgspec.msgpack.encode((tensor_id, (0x9000, 256, 0, mem), 7, meta))
+
+    t.agent.notifs = {
+        b"evil": [b"not msgpack", ask(2, meta=b"bad"), ask([1])],  # its agent will not be added
+        b"good": [ask(1), ask(3, mem="cuda"), ask(99)],
+    }
+    try:
+        assert dict(sender.poll()) == {1: Outcome.DONE, 2: Outcome.FAILED, 3: Outcome.FAILED}
+        assert sorted(tid for tid, _ in sender.refused) == [0, 0, 2, 3, 99]
+        assert t.agent.added == [b"meta"] and t.agent.posted == [([(0x9000, 256, 0)], b"7")]
+        assert sender.offered() == {} and sender.pending() == 0
+    finally:
+        t.close()

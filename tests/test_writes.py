@@ -160,6 +160,32 @@ def test_write_deadlines_fail_live_rooms_and_are_counted_for_concluded_ones():
     assert m.stats["completions_dropped"] == 2
 
 
+def test_a_write_the_transport_names_overdue_fails_its_room_now_and_keeps_its_extent_until_it_reports():
+    """NIXL while a contact holds its agent: past its own deadline, a write it cannot release yet."""
+    rig = make_rig(write_timeout=30.0, quarantine_s=5.0)
+    m, t, clock = rig.manager, rig.transport, rig.clock
+    t.inject("hold", count=1)
+    m.register_receiver(rig.frame(1, "a", 2))
+    rig.send(1)
+    (handle,) = t.held
+    named = [handle, handle]  # named twice: the core acts once
+    t.overdue = lambda: [named.pop()] if named else []
+    m.poll()
+    assert reason_kind(m, 1) is ReasonKind.WRITE_TIMED_OUT and "a" in reason_text(m, 1).split()
+    m.poll()
+    clock.advance(30.0)
+    m.poll()  # the core's own deadline does not fire again
+    assert m.stats["write_deadlines"] == 1
+    slot = rig.slot_of(1)
+    assert slot.state == "sending" and rig.receiver("a").releases(1) == []  # the engine may still read it
+    t.complete(handle, Outcome.TIMED_OUT)
+    m.poll()
+    assert slot.state == "quarantined" and rig.receiver("a").releases(1) == []
+    clock.advance(5.0)
+    m.poll()
+    assert slot.state == "free" and rig.receiver("a").releases(1) == ["released"]
+
+
 def test_oldest_write_age_counts_from_the_oldest_submit():
     rig = make_rig(write_timeout=30.0)
     m, t, clock = rig.manager, rig.transport, rig.clock

@@ -264,8 +264,9 @@ class Lifecycle:
             self._expire(obj, kind)
 
     # write outcomes ------------------------------------------------------------
-    def _write_overdue(self, w: Write) -> None:
-        """Our write deadline passed with no report from the transport.
+    def _write_overdue(self, w: Write, reason: Reason | None = None) -> None:
+        """Our write deadline passed with no report from the transport (or, `reason`, the transport
+        gave up on the write but cannot report it yet: its engine still holds the memory).
 
         The room fails now and its receivers are told. The slot does not: the
         transport may still be reading it, so it stays `sending` until the write
@@ -279,8 +280,19 @@ class Lifecycle:
             self.peers.write_overdue(peer)
         room = self.rooms.get(w.room)
         if room is not None and room.state == "transferring":
-            self.fail(room, Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got no "
-                                                              f"report within {self.writes.timeout} s"))
+            self.fail(room, reason or Reason(ReasonKind.WRITE_DEADLINE, f"write to receiver {w.frame.session} got "
+                                                                        f"no report within {self.writes.timeout} s"))
+
+    def on_overdue(self, handle: int) -> bool:
+        """The transport gave up on write `handle` but cannot report it yet (`Transport.overdue`):
+        handled as at our own deadline, now, once. False if it is not a write of ours in flight."""
+        w = self.writes.by_handle.get(handle)
+        if w is None or w.overdue:
+            return False
+        self.deadlines.cancel(w)
+        self._write_overdue(w, Reason(ReasonKind.WRITE_TIMED_OUT, f"write to receiver {w.frame.session} timed out "
+                                                                  "(its engine still holds the memory)"))
+        return True
 
     def on_outcome(self, handle: int, outcome: Outcome) -> None:
         w = self.writes.reported(handle)

@@ -302,6 +302,12 @@ class EncodeManager:
             n += 1
         return n
 
+    def writes_overdue(self, writes: Iterable[int]) -> int:
+        """Writes the transport gave up on but cannot report yet, by write id (`Transport.overdue`):
+        each fails its room now, as at its deadline; return how many were not already overdue."""
+        on_overdue = self.lifecycle.on_overdue
+        return sum(on_overdue(write) for write in writes)
+
     def contacts_reported(self, reports: Iterable[tuple[Any, ...]]) -> int:
         """Answers to `Contact` effects: (session, attempt, ok, detail[, owner]); return how many.
 

@@ -137,6 +137,9 @@ class Pump:
                 self.stats["completions_unknown"] += 1  # not a write of ours
             else:
                 done.append((write, outcome))
+        overdue = self.transport.overdue()
+        if overdue:  # a write this poll reported has left `handles`: it is not overdue
+            n += m.writes_overdue([handles[h] for h in overdue if h in handles])
         if self._refused:
             done += self._refused
             self._refused = []

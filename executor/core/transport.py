@@ -43,6 +43,12 @@ class Transport(ABC):
     def poll(self) -> list[tuple[int, Outcome]]:
         """Outcomes of writes that finished since the last poll."""
 
+    def overdue(self) -> list[int]:
+        """Handles of writes past the transport's own deadline that it cannot report yet, as its
+        engine still holds their memory (NIXL while a contact holds its agent), each named once.
+        The core fails their rooms now and keeps their extents until `poll` reports them."""
+        return []
+
     # True when `peer_reports` names, for each peer that answers, the identity its own memory
     # says owns it (see `peer_reports`): the core then binds a session to that identity, not
     # to whoever named the session first.

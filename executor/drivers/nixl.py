@@ -19,10 +19,15 @@ First contact runs on the connector (edge.py), never on the loop: the peer's met
 from its metadata port within `handshake_timeout_s` (our socket, our deadline, handshake.py's
 framing), then added to a *prober* agent of that connector thread's own (no memory registered),
 and only once that add came back, to the writing agent. A peer that blackholes the add holds one
-connector thread and its prober, never the agent the loop writes with. The loop never waits on
-the agent either: every call into it is made under `_lock`, which the loop only tries (a poll
-that finds it held reads nothing this tick, a submit that finds it held goes to the submit
-thread). With `prove_ownership` the ownership page is read through the agent, as over Mooncake.
+connector thread and its prober. A hostile peer can let the prober's add through and blackhole the
+writing agent's: that add holds `_lock` for minutes (NIXL has no deadline on it, and its own
+agent lock would stall any other call meanwhile). The loop never waits on the agent: every call
+into it is made under `_lock`, which the loop only tries. A submit that finds it held goes to the
+submit thread (which never posts a write past its deadline); a poll that finds it held makes no
+call into NIXL but still holds our deadlines: each write past its deadline is named once by
+`overdue()` (the core fails its room and keeps its extent), and is released, and reported
+TIMED_OUT, by the next poll that gets the lock. With `prove_ownership` the ownership page is read
+through the agent, as over Mooncake.
 
 The receiver side: `NixlTarget` registers the ownership page and the receive buffer with an agent
 of its own and serves its metadata (`descriptor`) on a TCP port: its session is that HOST:PORT.
@@ -53,6 +58,7 @@ from .pages import ReadPages
 log = logging.getLogger("epd_ring.nixl")
 
 _HANDED, _PROC, _DONE, _FAILED, _TIMED_OUT = "handed", "proc", "done", "failed", "timed_out"
+_ENDED = frozenset((_DONE, _FAILED, _TIMED_OUT))
 ENGINE = "nixl"
 
 
@@ -158,17 +164,32 @@ class NixlTarget:
         self.memory = (page, buffer)
 
     def close(self) -> None:
+        """Stop serving the metadata, deregister the memory, then let go of the agent (idempotent).
+        Memory whose deregistration NIXL refused stays held, with the agent, as long as this object."""
         self.server.close()
+        if self.agent is None:
+            return
+        refused = []
+        for reg in reversed(self.regs):
+            try:
+                self.agent.deregister_memory(reg)
+            except Exception as exc:
+                log.warning("deregistering a receiver's memory from NIXL failed: %s: %s", type(exc).__name__, exc)
+                refused.append(reg)
+        self.regs = refused
+        if not refused:
+            self.agent, self.memory = None, ()
 
 
 class _Write:
-    __slots__ = ("name", "bufs", "state", "handle", "deadline", "failure", "notif")
+    __slots__ = ("name", "bufs", "state", "handle", "deadline", "failure", "notif", "overdue")
 
     def __init__(self, name: str, bufs: Sequence[Buf], deadline: float, notif: bytes = b""):
         self.name, self.bufs, self.deadline, self.notif = name, [b for b in bufs if b[2]], deadline, notif
         self.state = _PROC
         self.handle: Any = None
         self.failure = ""
+        self.overdue = False  # named by `overdue()`: past our deadline while a contact held the agent
 
 
 class NixlTransport(EdgeTransport):
@@ -197,6 +218,7 @@ class NixlTransport(EdgeTransport):
         self._claims: dict[str, str] = {}
         self._descriptors: dict[str, bytes] = {}  # session -> the metadata it was added with
         self._pending: dict[int, _Write] = {}
+        self._overdue: list[int] = []  # handles past our deadline that no poll could release yet
         self._next = 0
         self._regs: dict[int, list[Any]] = {}  # id(owner) -> its registrations
         self.pages = ReadPages(OWNER_PAGE, clock=clock, register=self._register_pages)
@@ -245,7 +267,10 @@ class NixlTransport(EdgeTransport):
 
     def _submit_now(self, w: _Write, _i: int) -> None:
         with self._lock:
-            self._post(w)
+            if self.clock() >= w.deadline:  # it waited out its deadline behind a contact: never posted
+                w.state = _TIMED_OUT
+            else:
+                self._post(w)
 
     def _submit_failed(self, w: _Write, _i: int) -> None:
         w.state = _FAILED
@@ -268,9 +293,8 @@ class NixlTransport(EdgeTransport):
         if not self._pending:
             return []
         if not self._lock.acquire(blocking=False):
-            self.stats["polls_deferred"] += 1  # a contact holds the agent: next tick
-            return []
-        out = []
+            return self._poll_deferred()
+        out: list[tuple[int, Outcome]] = []
         try:
             now = self.clock()
             for handle, w in list(self._pending.items()):
@@ -282,16 +306,42 @@ class NixlTransport(EdgeTransport):
                     continue
                 if w.handle is not None and not self._release(w):
                     continue  # NIXL may still touch its memory: kept, released again next poll
-                del self._pending[handle]
-                if w.state == _DONE:
-                    out.append((handle, Outcome.DONE))
-                    continue
-                self.stats[w.state] += 1
-                log.warning("write to %s %s%s", w.name, w.state, f" ({w.failure})" if w.failure else "")
-                out.append((handle, Outcome.TIMED_OUT if w.state == _TIMED_OUT else Outcome.FAILED))
+                self._report(handle, w, out)
         finally:
             self._lock.release()
         return out
+
+    def _poll_deferred(self) -> list[tuple[int, Outcome]]:
+        """A poll while a contact holds the agent (a blackholed add may hold it for minutes): no call
+        into NIXL. A write NIXL never got reports now; one past our deadline is named once by
+        `overdue()` (the core fails its room at once and keeps its extent), and reports only once
+        a poll with the agent has released its handle: NIXL may touch its memory until then."""
+        self.stats["polls_deferred"] += 1
+        out: list[tuple[int, Outcome]] = []
+        now = self.clock()
+        for handle, w in list(self._pending.items()):
+            # state first: the submit thread sets a write's handle before its state
+            if w.state in _ENDED and w.handle is None:
+                self._report(handle, w, out)
+            elif not w.overdue and now >= w.deadline:
+                w.overdue = True
+                self._overdue.append(handle)
+                self.stats["overdue"] += 1
+        return out
+
+    def overdue(self) -> list[int]:
+        out, self._overdue = self._overdue, []
+        return out
+
+    def _report(self, handle: int, w: _Write, out: list[tuple[int, Outcome]]) -> None:
+        """`w` ended and NIXL holds nothing of it: it leaves `_pending`, its outcome goes in `out`."""
+        del self._pending[handle]
+        if w.state == _DONE:
+            out.append((handle, Outcome.DONE))
+            return
+        self.stats[w.state] += 1
+        log.warning("write to %s %s%s", w.name, w.state, f" ({w.failure})" if w.failure else "")
+        out.append((handle, Outcome.TIMED_OUT if w.state == _TIMED_OUT else Outcome.FAILED))
 
     def _check(self, w: _Write, now: float) -> None:
         try:

@@ -25,10 +25,13 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 from typing import Any
 
 from ..core.transport import Outcome
 from .nixl import _DONE, _FAILED, _PROC, _TIMED_OUT, NixlTransport, _Write
+
+log = logging.getLogger("epd_ring.nixl")
 
 
 class DynamoWriteSender:
@@ -53,36 +56,21 @@ class DynamoWriteSender:
 
     def poll(self, defer: frozenset[int] = frozenset()) -> list[tuple[int, Outcome]]:
         """Answer the receivers' notifications with writes; the outcomes of writes that ended.
-        `defer`: tensor ids whose requests wait for a later poll (a slow link, in tests)."""
-        import msgspec
+        `defer`: tensor ids whose requests wait for a later poll (a slow link, in tests).
 
+        Each notification is answered on its own: a bad one (not Dynamo's, a tensor not offered,
+        metadata NIXL will not add) is refused (`refused`, logged) and fails its own tensor's write
+        if it named one offered, never the rest of the batch."""
         t = self.t
         with t._lock:
             notifs = t.agent.get_new_notifs()
         todo, self._later = self._later + [(s, m) for s, msgs in notifs.items() for m in msgs], []
+        out: list[tuple[int, Outcome]] = []
         for sender, msg in todo:
             try:
-                tensor_id, (addr, size, _device, mem), done_id, meta = msgspec.msgpack.decode(msg)
-            except (ValueError, TypeError, msgspec.DecodeError):
-                self.refused.append((0, f"not a Dynamo write request from {sender!r}"))
-                continue
-            if tensor_id in defer:
-                self._later.append((sender, msg))
-                continue
-            offered = self._offered.pop(tensor_id, None)
-            if offered is None or offered[1] != size or mem != "cpu" or type(addr) is not int:
-                self.refused.append((tensor_id, "no such tensor offered, or another size or memory"))
-                continue
-            name = sender.decode() if isinstance(sender, bytes) else sender
-            with t._lock:
-                if name not in self._agents:
-                    t.agent.add_remote_agent(bytes(meta))
-                    self._agents.add(name)
-                w = _Write(name, [(offered[0], addr, size)], t.clock() + t.write_timeout_s,
-                           str(done_id).encode())
-                t._post(w)
-            self._writes[tensor_id] = w
-        out = []
+                self._answer(sender, msg, defer, out)
+            except Exception as exc:  # not foreseen below: still this notification's alone
+                self._refuse(0, f"a notification from {sender!r} raised {type(exc).__name__}: {exc}")
         with t._lock:
             now = t.clock()
             for tensor_id, w in list(self._writes.items()):
@@ -94,6 +82,48 @@ class DynamoWriteSender:
                 out.append((tensor_id, {_DONE: Outcome.DONE, _FAILED: Outcome.FAILED,
                                         _TIMED_OUT: Outcome.TIMED_OUT}[w.state]))
         return out
+
+    def _answer(self, sender: Any, msg: bytes, defer: frozenset[int], out: list[tuple[int, Outcome]]) -> None:
+        """One notification: its write posted, or it refused (and its offered tensor, if any, FAILED)."""
+        import msgspec
+
+        try:
+            tensor_id, (addr, size, _device, mem), done_id, meta = msgspec.msgpack.decode(msg)
+        except (ValueError, TypeError, msgspec.DecodeError):
+            tensor_id = None
+        if type(tensor_id) is not int:
+            self._refuse(0, f"not a Dynamo write request from {sender!r}")
+            return
+        if tensor_id in defer:
+            self._later.append((sender, msg))
+            return
+        offered = self._offered.pop(tensor_id, None)
+        if offered is None:
+            self._refuse(tensor_id, "no such tensor offered")
+            return
+        if offered[1] != size or mem != "cpu" or type(addr) is not int or not isinstance(meta, bytes):
+            self._refuse(tensor_id, "another size or memory than offered, or no metadata", out)
+            return
+        t = self.t
+        try:
+            name = sender.decode() if isinstance(sender, bytes) else str(sender)
+            with t._lock:
+                if name not in self._agents:
+                    t.agent.add_remote_agent(meta)
+                    self._agents.add(name)
+                w = _Write(name, [(offered[0], addr, size)], t.clock() + t.write_timeout_s, str(done_id).encode())
+                t._post(w)  # a write NIXL refuses is FAILED here, and reports as any other
+        except Exception as exc:  # metadata NIXL will not add, a name that is not text
+            self._refuse(tensor_id, f"the receiver's agent was not added: {type(exc).__name__}: {exc}", out)
+            return
+        self._writes[tensor_id] = w
+
+    def _refuse(self, tensor_id: int, why: str, out: list[tuple[int, Outcome]] | None = None) -> None:
+        """A notification not acted on; `out`: the offered tensor it named fails."""
+        log.warning("Dynamo notification refused (tensor %d): %s", tensor_id, why)
+        self.refused.append((tensor_id, why))
+        if out is not None:
+            out.append((tensor_id, Outcome.FAILED))
 
     def pending(self) -> int:
         return len(self._writes)
