@@ -324,12 +324,17 @@ class EncodeManager:
         """Fire due deadlines and age tombstones; return how many deadlines fired."""
         n = 0
         now = self.polled_at = self.clock.now()
-        if self.deadlines.any_due(now):
-            for kind, obj in self.deadlines.due(now):
+        deadlines = self.deadlines
+        if deadlines.first <= now:  # `any_due`, without the call on a tick with nothing due
+            for kind, obj in deadlines.due(now):
                 n += 1
                 self.lifecycle.on_deadline(kind, obj)
-        self.peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
-        self.tombs.age(now)
+        peers = self.peers
+        if peers.beats.first <= now:
+            peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
+        tombs = self.tombs
+        if now >= tombs.next_trim:
+            tombs.age(now)
         return n
 
 

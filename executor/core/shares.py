@@ -63,6 +63,13 @@ class Share:
         if self._shares is not None and (was == 0) != (nbytes == 0):
             self._shares.touched(self)
 
+    def charge(self, nbytes: int) -> None:
+        """`held += nbytes` (negative to give back) in one call: the per-item path's."""
+        was = self._held
+        now = self._held = was + nbytes
+        if self._shares is not None and (was == 0) != (now == 0):
+            self._shares.touched(self)
+
     @property
     def idle(self) -> bool:
         return self._held == 0 and not self.queue
