@@ -99,7 +99,7 @@ def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
     if tuple(map(type, f)) != _PLAIN_TYPES:  # every field's type in one comparison
         return False
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity, named = f
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, _identity, _named = f
     if session not in _SESSIONS_OK:
         # _plain_text(session), written out: this is every new session's path
         if not (0 < len(session) <= _TEXT_LIMIT and session.isascii() and session.isprintable()

@@ -187,16 +187,15 @@ class Lifecycle:
                 # (`resume_rooms` or `fail_rooms` ends it).
                 self.stats["waits_for_peer"] += 1
                 return
-        writes: list[tuple[ReceiverFrame, list[Buf]]] = []
+        writes: list[tuple[ReceiverFrame, tuple[Buf, ...]]] = []
         rb, drb = chunk.row_bytes, chunk.deep_row_bytes
         for f in frames:
             n = f.n_tokens
             if not n:
                 continue  # a zero-row shard only counts toward N
-            bufs = [(chunk.src + f.row_start * rb, f.dst_ptr, n * rb)]
-            if drb:
-                bufs.append((chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb))
-            writes.append((f, bufs))
+            main = (chunk.src + f.row_start * rb, f.dst_ptr, n * rb)
+            writes.append((f, ((main, (chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb)) if drb
+                               else (main,))))
         room.chunk = None
         slot = chunk.slot
         if not writes:

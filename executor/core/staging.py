@@ -338,7 +338,8 @@ class Staging:
             manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
             return
         rows, hidden = enc.shape
-        chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
+        dtype = enc.dtype
+        chunk = Chunk(slot, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), nbytes // rows if rows else 0,
                       src, deep_src, deep_rb, levels)
         slot.room = room
         if self._copy_fence is not None:
