@@ -266,7 +266,7 @@ class EncodeExecutor:
 
     # the tower -------------------------------------------------------------
     def _feature_fn(self, modality: Any) -> Callable[[list[Any]], torch.Tensor]:
-        name = _modality_name(modality)
+        name = modality if type(modality) is str and modality in _TOWER_MODALITIES else _modality_name(modality)
         # Images go through the `image_encoder` seam, which a CUDA-graph wrapper may replace.
         if name == "image":
             return self.model.image_encoder

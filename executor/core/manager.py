@@ -249,9 +249,14 @@ class EncodeManager:
                 self.lifecycle.fail(room, Reason(ReasonKind.PROTOCOL,
                                                  f"room {room_id} got a second chunk; a room carries exactly one"))
             return False
+        n, hidden, dtype, levels = chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels
         try:
             for f in room.frames.values():
-                check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels)
+                # The contract's fields compared in place; a frame that differs anywhere gets the
+                # check's own call, which raises naming the first difference.
+                if (f.span != n or f.hidden != hidden or f.dtype != dtype or f.deep_levels != levels
+                        or f.has_deepstack != (levels != 0)):
+                    check_against_chunk(f, n, hidden, dtype, levels)
         except FrameError as exc:
             slot.ring.fire(slot, "abandon")
             self.lifecycle.fail(room, Reason(ReasonKind.FRAME, str(exc)))

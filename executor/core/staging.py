@@ -324,7 +324,10 @@ class Staging:
             obs.copy_started(room)
         try:
             src = ring.main_base + slot.offset  # ring.main_ptr(slot)
-            self._copy(src, ring.main_view, slot, enc, nbytes)
+            if self._host_copy and enc.is_cpu and not enc.is_neg() and enc.is_contiguous():
+                ctypes.memmove(src, enc.data_ptr(), nbytes)  # `_copy`'s host path for a plain tensor, inline
+            else:
+                self._copy(src, ring.main_view, slot, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:
                 deep_src = ring.deep_ptr(slot)
