@@ -116,6 +116,31 @@ def test_the_heap_is_rebuilt_only_past_the_floor_once_dead_entries_outnumber_liv
     assert small.heap_size == 1 and list(small.due(1.0)) == [("park", one)]
 
 
+def test_first_is_never_later_than_the_earliest_live_deadline_and_a_tick_skips_nothing_due():
+    # `first` lets a tick skip `due` without a call: it must never be later than a live deadline
+    d = Deadlines()
+    assert not d.any_due(1e9)
+    a, b = Timed(), Timed()
+    d.arm(5.0, "park", a)
+    d.arm(2.0, "park", b)
+    assert d.first == 2.0 and not d.any_due(1.9) and d.any_due(2.0)
+    d.cancel(b)  # a cancelled entry may leave `first` early (an idle call), never late
+    assert list(d.due(2.0)) == [] and d.first == 5.0
+    assert list(d.due(5.0)) == [("park", a)] and not d.any_due(1e9)
+
+
+def test_an_effect_equals_only_an_effect_of_its_own_kind_with_equal_fields():
+    from epd_ring.executor.core.effects import Concluded, Notify, Release, Submit
+
+    assert Submit(1, "s:1", ()) == Submit(1, "s:1", ()) and hash(Submit(1, "s:1", ())) == hash(Submit(1, "s:1", ()))
+    assert Submit(1, "s:1", ()) != Submit(2, "s:1", ())
+    assert Submit(1, "s:1", ()) != (1, "s:1", ())  # never a plain tuple
+    assert Concluded(7, "success") != Release(7, "success")  # nor another kind with the same fields
+    assert Notify("r", 7, "failed") == Notify("r", 7, "failed", "")
+    with pytest.raises(AttributeError):
+        Submit(1, "s:1", ()).write = 2  # immutable, as the frozen dataclasses were
+
+
 # -- the fake clock ----------------------------------------------------------------------------
 
 def test_a_fake_clock_starts_at_zero_and_moves_only_forward_by_what_it_is_told():

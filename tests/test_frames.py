@@ -192,6 +192,15 @@ def test_the_common_case_shortcut_agrees_with_the_full_check():
         assert _plainly_valid(f), name
     for change, field in REFUSED:
         assert not _plainly_valid(FLAT._replace(**change)), (change, field)
+    # a session's text is checked once per exact str: a bad one is never remembered, and a str
+    # subclass spelling a known good session still goes to the full check
+    assert not _plainly_valid(FLAT._replace(session="bad session")) and not _plainly_valid(
+        FLAT._replace(session="bad session"))
+
+    class Text(str):
+        pass
+
+    assert _plainly_valid(FLAT) and not _plainly_valid(FLAT._replace(session=Text(FLAT.session)))
 
 
 # -- agreement: a room's frames with each other and with its chunk ----------------------------

@@ -11,14 +11,12 @@ list everything a tick decided.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .transport import Buf
 
 
-@dataclass(frozen=True, slots=True)
-class Submit:
+class Submit(NamedTuple):
     """Start a one-sided write of `bufs` to `session`; report its outcome under `write`."""
 
     write: int
@@ -26,8 +24,7 @@ class Submit:
     bufs: tuple[Buf, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Contact:
+class Contact(NamedTuple):
     """Start first contact with the peer `session` (off the loop); report the answer with `attempt`.
 
     The same effect re-checks a `suspect` peer and is the heartbeat's probe of a busy `up` one: the
@@ -41,8 +38,7 @@ class Contact:
     probe: bool = False  # the heartbeat of an up peer: only "does it answer?" (no segment open)
 
 
-@dataclass(frozen=True, slots=True)
-class Notify:
+class Notify(NamedTuple):
     """Tell `receiver` (the frame it registered with, or a `Reply`) the room's `status`."""
 
     receiver: Any
@@ -51,16 +47,14 @@ class Notify:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Concluded:
+class Concluded(NamedTuple):
     """The room reached `state` (success or failed) and every receiver was told."""
 
     room: int
     state: str
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
+class Release(NamedTuple):
     """A drain is done: unregister `owner`'s memory (the ring), then close the transport if asked."""
 
     owner: Any
@@ -68,5 +62,23 @@ class Release:
 
 
 Effect = Submit | Contact | Notify | Concluded | Release
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and tuple.__eq__(a, b) is True
+
+
+def _differ(a: Any, b: Any) -> bool:
+    return not _same(a, b)
+
+
+# Immutable tuples: one is made per write, notice and conclusion, and a tuple's making costs a third of
+# a frozen dataclass's (no per-field setattr). Equal only to an effect of the same kind with equal fields,
+# as the dataclasses they were: a Submit never equals a tuple, nor a Notify a Concluded.
+_kind: type
+for _kind in (Submit, Contact, Notify, Concluded, Release):
+    _kind.__eq__ = _same  # type: ignore[method-assign]
+    _kind.__ne__ = _differ  # type: ignore[method-assign]
+    _kind.__hash__ = tuple.__hash__  # type: ignore[method-assign]
 
 __all__ = ["Concluded", "Contact", "Effect", "Notify", "Release", "Submit"]

@@ -94,15 +94,20 @@ def assign_encoded_embeddings(items: Sequence[Any], output: torch.Tensor, model:
     """
     if output.dim() != 2:
         output = output.reshape(-1, output.shape[-1])
-    counts = [item_token_count(item) for item in items]
-    total = sum(counts)
+    one = len(items) == 1
+    if one:  # the common batch of one: its count without a list (nor, below, a split)
+        n = getattr(items[0], "n_tokens", None)
+        total = n if type(n) is int else item_token_count(items[0])
+    else:
+        counts = [item_token_count(item) for item in items]
+        total = sum(counts)
     if output.shape[0] != total:
         raise ValueError(
             f"tower output has {output.shape[0]} rows but the items' post-merge token counts sum to {total}"
         )
     deepstack = getattr(model, "num_deepstack_embeddings", 0) > 0
     # A batch of one needs no split (torch.split costs a few microseconds).
-    pieces = (output,) if len(items) == 1 else torch.split(output, counts, dim=0)
+    pieces = (output,) if one else torch.split(output, counts, dim=0)
     for item, emb in zip(items, pieces):
         if deepstack:
             main, deep = model.separate_deepstack_embeds(emb)
@@ -242,12 +247,12 @@ class EncodeExecutor:
         `EncodeManager.bind_sender`): name it whenever the control plane authenticates."""
         if request_id in self.senders:
             raise ValueError(f"request {request_id!r} is already registered")
-        # kept on the sender for the engine that serves it: refused here, not when it is read
-        settings.text("bootstrap_host", bootstrap_host)
-        settings.port("bootstrap_port", bootstrap_port)
+        # kept on the sender for the engine that serves it: refused here, not when read (called to raise)
+        if type(bootstrap_host) is not str or type(bootstrap_port) is not int or not 0 <= bootstrap_port <= 65535:
+            settings.text("bootstrap_host", bootstrap_host)
+            settings.port("bootstrap_port", bootstrap_port)
         state = self.manager.bind_sender(bootstrap_room, receiver)
-        sender = Sender(request_id, bootstrap_room, bootstrap_host, bootstrap_port)
-        self.senders[request_id] = sender
+        sender = self.senders[request_id] = Sender(request_id, bootstrap_room, bootstrap_host, bootstrap_port)
         self._room_sender[bootstrap_room] = sender
         if state in ROOM_CONCLUDED:
             self._concluded.append(request_id)
@@ -261,7 +266,7 @@ class EncodeExecutor:
 
     # the tower -------------------------------------------------------------
     def _feature_fn(self, modality: Any) -> Callable[[list[Any]], torch.Tensor]:
-        name = _modality_name(modality)
+        name = modality if type(modality) is str and modality in _TOWER_MODALITIES else _modality_name(modality)
         # Images go through the `image_encoder` seam, which a CUDA-graph wrapper may replace.
         if name == "image":
             return self.model.image_encoder
@@ -412,7 +417,7 @@ class EncodeExecutor:
             sender = self.senders.pop(rid, None)
             if sender is not None:
                 reaped += 1
-                self.manager.unbind_sender(sender.room)
+                self.manager.tombs.unpin(sender.room)  # `unbind_sender`, without its call
                 if self._room_sender.get(sender.room) is sender:
                     del self._room_sender[sender.room]
         self._concluded = kept

@@ -86,18 +86,31 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# The field types of a plainly valid frame, in order (exact types: a bool is no int here, a str subclass
+# no str; anything else gets the full check).
+_PLAIN_TYPES = (int, str, int, int, int, int, int, int, str, bool, int, str, int, str, bool)
+# Sessions that passed `_plain_text` (a pure check of an exact str): a receiver's frames name the same
+# session room after room, so its text is checked once. Bounded: emptied when full.
+_SESSIONS_OK: set[str] = set()
+_SESSIONS_OK_CAP = 4096
+
+
 def _plainly_valid(f: ReceiverFrame) -> bool:
     """The common case in one expression; anything it doubts gets the full check."""
-    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, identity, named = f
+    if tuple(map(type, f)) != _PLAIN_TYPES:  # every field's type in one comparison
+        return False
+    room, session, dst, deep, n, start, span, hidden, dtype, has_deep, n_recv, endpoint, levels, _identity, _named = f
+    if session not in _SESSIONS_OK:
+        # _plain_text(session), written out: this is every new session's path
+        if not (0 < len(session) <= _TEXT_LIMIT and session.isascii() and session.isprintable()
+                and " " not in session):
+            return False
+        if len(_SESSIONS_OK) >= _SESSIONS_OK_CAP:
+            _SESSIONS_OK.clear()
+        _SESSIONS_OK.add(session)
     return (
-        type(identity) is str and type(endpoint) is str and type(named) is bool and type(session) is str
-        # _plain_text(session), written out: this is every frame's path
-        and 0 < len(session) <= _TEXT_LIMIT and session.isascii() and session.isprintable() and " " not in session
-        and (not endpoint or _endpoint_ok(endpoint))
-        and type(room) is int and type(dst) is int and type(deep) is int and type(n) is int
-        and type(start) is int and type(span) is int and type(hidden) is int and type(n_recv) is int
-        and type(session) is str and type(has_deep) is bool and room >= 0 and session != ""
-        and type(levels) is int and (0 < levels <= MAX_DEEP_LEVELS if has_deep else levels == 0)
+        (not endpoint or _endpoint_ok(endpoint))
+        and room >= 0 and (0 < levels <= MAX_DEEP_LEVELS if has_deep else levels == 0)
         and 0 <= dst < _U64 and 0 <= deep < _U64 and n >= 0 and start >= 0 and span >= 1
         and hidden >= 1 and 1 <= n_recv <= MAX_RECEIVERS and start + n <= span and dtype in DTYPE_SIZES
         and (n == 0 or (dst != 0 and (not has_deep or deep != 0)))

@@ -66,7 +66,7 @@ class Holds:
                 room.extent = extent
                 extent.share = share
                 extent.cost = nbytes
-                share.held += nbytes
+                share.charge(nbytes)
             room.uncharged_bytes = nbytes
             if room.state == "registered":  # its receivers are not all here: the chunk parks
                 room.parked_bytes = nbytes

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epd_ring.fsm import ROOM
-from epd_ring.fsm.couplings import ON_ENTER
+from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
 from .effects import Concluded, Effect, Notify
 from .frames import FrameError, ReceiverFrame, check_tiling
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("epd_ring.manager")
 
 _TIMED_OUT = {"park": ReasonKind.PARK_TIMEOUT, "announce": ReasonKind.ANNOUNCE_TIMEOUT}
+_NONE_IN_FLIGHT: dict[str, int] = {}  # never written to
 
 
 class Announcing(Protocol):
@@ -76,6 +77,10 @@ class Lifecycle:
         self.actions = self.coupling_actions()
         # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
         self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
+        # `step_room`'s success path, compiled (`CompiledMachine.plans`): each unguarded step's
+        # destination with its actions' implementations, in the order the couplings name them.
+        self._room_plans = {k: (dest, tuple(self.actions[a] for a in acts)) for k, (dest, acts) in ROOM.plans(
+            self._room_enter, {e: ON_EVENT.get(("room", e), ()) for e in ROOM.events}).items()}
         self.peers = PeerTable(outbox, clock, deadlines, actions=self.actions, **peers)
         self.holds = Holds(self, self.peers, clock, stats, writes, max_parked_bytes)
 
@@ -92,11 +97,18 @@ class Lifecycle:
 
     # the room's one step ---------------------------------------------------
     def step_room(self, room: Room, event: str) -> str:
-        was = room.state
-        now = ROOM.step(room, event)
-        if now != was:
-            for action in self._room_enter[now]:
-                self.actions[action](room)
+        plan = self._room_plans.get((room.state, event))
+        if plan is None:  # a guarded or undeclared step: the machine checks the guards, or refuses it
+            was = room.state
+            now = ROOM.step(room, event)
+            if now != was:
+                for action in self._room_enter[now]:
+                    self.actions[action](room)
+            return now
+        now, actions = plan
+        room.state = now
+        for act in actions:
+            act(room)
         return now
 
     def open_room(self, room_id: int) -> Room:
@@ -152,10 +164,10 @@ class Lifecycle:
         chunk = room.chunk
         if chunk is None:
             return
-        frames = list(room.frames.values())
+        frames = room.frames.values()
         if len(frames) > 1:
             try:
-                check_tiling(frames)
+                check_tiling(list(frames))
             except FrameError as exc:
                 self.fail(room, Reason(ReasonKind.FRAME, str(exc)))
                 return
@@ -175,16 +187,15 @@ class Lifecycle:
                 # (`resume_rooms` or `fail_rooms` ends it).
                 self.stats["waits_for_peer"] += 1
                 return
-        writes: list[tuple[ReceiverFrame, list[Buf]]] = []
+        writes: list[tuple[ReceiverFrame, tuple[Buf, ...]]] = []
         rb, drb = chunk.row_bytes, chunk.deep_row_bytes
         for f in frames:
             n = f.n_tokens
             if not n:
                 continue  # a zero-row shard only counts toward N
-            bufs = [(chunk.src + f.row_start * rb, f.dst_ptr, n * rb)]
-            if drb:
-                bufs.append((chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb))
-            writes.append((f, bufs))
+            main = (chunk.src + f.row_start * rb, f.dst_ptr, n * rb)
+            writes.append((f, ((main, (chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb)) if drb
+                               else (main,))))
         room.chunk = None
         slot = chunk.slot
         if not writes:
@@ -200,19 +211,21 @@ class Lifecycle:
     def _conclude(self, room: Room) -> None:
         if room.announced:
             self.admission.unannounce(room)
-        self.deadlines.cancel(room)
+        if room.timer:
+            self.deadlines.cancel(room)
         state = room.state
         self.stats[state] += 1
         peers = self.peers.by_session
-        in_flight = self.writes.of_room(room.id) if room.writes_left else {}
+        in_flight = self.writes.of_room(room.id) if room.writes_left else _NONE_IN_FLIGHT
+        rid, reason, outbox = room.id, room.reason, self.outbox
         for f in room.frames.values():
             peer = peers.get(f.session)
             if peer is not None:
-                peer.rooms.discard(room.id)
+                peer.rooms.discard(rid)
                 # Ring bytes held for it go, but for a write that may still read the extent.
                 if peer.holds and f.session not in in_flight:
-                    self.peers.let_go(peer, room.id)
-            self.tell(f, room.id, state, room.reason)
+                    self.peers.let_go(peer, rid)
+            outbox.append(Notify(f, rid, state, reason))  # `tell`, written out: every room's path
         holds = self.holds
         if holds.held_since:
             holds.held_since.pop(room.id, None)

@@ -249,9 +249,14 @@ class EncodeManager:
                 self.lifecycle.fail(room, Reason(ReasonKind.PROTOCOL,
                                                  f"room {room_id} got a second chunk; a room carries exactly one"))
             return False
+        n, hidden, dtype, levels = chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels
         try:
             for f in room.frames.values():
-                check_against_chunk(f, chunk.n_tokens, chunk.hidden, chunk.dtype, chunk.deep_levels)
+                # The contract's fields compared in place; a frame that differs anywhere gets the
+                # check's own call, which raises naming the first difference.
+                if (f.span != n or f.hidden != hidden or f.dtype != dtype or f.deep_levels != levels
+                        or f.has_deepstack != (levels != 0)):
+                    check_against_chunk(f, n, hidden, dtype, levels)
         except FrameError as exc:
             slot.ring.fire(slot, "abandon")
             self.lifecycle.fail(room, Reason(ReasonKind.FRAME, str(exc)))
@@ -330,12 +335,17 @@ class EncodeManager:
         """Fire due deadlines and age tombstones; return how many deadlines fired."""
         n = 0
         now = self.polled_at = self.clock.now()
-        if self.deadlines.any_due(now):
-            for kind, obj in self.deadlines.due(now):
+        deadlines = self.deadlines
+        if deadlines.first <= now:  # `any_due`, without the call on a tick with nothing due
+            for kind, obj in deadlines.due(now):
                 n += 1
                 self.lifecycle.on_deadline(kind, obj)
-        self.peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
-        self.tombs.age(now)
+        peers = self.peers
+        if peers.beats.first <= now:
+            peers.beat(now)  # the heartbeat: probes of busy peers, left as `Contact` effects
+        tombs = self.tombs
+        if now >= tombs.next_trim:
+            tombs.age(now)
         return n
 
 

@@ -125,7 +125,7 @@ class Pump:
         for source in self.sources:
             n += source()
             self.flush()
-        if self.executor is not None and self.executor.copies_pending:
+        if self.executor is not None and self.executor.staging.copies:  # `copies_pending`, without its calls
             # Copies finished since the last tick go out first: their writes may report in this one.
             n += self.executor.finish_copies()
             self.flush()
@@ -143,8 +143,11 @@ class Pump:
         if self._refused:
             done += self._refused
             self._refused = []
-        if done:
-            n += m.writes_reported(done)
+        if done:  # `writes_reported`, without its loop's call
+            on_outcome = m.lifecycle.on_outcome
+            for write, outcome in done:
+                on_outcome(write, outcome)
+            n += len(done)
         reports = self.transport.peer_reports()
         if reports:  # most ticks have none: no call into the core for them
             n += m.contacts_reported(reports)

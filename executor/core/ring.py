@@ -183,7 +183,7 @@ class Ring:
             slot.unsure = False
             share = slot.share
             if share is not None:  # its bytes count against its identity no more
-                share.held -= slot.cost
+                share.charge(-slot.cost)
                 slot.share = None
             if self.extents.pop(slot.index, None) is not None:
                 self.main_arena.free(slot.offset)

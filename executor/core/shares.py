@@ -63,6 +63,13 @@ class Share:
         if self._shares is not None and (was == 0) != (nbytes == 0):
             self._shares.touched(self)
 
+    def charge(self, nbytes: int) -> None:
+        """`held += nbytes` (negative to give back) in one call: the per-item path's."""
+        was = self._held
+        now = self._held = was + nbytes
+        if self._shares is not None and (was == 0) != (now == 0):
+            self._shares.touched(self)
+
     @property
     def idle(self) -> bool:
         return self._held == 0 and not self.queue
@@ -95,7 +102,8 @@ class Shares:
         self._resize()
 
     def of(self, identity: str | None) -> Share:
-        self.forget_idle()
+        if self.idle_since:  # `forget_idle` has nothing to forget otherwise
+            self.forget_idle()
         share = self.by_identity.get(identity)
         if share is None:
             share = self.by_identity[identity] = Share(identity, self if self.clock is not None else None)
@@ -109,7 +117,7 @@ class Shares:
         """`share` may have turned idle or busy: (un)mark it for forgetting."""
         if self.clock is None or self.by_identity.get(share.identity) is not share:
             return  # a share already forgotten (a room's old reference) is nobody's
-        if share.idle:
+        if share._held == 0 and not share.queue:  # `share.idle`, without the property's call
             self.idle_since.setdefault(share.identity, self.clock())
         else:
             self.idle_since.pop(share.identity, None)

@@ -304,8 +304,11 @@ class Staging:
     def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], slot: Extent, src: torch.Tensor,
               nbytes: int) -> None:
         if self._host_copy and src.is_cpu:
-            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes.
-            src = src.resolve_neg().contiguous()
+            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes (asked
+            # first: `resolve_neg` of a plain tensor costs five times `is_neg`).
+            if src.is_neg():
+                src = src.resolve_neg()
+            src = src.contiguous()
             ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
         else:
             view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
@@ -321,7 +324,10 @@ class Staging:
             obs.copy_started(room)
         try:
             src = ring.main_base + slot.offset  # ring.main_ptr(slot)
-            self._copy(src, ring.main_view, slot, enc, nbytes)
+            if self._host_copy and enc.is_cpu and not enc.is_neg() and enc.is_contiguous():
+                ctypes.memmove(src, enc.data_ptr(), nbytes)  # `_copy`'s host path for a plain tensor, inline
+            else:
+                self._copy(src, ring.main_view, slot, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:
                 deep_src = ring.deep_ptr(slot)
@@ -335,7 +341,8 @@ class Staging:
             manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
             return
         rows, hidden = enc.shape
-        chunk = Chunk(slot, rows, hidden, _dtype_name(enc.dtype), nbytes // rows if rows else 0,
+        dtype = enc.dtype
+        chunk = Chunk(slot, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), nbytes // rows if rows else 0,
                       src, deep_src, deep_rb, levels)
         slot.room = room
         if self._copy_fence is not None:

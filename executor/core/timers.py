@@ -13,15 +13,19 @@ from collections.abc import Iterator
 from typing import Any
 
 _COMPACT_FLOOR = 4096
+_NEVER = float("inf")
 
 
 class Deadlines:
-    __slots__ = ("_heap", "_seq", "_live")
+    __slots__ = ("_heap", "_seq", "_live", "first")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
         self._live = 0
+        # When the earliest entry is due (live or cancelled; inf with none): a tick asks `first <= now`
+        # without a call. Never later than the true earliest (kept at every push and after every pop).
+        self.first = _NEVER
 
     def __len__(self) -> int:
         return self._live
@@ -36,11 +40,13 @@ class Deadlines:
         self._seq += 1
         obj.timer = self._seq
         obj.due = when
-        heapq.heappush(self._heap, (when, self._seq, kind, obj))
+        heap = self._heap
+        heapq.heappush(heap, (when, self._seq, kind, obj))
         self._live += 1
-        if len(self._heap) > _COMPACT_FLOOR and len(self._heap) > 4 * self._live:
-            self._heap = [e for e in self._heap if e[3].timer == e[1]]
-            heapq.heapify(self._heap)
+        if len(heap) > _COMPACT_FLOOR and len(heap) > 4 * self._live:
+            heap = self._heap = [e for e in heap if e[3].timer == e[1]]
+            heapq.heapify(heap)
+        self.first = heap[0][0]
 
     def cancel(self, obj: Any) -> None:
         if obj.timer:
@@ -53,7 +59,7 @@ class Deadlines:
                       key=lambda e: e[0])
 
     def any_due(self, now: float) -> bool:
-        return bool(self._heap) and self._heap[0][0] <= now
+        return self.first <= now
 
     def due(self, now: float) -> Iterator[tuple[str, Any]]:
         """Pop and yield (kind, obj) for every live deadline at or before `now`."""
@@ -64,3 +70,4 @@ class Deadlines:
                 obj.timer = 0
                 self._live -= 1
                 yield kind, obj
+        self.first = heap[0][0] if heap else _NEVER

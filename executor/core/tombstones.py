@@ -36,7 +36,7 @@ class Tombstone:
 
 
 class Tombstones:
-    __slots__ = ("clock", "cap", "ttl", "buried", "pinned", "_next_trim")
+    __slots__ = ("clock", "cap", "ttl", "buried", "pinned", "next_trim")
 
     def __init__(self, clock: Clock, cap: int, ttl: float):
         self.clock = clock
@@ -44,7 +44,7 @@ class Tombstones:
         self.ttl = settings.seconds("tombstone_ttl", ttl)
         self.buried: OrderedDict[int, Tombstone] = OrderedDict()  # oldest first, bounded
         self.pinned: dict[int, Tombstone] = {}  # held: out of the cap and the TTL
-        self._next_trim = 0.0
+        self.next_trim = 0.0  # when `age` next trims (a tick skips the call before)
 
     def get(self, room: int) -> Tombstone | None:
         tomb = self.pinned.get(room)
@@ -87,9 +87,9 @@ class Tombstones:
 
     def age(self, now: float) -> None:
         """Drop tombstones past their TTL; coarse on purpose (every tenth of the TTL)."""
-        if now < self._next_trim:
+        if now < self.next_trim:
             return
-        self._next_trim = now + self.ttl / 10
+        self.next_trim = now + self.ttl / 10
         buried = self.buried
         while len(buried) > self.cap:
             buried.popitem(last=False)

@@ -42,7 +42,7 @@ class Writes:
     def __len__(self) -> int:
         return len(self.by_handle)
 
-    def issue(self, room: int, slot: Extent, writes: Sequence[tuple[ReceiverFrame, list[Buf]]]) -> None:
+    def issue(self, room: int, slot: Extent, writes: Sequence[tuple[ReceiverFrame, Sequence[Buf]]]) -> None:
         """One `Submit` per (frame, buffers) from `slot`, all due `timeout` from now."""
         due = self.clock.now() + self.timeout
         for frame, bufs in writes:
@@ -50,7 +50,7 @@ class Writes:
             self._last_id += 1
             w = self.by_handle[self._last_id] = Write(self._last_id, room, slot, frame)
             self.deadlines.arm(due, "write", w)
-            self.outbox.append(Submit(w.handle, frame.session, tuple(bufs)))
+            self.outbox.append(Submit(w.handle, frame.session, bufs if type(bufs) is tuple else tuple(bufs)))
 
     def reported(self, handle: int) -> Write | None:
         """The write a report answers (None if it is not ours); it leaves the table."""
