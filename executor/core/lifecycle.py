@@ -281,9 +281,8 @@ class Lifecycle:
         """Our write deadline passed with no report from the transport (or, `reason`, the transport
         gave up on the write but cannot report it yet: its engine still holds the memory).
 
-        The room fails now and its receivers are told. The slot does not: the
-        transport may still be reading it, so it stays `sending` until the write
-        reports, then serves a full quarantine like any unsure write.
+        The room fails now and its receivers are told. The slot does not: the transport may still
+        read it, so it stays `sending` until the write reports, then serves a full quarantine.
         """
         self.stats["write_deadlines"] += 1
         w.overdue = True
@@ -297,14 +296,13 @@ class Lifecycle:
                                                                         f"no report within {self.writes.timeout} s"))
 
     def on_overdue(self, handle: int) -> bool:
-        """The transport gave up on write `handle` but cannot report it yet (`Transport.overdue`):
-        handled as at our own deadline, now, once. False if it is not a write of ours in flight."""
+        """`Transport.overdue`: handled as at our own deadline, now, once; False if not ours in flight."""
         w = self.writes.by_handle.get(handle)
         if w is None or w.overdue:
             return False
         self.deadlines.cancel(w)
-        self._write_overdue(w, Reason(ReasonKind.WRITE_TIMED_OUT, f"write to receiver {w.frame.session} timed out "
-                                                                  "(its engine still holds the memory)"))
+        why = f"write to receiver {w.frame.session} timed out (its engine still holds the memory)"
+        self._write_overdue(w, Reason(ReasonKind.WRITE_TIMED_OUT, why))
         return True
 
     def on_outcome(self, handle: int, outcome: Outcome) -> None:
