@@ -247,10 +247,11 @@ def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str,
     "calls": Python functions entered; "builtin_calls": C functions and methods called from
     Python (cProfile's count is the two together).
     """
+    import gc
     import sys
 
     cycle(50)  # warm: first-time imports and caches do not count
-    calls = builtin = 0
+    calls = builtin = ops = 0
 
     def profile(frame, event, arg):
         nonlocal calls, builtin
@@ -258,13 +259,6 @@ def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str,
             calls += 1
         elif event == "c_call":
             builtin += 1
-
-    sys.setprofile(profile)
-    try:
-        cycle(items)
-    finally:
-        sys.setprofile(None)
-    ops = 0
 
     def trace(frame, event, arg):
         nonlocal ops
@@ -275,11 +269,25 @@ def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str,
             ops += 1
         return trace
 
-    sys.settrace(trace)
+    # A collection inside a measured run would count the finalizers of whatever else the process
+    # left behind (another test's generators, sockets): collect first, then none while counting.
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        cycle(items)
+        sys.setprofile(profile)
+        try:
+            cycle(items)
+        finally:
+            sys.setprofile(None)
+        sys.settrace(trace)
+        try:
+            cycle(items)
+        finally:
+            sys.settrace(None)
     finally:
-        sys.settrace(None)
+        if was_enabled:
+            gc.enable()
     return {"calls": calls / items, "builtin_calls": builtin / items, "opcodes": ops / items}
 
 
