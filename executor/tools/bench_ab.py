@@ -32,15 +32,17 @@ from epd_ring.executor.core.loopback import LoopbackTransport
 from epd_ring.executor.core.manager import EncodeManager
 from epd_ring.executor.core.pump import Pump
 T, H, EXTENTS, FREE = bench.TOKENS, bench.HIDDEN, int(sys.argv[1]), 4
+# One item's bytes, as bench's helper has them; worked out here, since that helper's name differs across trees.
+NBYTES = T * H * 4 + (-(T * H * 4)) % 64
 clock = FakeClock()
 transport = LoopbackTransport(clock)
 manager = EncodeManager(transport, clock, max_tombstones=4096)
 params = inspect.signature(EncodeExecutor).parameters
 if "arena_bytes" in params:  # held writes fill the arena on purpose: no per-peer share where there is one
     share = {"peer_ring_share": 1.0} if "peer_ring_share" in params else {}
-    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=EXTENTS * bench._extent_bytes(), **share)
+    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=EXTENTS * NBYTES, **share)
 else:  # a tree from before the arena
-    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", ring_slots=EXTENTS, ring_bytes=bench._extent_bytes())
+    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", ring_slots=EXTENTS, ring_bytes=NBYTES)
 pump = Pump(executor)
 dst = torch.empty(T, H)
 transport.add_receiver("prefill:0").register(dst)
