@@ -74,7 +74,8 @@ def live_dot(extents: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
              peers: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """A picture of live controller state: extents by state, the rooms they hold, receivers' peers.
 
-    `extents`: the ring's live extents (objects with index/state/room/writes_in_flight); `rooms`: the manager's snapshot;
+    `extents`: the ring's live extents (objects with index/state/room/writes_in_flight);
+    `rooms`: the manager's snapshot;
     `peers`: the peer table's snapshot (session -> state).
     """
     from .machines import EXTENT, ROOM

@@ -437,8 +437,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
 def _key_defines(cfg: Config) -> tuple[list[str], int]:
     """The canonical sort key of a room (explore._keys), most significant field first, split into ints."""
     R, N = cfg.rooms, cfg.receivers
-    # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many), then its extent
-    # with identities the owner first (explore._keys): each identity's rooms keep their block of indices
+    # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many),
+    # then its extent with identities the owner first (explore._keys): each identity's rooms keep their block of indices
     fields = [("OWN(KI)", _bits(cfg.identities - 1))] if cfg.identities > 1 else []
     fields += [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),

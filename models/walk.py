@@ -117,7 +117,8 @@ def reflect(state: tuple) -> tuple:
         length = cells[f][LEN] or 1
         at = n - 1 - c
         moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
-    rs = tuple(r if r[EXTENTI] < 0 else (*r[:EXTENTI], n - r[EXTENTI] - (r[SIZE] or 1), *r[EXTENTI + 1:]) for r in rooms)
+    x = EXTENTI
+    rs = tuple(r if r[x] < 0 else (*r[:x], n - r[x] - (r[SIZE] or 1), *r[x + 1:]) for r in rooms)
     return (rs, tuple(moved), *state[2:])
 
 

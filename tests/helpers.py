@@ -257,7 +257,8 @@ def make_rig(*, extents: int = 4, extent_bytes: int = 4096, hidden: int = 8, n_d
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)
-    sizes = dict(arena_bytes=arena_bytes) if arena_bytes is not None else dict(ring_slots=extents, ring_bytes=extent_bytes)
+    sizes = (dict(arena_bytes=arena_bytes) if arena_bytes is not None
+             else dict(ring_slots=extents, ring_bytes=extent_bytes))
     executor = drive(EncodeExecutor(manager, tower, "cpu", max_deferred=max_deferred,
                                     parked_ring_share=parked_ring_share, identity_ring_share=identity_ring_share,
                                     **sizes))

@@ -296,7 +296,8 @@ def test_help_names_defaults(epd):
     p = epd("demo", "--help")
     assert p.returncode == 0
     text = " ".join(p.stdout.split())
-    for needle in ("--extents EXTENTS ring extents (default: 6)", "(default: 0.25)", "(default: 2000 on loopback, 300 on"):
+    for needle in ("--extents EXTENTS ring extents (default: 6)", "(default: 0.25)",
+                   "(default: 2000 on loopback, 300 on"):
         assert needle in text, needle
     assert "(default: None)" not in text and "(default: False)" not in text
 

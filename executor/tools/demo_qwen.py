@@ -226,8 +226,8 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
     # The arena holds `extents` of the largest items (a video); images and videos share it by their bytes.
-    executor = EncodeExecutor(manager, tower(model), "cpu", arena_bytes=arena_bytes(extents, max_rows * spec.hidden * es),
-                              max_deferred=8 * extents)
+    executor = EncodeExecutor(manager, tower(model), "cpu",
+                              arena_bytes=arena_bytes(extents, max_rows * spec.hidden * es), max_deferred=8 * extents)
     pump = Pump(executor)
     receivers = {w: LoopbackPrefillReceiver(transport, pump, f"prefill-{w}:0", DTYPES[dtype]) for w in "ab"}
     # Each worker runs the same checkpoint (here: the same seed) as the encode worker's full model.
