@@ -148,6 +148,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _OldName(argparse.Action):
+    """A flag's old name, kept for one release: it sets the new flag's value and says on stderr
+    which name to use (the deprecated names are listed in docs/glossary.md)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated and goes in the next release; use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Help with each flag's default, unless it has none worth naming (off, unset, or already said)."""
 
@@ -190,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rooms", type=positive_int, default=None,
                       help="rooms to run (default: 2000 on loopback, 300 on mooncake)")
     demo.add_argument("--extents", type=positive_int, default=6, help="ring extents")
+    demo.add_argument("--slots", dest="extents", type=positive_int, action=_OldName, new="--extents")  # deprecated
     demo.add_argument("--batch", type=positive_int, default=None, help="images per tower batch (default: 8)")
     demo.add_argument("--fault-rate", type=probability, default=None,
                       help="share of rooms that get an injected fault, 0 to 1 (default: 0.25)")

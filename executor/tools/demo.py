@@ -13,6 +13,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -98,15 +99,30 @@ def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_r
     return plans
 
 
+def _renamed(extents: int, deprecated: dict[str, int]) -> int:
+    """`extents`, or what `run` was given under its deprecated name `slots` (with a warning)."""
+    unknown = sorted(set(deprecated) - {"slots"})  # the only deprecated name
+    if unknown:
+        raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
+    if "slots" in deprecated:
+        warnings.warn("demo.run(slots=) is deprecated and goes in the next release; use extents=",
+                      DeprecationWarning, stacklevel=3)
+        return deprecated["slots"]
+    return extents
+
+
 def run(rooms: int = 2000, extents: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
         seed: int = 0, tick_s: float = 0.01, quiet: bool = False, json_out: bool = False, stop: Any = None,
-        metrics_port: int | None = None, metrics_hook: Any = None, timeline: str | None = None) -> int:
+        metrics_port: int | None = None, metrics_hook: Any = None, timeline: str | None = None,
+        **deprecated: int) -> int:
     """Run the demo; print its report (JSON with `json_out`); 0 if every check held, 1 if not.
 
     `stop.requested` (see `shutdown.DrainOnSignal`) set mid-run drains the executor and reports that.
     With `metrics_port`, Prometheus metrics are served from the start (see `serve_metrics`); with
     `timeline`, extent occupancy over time is drawn into that SVG file at the end.
+    `slots` is the deprecated name of `extents`, kept for one release.
     """
+    extents = _renamed(extents, deprecated)
     for name, value in (("rooms", rooms), ("extents", extents), ("batch", batch)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
