@@ -219,6 +219,7 @@ class FrameReader:
                 self.discarding = False
                 break
         self.stats["parts_discarded"] += n
+        self.stats["parts_drained"] += n  # deprecated name of parts_discarded, kept for one release
         return n
 
     def read(self) -> tuple[str, list[bytes] | None] | None:
