@@ -123,7 +123,7 @@ def test_bad_values_are_refused_on_one_line_with_exit_2(epd, args, needle):
 
 
 def test_demos_deprecated_slots_flag_sets_extents_and_names_the_new_flag(capsys):
-    args = cli_module.build_parser().parse_args(["demo", "--slots", "3"])
+    args = cli_module.build_parser().parse_args(["demo", "--slots", "3"])  # the deprecated flag
     assert args.extents == 3
     assert "--extents" in capsys.readouterr().err
     assert cli_module.build_parser().parse_args(["demo"]).extents == 6  # the deprecated flag sets no default
@@ -135,7 +135,7 @@ def test_demo_run_takes_its_deprecated_slots_argument_as_extents():
 
     # Refused before anything runs: the value went to `extents`, and its check names it.
     with pytest.warns(DeprecationWarning, match="extents="), pytest.raises(ValueError, match="extents must be >= 1"):
-        demo.run(slots=0)
+        demo.run(slots=0)  # the deprecated name
     with pytest.raises(TypeError, match="rings"):
         demo.run(rings=3)
 
