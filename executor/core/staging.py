@@ -342,8 +342,8 @@ class Staging:
             return
         rows, hidden = enc.shape
         dtype = enc.dtype
-        chunk = Chunk(extent, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), nbytes // rows if rows else 0,
-                      src, deep_src, deep_rb, levels)
+        chunk = Chunk(extent, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+                      nbytes // rows if rows else 0, src, deep_src, deep_rb, levels)
         extent.room = room
         if self._copy_fence is not None:
             # The write must not read the extent before the copy into it has finished.
