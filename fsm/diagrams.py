@@ -70,11 +70,12 @@ def parse_edges(dot: str) -> set[tuple[str, str, str]]:
     return edges
 
 
-def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
+def live_dot(extents: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
              peers: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """A picture of live controller state: slots by state, the rooms they hold, receivers' peers.
+    """A picture of live controller state: extents by state, the rooms they hold, receivers' peers.
 
-    `slots`: the ring's live extents (objects with index/state/room/writes_in_flight); `rooms`: the manager's snapshot;
+    `extents`: the ring's live extents (objects with index/state/room/writes_in_flight);
+    `rooms`: the manager's snapshot;
     `peers`: the peer table's snapshot (session -> state).
     """
     from .machines import EXTENT, ROOM
@@ -85,7 +86,7 @@ def live_dot(slots: Iterable[Any], rooms: Mapping[int, Mapping[str, Any]],
         return " ".join(f'{k}="{v}"' for k, v in sorted(style.items()))
 
     lines = ["digraph live {", "  rankdir=LR;", '  node [shape=box fontname="Helvetica"];']
-    for s in slots:
+    for s in extents:
         extra = f"\\nwrites {s.writes_in_flight}" if s.writes_in_flight else ""
         lines.append(f'  extent{s.index} [label="extent {s.index}\\n{s.state}{extra}" {attrs(EXTENT, s.state)}];')
         if s.room is not None:

@@ -95,7 +95,7 @@ ROOM_DECLARATION = {
         # Late frames after the room concluded: the receiver is told the outcome.
         {"trigger": "add_receiver", "source": "success", "dest": "success"},
         {"trigger": "add_receiver", "source": "failed", "dest": "failed"},
-        # The room's chunk is staged in a slot.
+        # The room's chunk is staged in an extent.
         {"trigger": "stage", "source": "registered", "dest": "parked"},
         {"trigger": "stage", "source": "ready", "dest": "transferring"},
         # Every receiver's write completed.

@@ -4,7 +4,7 @@ A receiver offers a region of its registered buffer for a room (its frame) and
 must not read it before it is told Success, nor reuse it while a write into it
 may still land. A Failed room's write may land late (a timed-out one-sided
 write), so Failed is not the end: the encoder sends a release notice once no
-write into the region can land (its write reported, or its slot's quarantine
+write into the region can land (its write reported, or its extent's quarantine
 ended). A receiver whose request was aborted withdraws the region; the encoder
 fails the room and acknowledges the withdraw, again only once nothing can land.
 """

@@ -162,7 +162,7 @@ class Harness:
         self.frames_sent = [0] * R  # the receivers' own moves: how many of each room's frames went
         self.faults = config.faults
         self.handle_room: dict[int, int] = {}
-        self.handle_slot: dict[int, int] = {}
+        self.handle_extent: dict[int, int] = {}
         self.ghosts: dict[int, int] = {}  # handle -> room
         self.replans = 0  # times it rebuilt itself to fire a deadline it had not foreseen (`_replan`)
         # The parts: reading the implementation back, and time (the plan, the timeouts, the clock).
@@ -203,7 +203,7 @@ class Harness:
             if h not in self.handle_room:
                 i = w.room - self.ROOM_BASE
                 self.handle_room[h] = i
-                self.handle_slot[h] = self.reads.cell(w.slot)
+                self.handle_extent[h] = self.reads.cell(w.extent)
 
     def history(self) -> tuple[str, ...]:
         """What the core keeps of each room's past that the spec does not: the reason kind it failed with."""
@@ -336,15 +336,15 @@ class Harness:
             due = [w for w in m.writes.values() if w.room == rid and w.timer and not w.overdue]
             fire(due)
             self.faults -= 1
-        elif name == "drain":
+        elif name == "serve":
             ex.serve_deferred()
         elif name == "reap":
             # as the engine does: requests whose item has not gone to the tower are still pending
             ex.reap_concluded_senders({rid for rid, s in ex.senders.items() if not s.offered})
         elif name == "release":
-            slot = next(e for e in ex.ring.extents.values() if self.reads.cell(e) == i)
-            fire([slot])
-            for h in [h for h, r in self.ghosts.items() if self.handle_slot[h] == i]:
+            extent = next(e for e in ex.ring.extents.values() if self.reads.cell(e) == i)
+            fire([extent])
+            for h in [h for h, r in self.ghosts.items() if self.handle_extent[h] == i]:
                 del self.ghosts[h]  # past the quarantine a stale write is assumed gone
                 t.forget_ghost(h)
         else:

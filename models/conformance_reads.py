@@ -22,8 +22,8 @@ from .spec import (
     CH_HELD,
     CH_NONE,
     CH_SENT,
+    EXTENTI,
     SIZE,
-    SLOTI,
     W_FLIGHT,
     W_GHOST,
     W_IDLE,
@@ -162,7 +162,7 @@ class Readback:
         ex, m = self.executor, self.manager
         deferred = tuple(int(rid[1:]) for rid in ex.deferred_requests())
         cells = self.cells()
-        slot_of = {s.room - self.room_base: s for s in cells if s.room is not None}
+        extent_of = {s.room - self.room_base: s for s in cells if s.room is not None}
         infl = [0] * self.cfg.rooms
         for w in m.writes.values():
             infl[w.room - self.room_base] += 1
@@ -172,14 +172,14 @@ class Readback:
             rs = m.room_status(rid) or "new"
             snd, taken = self.sender(i)
             ok = self.written(i)
-            slot = slot_of.get(i)
+            extent = extent_of.get(i)
             if not taken:
                 ch = CH_NONE
             elif i in deferred:
                 ch = CH_DEFERRED
-            elif slot is not None and slot.state == "copying":
+            elif extent is not None and extent.state == "copying":
                 ch = CH_COPYING
-            elif slot is not None and slot.state in ("staged", "parked"):
+            elif extent is not None and extent.state in ("staged", "parked"):
                 ch = CH_HELD
             elif self.sent(i):
                 ch = CH_SENT
@@ -187,10 +187,10 @@ class Readback:
                 ch = CH_DROPPED
             told = sum(1 for k in range(self.cfg.receivers)
                        if self.transport.receivers[self.session(i, k)].statuses(rid))
-            # A quarantined slot still names its last room; the spec lets go once nothing may read it.
+            # A quarantined extent still names its last room; the spec lets go once nothing may read it.
             sessions = self.registered_sessions(i)
             rcv = tuple(sorted((self.region(i, s), self.write_state(i, s), self.told(i, s)) for s in sessions))
-            uses = slot is not None and (ch != CH_SENT or any(x[1] != W_IDLE for x in rcv))
+            uses = extent is not None and (ch != CH_SENT or any(x[1] != W_IDLE for x in rcv))
             ghosts = sum(1 for x in rcv if x[1] == W_GHOST)
             live = m.rooms.get(rid)
             if live is not None and rs == "transferring" and live.chunk is None:  # not waiting for a peer
@@ -199,18 +199,18 @@ class Readback:
             size = self.size[i] if uses or ch == CH_DEFERRED else 0  # the spec keeps a size while it matters
             owner = () if self.owner[i] is None else (self.owner[i],)
             rooms.append((rs, snd, ch, len(sessions), told, ok, infl[i], ghosts, rcv, size,
-                          self.cell(slot) if uses else -1, *owner))
+                          self.cell(extent) if uses else -1, *owner))
         # the spec forgets the bytes of cells no room's extent covers (with identities a busy one keeps whose
         # identity it is charged to, as `-2 - owner`: models/shares.py)
-        used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
-        slots = tuple((s.state, s.room - self.room_base if i in used else self._charged(s), s.unsure,
+        used = {c for r in rooms if r[EXTENTI] >= 0 for c in range(r[EXTENTI], r[EXTENTI] + r[SIZE])}
+        extents = tuple((s.state, s.room - self.room_base if i in used else self._charged(s), s.unsure,
                        len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
                       for i, s in enumerate(cells))
         peers = ()
         if self.cfg.peers:
             peers = tuple(getattr(m.peers.get(f"p.{k}"), "state", "unknown") for k in range(self.cfg.receivers))
         # the fault budget is the spec's alone: the implementation has none, so it is the harness's count
-        return (tuple(rooms), slots, deferred, faults, None, peers)
+        return (tuple(rooms), extents, deferred, faults, None, peers)
 
     def _charged(self, extent: Any) -> int:
         """A cell no room covers: -1, or with identities, while its extent is busy, `-2 - ` the identity the

@@ -26,6 +26,7 @@ from .state import (
     CH_SENT,
     CONCLUDED,
     CONTENT,
+    EXTENTI,
     GHOST,
     INFL,
     LEN,
@@ -34,7 +35,6 @@ from .state import (
     REG,
     RS,
     SIZE,
-    SLOTI,
     SND,
     SS,
     STAGEABLE,
@@ -81,22 +81,22 @@ class Events(Rules):
     def _emit(self, out: list, d: Draft, event: tuple) -> None:
         # A cell no room's extent covers holds nothing that matters any more: forget whose bytes
         # it had, so states that differ only in stale bytes are one state.
-        rooms, slots = d.rooms, d.cells
+        rooms, extents = d.rooms, d.cells
         used = None
-        for s, sl in enumerate(slots):
+        for s, sl in enumerate(extents):
             if sl[CONTENT] >= 0:
                 if used is None:
-                    used = {c for r in rooms if r[SLOTI] >= 0 for c in range(r[SLOTI], r[SLOTI] + r[SIZE])}
+                    used = {c for r in rooms if r[EXTENTI] >= 0 for c in range(r[EXTENTI], r[EXTENTI] + r[SIZE])}
                 if s not in used:
-                    sl = slots[s] = list(sl)
+                    sl = extents[s] = list(sl)
                     # with shares a busy cell stays charged to its identity until free (models/shares.py)
                     sl[CONTENT] = self.shares.forgotten(rooms, sl[CONTENT]) if self.fair and sl[SS] != "free" else -1
             elif sl[CONTENT] < -1 and sl[SS] == "free":
-                sl = slots[s] = list(sl)
+                sl = extents[s] = list(sl)
                 sl[CONTENT] = -1
         # Likewise an item's size matters only while it waits or holds an extent.
         for r in rooms:
-            if r[SIZE] and r[SLOTI] < 0 and r[CH] != CH_DEFERRED:
+            if r[SIZE] and r[EXTENTI] < 0 and r[CH] != CH_DEFERRED:
                 r[SIZE] = 0
         if self.regions:
             rooms = [list(x) for x in rooms]
@@ -107,7 +107,7 @@ class Events(Rules):
                 if x[RCV].__class__ is not tuple:
                     x = rooms[k] = list(x)
                     x[RCV] = tuple(sorted(x[RCV]))
-        st = (tuple(map(tuple, rooms)), tuple(map(tuple, slots)), d.deferred, d.faults, d.halt, d.peers)
+        st = (tuple(map(tuple, rooms)), tuple(map(tuple, extents)), d.deferred, d.faults, d.halt, d.peers)
         if d.restarts is not None:
             st += (d.restarts,)
         out.append(Step(event, st, d.violation, d.detail))
@@ -211,12 +211,12 @@ class Events(Rules):
         self._emit(out, d, event)
 
     def _copied(self, state: tuple, i: int, out: list) -> None:
-        """The copy into the slot completed: the chunk goes to the manager, or is dropped."""
+        """The copy into the extent completed: the chunk goes to the manager, or is dropped."""
         r = state[0][i]
-        if r[CH] != CH_COPYING or state[1][r[SLOTI]][SS] != "copying":
+        if r[CH] != CH_COPYING or state[1][r[EXTENTI]][SS] != "copying":
             return
         d = Draft.of(state)
-        self._move_slot(d, r[SLOTI], "copied")
+        self._move_extent(d, r[EXTENTI], "copied")
         if r[RS] not in STAGEABLE:
             self._drop_chunk(d, i)
         else:
@@ -244,7 +244,7 @@ class Events(Rules):
             rc[k] = (rc[k][0], W_GHOST if unsure else W_IDLE, *rc[k][2:])
         if unsure:
             ro[GHOST] += 1
-            d.cells[ro[SLOTI]][UNSURE] = True
+            d.cells[ro[EXTENTI]][UNSURE] = True
             d.faults -= 1
         self._settle(d, i, unsure)
         if ro[RS] == "transferring":
@@ -256,8 +256,8 @@ class Events(Rules):
                     self._move_room(d, i, "written")
         elif not unsure and ro[RS] == "failed":
             self._release_settled(ro)
-        if not self._holds_slot(ro) and ro[CH] == CH_SENT:
-            ro[SLOTI] = -1
+        if not self._holds_extent(ro) and ro[CH] == CH_SENT:
+            ro[EXTENTI] = -1
 
     def _late_landings(self, state: tuple, i: int, out: list) -> None:
         """A write reported unsure lands after all."""
@@ -268,7 +268,7 @@ class Events(Rules):
         for k in ks:
             d = Draft.of(state)
             ro = d.rooms[i]
-            s = ro[SLOTI]
+            s = ro[EXTENTI]
             other = next((c for c in (d.cells[x][CONTENT] for x in range(s, s + ro[SIZE])) if c != i), None)
             if other is not None:
                 d.flag("overwrite-under-late-write", f"bytes of room {other} landed for room {i}")
@@ -280,8 +280,8 @@ class Events(Rules):
                 rc = receivers(ro)
                 # a stray lands after its quarantine: nothing waits for it any more
                 rc[k] = (rc[k][0], W_IDLE if rc[k][1] == W_STRAY else self.LANDED, *rc[k][2:])
-            if not self._holds_slot(ro):
-                ro[SLOTI] = -1
+            if not self._holds_extent(ro):
+                ro[EXTENTI] = -1
             self._emit(out, d, ("late_landing", i) if k is None else ("late_landing", i, k))
 
     # -- deadlines and aborts ----------------------------------------------------------------
@@ -311,7 +311,7 @@ class Events(Rules):
         """The loop serves deferred sends when the oldest fits or is to be dropped."""
         if self.ring.servable(state[0], state[1], state[2]):
             for d in self.ring.serve_deferred(Draft.of(state)):
-                self._emit(out, d, ("drain",))
+                self._emit(out, d, ("serve",))
 
     def _reap(self, state: tuple, out: list) -> None:
         """Senders of concluded rooms whose tower already ran are reaped."""
@@ -327,5 +327,5 @@ class Events(Rules):
         for s, sl in enumerate(state[1]):
             if sl[LEN] and sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
                 d = Draft.of(state)
-                self._move_slot(d, s, "release")
+                self._move_extent(d, s, "release")
                 self._emit(out, d, ("release", s))

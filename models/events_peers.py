@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .state import CONCLUDED, INFL, REG, RS, SLOTI, UNSURE, Draft
+from .state import CONCLUDED, EXTENTI, INFL, REG, RS, UNSURE, Draft
 
 
 class PeerEvents:
@@ -62,8 +62,8 @@ class PeerEvents:
         d = Draft.of(state)
         d.faults -= 1
         # the writes may land any time: the extent serves a quarantine (each of its cells says so)
-        d.cells[r[SLOTI]][UNSURE] = True
-        self._spread(d, r[SLOTI])
+        d.cells[r[EXTENTI]][UNSURE] = True
+        self._spread(d, r[EXTENTI])
         for k in range(self.N):
             self._move_peer(d, k, "write_overdue")
         self._move_room(d, i, "fail")

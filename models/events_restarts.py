@@ -12,13 +12,13 @@ from collections.abc import Callable
 from .state import (
     CH,
     CH_DROPPED,
+    EXTENTI,
     GHOST,
     INFL,
     RCV,
     REG,
     RS,
     SIZE,
-    SLOTI,
     SND,
     SND_DEAD,
     TOLD,
@@ -78,7 +78,7 @@ class Restarts:
                 t = self._concluded_here(t)
             rc[k] = (g, w, t)
         ro[RS] = "success" if ro[RS] == "success" else "failed"
-        ro[SND], ro[CH], ro[TOLD], ro[INFL], ro[SIZE], ro[SLOTI] = SND_DEAD, CH_DROPPED, ro[REG], 0, 0, -1
+        ro[SND], ro[CH], ro[TOLD], ro[INFL], ro[SIZE], ro[EXTENTI] = SND_DEAD, CH_DROPPED, ro[REG], 0, 0, -1
         ro[GHOST] = sum(x[1] in (W_GHOST, W_STRAY) for x in rc)
 
     @staticmethod

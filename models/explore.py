@@ -1,12 +1,12 @@
 """Exhaustive breadth-first exploration of the spec, with symmetry reduction.
 
-Every reachable state (up to a permutation of room and slot identities) is
+Every reachable state (up to a permutation of room and extent identities) is
 checked against the safety invariants; every transition against the checks
 that belong to transitions (no write for a concluded room, no extended deadline,
 failure sticky, status forward, a rank that strictly grows so the graph has no
 cycle). A state with no successor must be quiescent, otherwise it deadlocks;
 since the graph is acyclic, that also proves progress: from every reachable
-state a quiescent one (every room concluded, every slot free) is reachable.
+state a quiescent one (every room concluded, every extent free) is reachable.
 
 The first, and so shortest, trace to each kind of violation is kept; traces
 are concrete (replayable event lists), rebuilt from the canonical path.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import liveness
-from .spec import CONCLUDED, CONTENT, HAZARDS, OWNER, RS, SIZE, SLOTI, SS, UNSURE, Config, Spec
+from .spec import CONCLUDED, CONTENT, EXTENTI, HAZARDS, OWNER, RS, SIZE, SS, UNSURE, Config, Spec
 
 
 def _keys(state: tuple) -> list:
@@ -28,12 +28,12 @@ def _keys(state: tuple) -> list:
     dpos = {r: k for k, r in enumerate(deferred)} if deferred else {}
     keys = []
     for i, r in enumerate(rooms):
-        s = r[SLOTI]
+        s = r[EXTENTI]
         if s >= 0:
             own = all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))
-            keys.append((r[SLOTI + 1:], r[:SLOTI], s + 1, own, dpos.get(i, -1), i))
+            keys.append((r[EXTENTI + 1:], r[:EXTENTI], s + 1, own, dpos.get(i, -1), i))
         else:
-            keys.append((r[SLOTI + 1:], r[:SLOTI], 0, False, dpos.get(i, -1), i))
+            keys.append((r[EXTENTI + 1:], r[:EXTENTI], 0, False, dpos.get(i, -1), i))
     keys.sort()
     return keys
 

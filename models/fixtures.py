@@ -9,7 +9,7 @@ from .explore import explore, trace_to_json
 from .spec import HAZARDS, Config
 
 # The smallest bounds at which each variant shows its hazards. One cell per item: the traces are
-# also replayed on the implementation, whose ring has one slot per item until the arena is in it.
+# also replayed on the implementation, whose ring has one extent per item until the arena is in it.
 FIXTURE_CONFIGS = [
     Config(cells=1, rooms=2, receivers=2, faults=1, variant="seed", sizes=(1,)),
     Config(cells=1, rooms=2, receivers=1, faults=1, variant="no-parked-check", sizes=(1,)),

@@ -14,6 +14,7 @@ from .spec import (
     CH,
     CH_NAMES,
     CONTENT,
+    EXTENTI,
     GHOST,
     INFL,
     RCV,
@@ -21,7 +22,6 @@ from .spec import (
     REGION_MARK,
     RS,
     SIZE,
-    SLOTI,
     SS,
     TOLD,
     W_MARK,
@@ -93,9 +93,9 @@ def room_view(state: tuple, i: int = 0) -> tuple:
     """What room i sees of a global state: itself, its receivers, the extent it uses, its queue place."""
     rooms, cells, deferred, _, halt = state[:5]
     r = rooms[i]
-    s = r[SLOTI]
-    slot = (cells[s][SS], all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))) if s >= 0 else ("", True)
-    return (r[RS], r[CH], r[REG], r[TOLD], r[INFL], r[GHOST], r[RCV], slot, i in deferred, halt)
+    s = r[EXTENTI]
+    extent = (cells[s][SS], all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))) if s >= 0 else ("", True)
+    return (r[RS], r[CH], r[REG], r[TOLD], r[INFL], r[GHOST], r[RCV], extent, i in deferred, halt)
 
 
 def _view_label(spec: Spec, v: tuple) -> str:
@@ -151,7 +151,7 @@ def room_view_dot(cfg: Config) -> str:
                 seen.add(step.state)
                 order.append(step.state)
             if a != b:
-                name = ev[0] if mine or ev[0] in ("release", "drain", "reap") else f"{ev[0]} (other room)"
+                name = ev[0] if mine or ev[0] in ("release", "serve", "reap") else f"{ev[0]} (other room)"
                 edges.add((a, b, name, bool(problem)))
     lines = [f'digraph "model {cfg.variant}" {{',
              f'  graph [label="{cfg.variant}: the life of one room in {cfg.cells} cell, {cfg.rooms} rooms, '

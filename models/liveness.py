@@ -29,7 +29,7 @@ FAIRNESS = {
            ("tower", "tower_error", "stage_error", "copied")),
     "F3": ("every armed deadline eventually fires (announce, park, quarantine)", ("expire", "release")),
     "F4": ("the encode loop keeps running: it serves deferred sends and reaps concluded senders",
-           ("drain", "reap")),
+           ("serve", "reap")),
     "F5": ("with peers: a first contact or a suspect's re-check is eventually answered or its connect deadline fires",
            ("connected", "refused", "connect_expired")),
     "F6": ("with channels: each notice on its way to a receiver is eventually delivered, and each withdraw a "

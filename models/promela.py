@@ -1,11 +1,11 @@
 """The spec as a Promela model, checked by SPIN: an engine independent of explore.py.
 
 `generate(config)` writes Promela for one bounded configuration. The room,
-slot and region moves are emitted from the compiled `fsm/` tables (`ROOM.table`,
+extent and region moves are emitted from the compiled `fsm/` tables (`ROOM.table`,
 `EXTENT.table`, `REGION.table`: every source, event, guard and destination, first
 declared edge first), and the states and their order from the declarations.
 What a move obliges elsewhere comes from fsm/couplings.py: each action is one
-inline (`ACTIONS`), and every move (`move_room_<event>`, `move_slot_<event>`)
+inline (`ACTIONS`), and every move (`move_room_<event>`, `move_extent_<event>`)
 runs the actions the table lists for the state it enters and the event it takes.
 The events of the environment (tower, frames, copies, writes, deadlines, aborts,
 withdraws, serving deferred sends, reap, release) follow the families of
@@ -18,10 +18,10 @@ searches its own compiled state space, so a slip in either engine shows up as a
 disagreement.
 
 The model applies the explorer's symmetry reduction itself: after every event a
-`d_step` (models/promela_search.py) relabels rooms and slots into the same canonical order as
+`d_step` (models/promela_search.py) relabels rooms and extents into the same canonical order as
 `explore.canonical` (rooms sorted by everything about them, their receivers
-sorted first as the spec keeps them, used slots in their rooms' order, unused
-slots by state). Each event is one atomic step and SPIN
+sorted first as the spec keeps them, used extents in their rooms' order, unused
+extents by state). Each event is one atomic step and SPIN
 does not store states inside atomic steps, so for a configuration without a
 violation SPIN stores exactly the explorer's canonical states, a second
 agreement check besides the verdict.
@@ -61,7 +61,7 @@ CODE = {k: n + 1 for n, k in enumerate(KINDS)}
 # States are numbered in sorted name order, so a numeric comparison in the
 # canonical sort orders rooms exactly as explore.canonical's tuple comparison does.
 ROOM_STATES = tuple(sorted(ROOM.states))
-SLOT_STATES = tuple(sorted(EXTENT.states))  # coded 1.. (0 sorts first: "no slot", as "" does)
+EXTENT_STATES = tuple(sorted(EXTENT.states))  # coded 1.. (0 sorts first: "no extent", as "" does)
 # A receiver's region is coded 1.. in name order (0: no receiver registered in that place), and
 # sorted with its write's place (W_*) as region * 4 + write, which is the order of spec's (name, write) pairs.
 REGION_STATES = tuple(sorted(REGION.states))
@@ -71,12 +71,12 @@ assert list(TOLD_VALUES) == sorted(TOLD_VALUES)
 NONE = 255
 HALTS = {0: None, 1: "crash", 2: "spin"}
 EVENTS = ("register", "frame", "tower", "tower_error", "stage_error", "copied", "write_done", "write_unsure",
-          "late_landing", "expire", "abort", "drain", "reap", "release", "withdraw", *peers.EVENTS,
+          "late_landing", "expire", "abort", "serve", "reap", "release", "withdraw", *peers.EVENTS,
           "deliver", "withdraw_seen")
 
 # Promela for each guard named in the declarations, given the stepped object.
 ROOM_GUARDS = {"all_receivers": "({allr})"}
-SLOT_GUARDS = {"writes_pending": "({pend})", "write_unsure": "cell[{x}].unsure"}
+EXTENT_GUARDS = {"writes_pending": "({pend})", "write_unsure": "cell[{x}].unsure"}
 
 
 def _rs(name: str) -> str:
@@ -126,10 +126,10 @@ def _machine_inlines(drop_guard: tuple[str, str, str] | None) -> str:
             return f"cell[sx].ss = {_ss(d)}" + ("; cell[sx].unsure = 0" if d == EXTENT.initial else "")
         arms = "\n".join(
             f"  :: cell[sx].ss == {_ss(src)} -> "
-            + _chain(opts, SLOT_GUARDS, assign, {"pend": "spend", "x": "sx"}, f"slot {src} {ev}")
+            + _chain(opts, EXTENT_GUARDS, assign, {"pend": "spend", "x": "sx"}, f"extent {src} {ev}")
             for src, opts in rows)
-        out.append(f"inline slot_{ev}(sx, spend) {{\n  if\n{arms}\n"
-                   f'  :: else -> printf("MODELBUG slot {ev}\\n"); assert(false)\n  fi\n}}')
+        out.append(f"inline extent_{ev}(sx, spend) {{\n  if\n{arms}\n"
+                   f'  :: else -> printf("MODELBUG extent {ev}\\n"); assert(false)\n  fi\n}}')
     for ev, rows in table(REGION).items():
         arms = "\n".join(
             f"  :: gcur == {_gs(src)} -> "
@@ -202,13 +202,13 @@ _RELEASE_REGIONS = """k = 0;
   k = 0"""
 
 # Each action of the table on the coupled machines, as the body of `inline <action>(ax, cause)`: ax is the
-# room or slot that moved, cause the event that moved it (C_<event>). The model keeps no clock: a deadline
+# room or extent that moved, cause the event that moved it (C_<event>). The model keeps no clock: a deadline
 # is armed by the state itself (ARMED_ROOM, ARMED_EXTENT enable the event it sends when it passes).
 ACTIONS = {
     "arm_announce_deadline": "skip",
     "arm_park_deadline": "skip",
     "arm_quarantine_deadline": "skip",
-    "park_extent": "move_slot_park(room[ax].sl, 0); room[ax].ch = CH_HELD",
+    "park_extent": "move_extent_park(room[ax].sl, 0); room[ax].ch = CH_HELD",
     "start_writes": "issue_writes(ax)",
     # a room failed by the loop keeps the seed's parked chunk: its reaper pops it later
     "abandon_extent": "if :: room[ax].ch == CH_HELD && !(SEED && cause == C_fail) -> drop_chunk(ax) :: else -> skip fi",
@@ -248,14 +248,14 @@ def _room_move(event: str) -> str:
             f"{_on_event('room', event, 'mx')}\n}}")
 
 
-def _slot_move(event: str) -> str:
-    # The seed's slots have no machine: a move sets the state it names (spec: SeedSpec.SLOT_MOVES).
-    dest = SeedSpec.SLOT_MOVES.get(event)
+def _extent_move(event: str) -> str:
+    # The seed's extents have no machine: a move sets the state it names (spec: SeedSpec.EXTENT_MOVES).
+    dest = SeedSpec.EXTENT_MOVES.get(event)
     seed = (f"cell[sx].ss = {_ss(dest)}" + ("; cell[sx].unsure = 0" if event == "lease" else "") if dest
-            else f'printf("MODELBUG seed slot {event}\\n"); assert(false)')
+            else f'printf("MODELBUG seed extent {event}\\n"); assert(false)')
     # The move steps the extent's first cell; its other cells follow (spread).
-    return (f"inline move_slot_{event}(sx, spend) {{\n  so = cell[sx].ss;\n"
-            f"  if :: SEED -> {seed} :: else -> slot_{event}(sx, spend) fi;\n  spread(sx);\n"
+    return (f"inline move_extent_{event}(sx, spend) {{\n  so = cell[sx].ss;\n"
+            f"  if :: SEED -> {seed} :: else -> extent_{event}(sx, spend) fi;\n  spread(sx);\n"
             f"  if :: cell[sx].ss == so -> so = 0 :: else -> so = 0; enter_extent(sx, C_{event}) fi"
             f"{_on_event('extent', event, 'sx')}\n}}")
 
@@ -265,7 +265,7 @@ def _coupling_inlines() -> str:
     out = [f"inline {a}(ax, cause) {{\n  {ACTIONS[a]}\n}}" for a in sorted(coupled_actions())]
     out += [_enter_inline(m) for m in COUPLED]
     out += [_room_move(ev) for ev in _table_events(ROOM)]
-    out += [_slot_move(ev) for ev in _table_events(EXTENT)]
+    out += [_extent_move(ev) for ev in _table_events(EXTENT)]
     out += [peers.move(ev, _on_event("peer", ev, "px")) for ev in peers.events()]
     return "\n\n".join(out)
 
@@ -317,7 +317,7 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
             f"#define BUSY_WAIT {int(v == 'busy-wait')}", f"#define REAP_CRASH {int(v == 'reaped-deferred-crash')}",
             f"#define NO_WRITE_DEADLINE {int(v == 'no-write-deadline')}"]
     defs += [f"#define {_rs(s)} {n}" for n, s in enumerate(ROOM_STATES)]
-    defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(SLOT_STATES)]
+    defs += [f"#define {_ss(s)} {n + 1}" for n, s in enumerate(EXTENT_STATES)]
     defs += [f"#define {_gs(s)} {n + 1}" for n, s in enumerate(REGION_STATES)]
     defs += [f"#define W_IDLE {W_IDLE}", f"#define W_FLIGHT {W_FLIGHT}", f"#define W_GHOST {W_GHOST}",
              f"#define W_LANDED {W_LANDED}", f"#define W_STRAY {W_STRAY}",
@@ -340,7 +340,7 @@ def _constants(cfg: Config, asserted: frozenset[str]) -> list[str]:
     defs.append(f"#define RCVCODE(x, j) ({code})")
     defs += [f"#define CH_{name.upper().replace('-', '_')} {n}" for n, name in enumerate(CH_NAMES)]
     defs += [f"#define K_{k.upper().replace('-', '_')} {CODE[k]}" for k in KINDS]
-    # what moved a room or slot, for the actions that depend on it
+    # what moved a room or extent, for the actions that depend on it
     causes = sorted({*_table_events(ROOM), *_table_events(EXTENT), *_table_events(PEER)})
     defs += [f"#define C_{ev} {n + 1}" for n, ev in enumerate(causes)]
     return defs + peers.constants(cfg) + shares.constants(cfg)
@@ -352,7 +352,7 @@ def _macros(cfg: Config) -> list[str]:
     concluded = " || ".join(f"(x) == {_rs(s)}" for s in sorted(CONCLUDED))
     defs = [f"#define CONCLUDED(x) ({concluded})",
             "#define STAGEABLE(x) (" + " || ".join(f"(x) == {_rs(s)}" for s in STAGEABLE) + ")"]
-    # the states whose entry arms a deadline: its event may happen while the room or slot stays there
+    # the states whose entry arms a deadline: its event may happen while the room or extent stays there
     unarmed = SeedSpec.UNARMED if cfg.variant == "seed" else frozenset()
     for machine, code in (("room", _rs), ("extent", _ss)):
         armed = " || ".join(f"(x) == {code(s)}" for s in sorted(couplings.armed_states(machine, unarmed)))
@@ -383,7 +383,7 @@ def _macros(cfg: Config) -> list[str]:
     # rules._writes_pending
     defs.append("#define PENDING(x) (" + " || ".join(f"(room[{i}].sl == (x) && room[{i}].infl > 0)"
                                                      for i in range(R)) + ")")
-    # rules._holds_slot: with regions, while a write into one of its regions is not idle (a landed
+    # rules._holds_extent: with regions, while a write into one of its regions is not idle (a landed
     # late write keeps it until the quarantine ends); without, while writes are in flight or unsure.
     if cfg.regions:
         defs.append("#define HOLDS(x) (" + " || ".join(f"room[x].rw[{j}] != W_IDLE" for j in range(N)) + ")")
@@ -437,8 +437,8 @@ def _final_and_rank(cfg: Config) -> list[str]:
 def _key_defines(cfg: Config) -> tuple[list[str], int]:
     """The canonical sort key of a room (explore._keys), most significant field first, split into ints."""
     R, N = cfg.rooms, cfg.receivers
-    # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many), then its slot
-    # with identities the owner first (explore._keys): each identity's rooms keep their block of indices
+    # its fields, its receivers (sorted (region, write, told) codes; rooms with equal `reg` have as many),
+    # then its extent with identities the owner first (explore._keys): each identity's rooms keep their block of indices
     fields = [("OWN(KI)", _bits(cfg.identities - 1))] if cfg.identities > 1 else []
     fields += [("room[KI].rs", _bits(len(ROOM_STATES) - 1)), ("room[KI].snd", 2), ("room[KI].ch", 3),
               ("room[KI].reg", _bits(N)), ("room[KI].told", _bits(N)), ("room[KI].ok", _bits(N)),
@@ -516,10 +516,10 @@ def _proctype(cfg: Config) -> str:
     """One option per event; none enabled is a dead end: fine after a violation or when quiescent."""
     arms, enabled, fair, fair_by = _room_event_arms(cfg)
     # the global families' events, in the order of their arms (peers.global_arms: one family per event)
-    names = ["drain", "reap", "release",
+    names = ["serve", "reap", "release",
              *(("connected", "refused", "connect_expired", "probe_refused", "probe_expired") if cfg.peers else ())]
     fair_names = liveness.fair_events(cfg.variant)
-    serve = (events.deferred_served_fair if cfg.identities > 1 else events.deferred_served)(EVENTS.index("drain"))
+    serve = (events.deferred_served_fair if cfg.identities > 1 else events.deferred_served)(EVENTS.index("serve"))
     fair_all: list[str] = []  # the encode loop's own fair events: everyone's (liveness.subject)
     for name, (guards, arm) in zip(names, (serve,
                                            events.reap(EVENTS.index("reap"), cfg.rooms),
@@ -621,7 +621,7 @@ def _parse_state(lines: list[str]) -> tuple:
     st = lines[0].split()[1:]
     halt, faults, dlen = int(st[0]), int(st[1]), int(st[2])
     deferred = tuple(int(d) for d in st[3:3 + dlen])
-    rooms, slots, peer = [], [], ()
+    rooms, extents, peer = [], [], ()
     for line in lines[1:]:
         tag, *f = line.split()
         f = [int(v) for v in f]
@@ -638,8 +638,8 @@ def _parse_state(lines: list[str]) -> tuple:
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             content = -1 if f[1] == NONE else -2 - (f[1] - shares.FORGOT) if f[1] >= shares.FORGOT else f[1]
-            slots.append((SLOT_STATES[f[0] - 1], content, bool(f[2]), f[3]))
-    return (tuple(rooms), tuple(slots), deferred, faults, HALTS[halt], peer)
+            extents.append((EXTENT_STATES[f[0] - 1], content, bool(f[2]), f[3]))
+    return (tuple(rooms), tuple(extents), deferred, faults, HALTS[halt], peer)
 
 
 def parse_trail(output: str) -> tuple[list[tuple[str, int, tuple]], str | None]:

@@ -4,7 +4,7 @@ Each room family is a function giving its arms for room `i` (receiver `j`): the
 event's name, its guard, the statement that takes it, and whether it is about
 one receiver; and a text holding the family's inlines. The rules follow the
 spec's (same names, same order of effects); machine moves go through the
-`move_room_<event>` / `move_slot_<event>` inlines, which run the couplings.
+`move_room_<event>` / `move_extent_<event>` inlines, which run the couplings.
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ inline spread(px) {
 inline issue_writes(wx) {
   if :: CONCLUDED(room[wx].rs) -> kind = K_WRITE_FOR_CONCLUDED_ROOM :: else -> skip fi;
   if
-  :: PEERS && !ALL_UP -> room[wx].ch = CH_HELD  /* the chunk waits in its slot until every peer is up */
+  :: PEERS && !ALL_UP -> room[wx].ch = CH_HELD  /* the chunk waits in its extent until every peer is up */
   :: else ->
-     move_slot_send(room[wx].sl, 0);
+     move_extent_send(room[wx].sl, 0);
      room[wx].ch = CH_SENT; room[wx].infl = N;
      gj = 0; do :: gj < room[wx].reg -> room[wx].rw[gj] = W_FLIGHT; gj++ :: else -> break od; gj = 0
   fi
@@ -100,7 +100,7 @@ inline issue_writes(wx) {
 
 /* rules._drop_chunk: the room's chunk will never be sent, its extent goes back free */
 inline drop_chunk(dx) {
-  move_slot_abandon(room[dx].sl, 0); room[dx].ch = CH_DROPPED; room[dx].sl = NONE
+  move_extent_abandon(room[dx].sl, 0); room[dx].ch = CH_DROPPED; room[dx].sl = NONE
 }
 
 /* rules._stage: lease an extent of the room's size and start its copy: any place it fits may be taken */
@@ -129,7 +129,7 @@ inline stage(gx) {
      cell[ls].span = room[gx].sz;
      if
      :: cell[ls].ss != S_free -> cell[ls].ss = S_copying; cell[ls].unsure = 0; spread(ls)
-     :: else -> move_slot_lease(ls, 0)
+     :: else -> move_extent_lease(ls, 0)
      fi;
      room[gx].ch = CH_COPYING; room[gx].sl = ls; ls = 0
   fi
@@ -247,7 +247,7 @@ def copied(r: str, i: str, j: str, cfg) -> list[Arm]:
 
 COPIED = r"""
 inline ev_copied(x) {
-  move_slot_copied(room[x].sl, 0);
+  move_extent_copied(room[x].sl, 0);
   if
   :: !STAGEABLE(room[x].rs) -> drop_chunk(x)
   :: else -> move_room_stage(x)
@@ -274,7 +274,7 @@ inline ev_write(x, j, UNSURE) {
   if :: UNSURE -> room[x].ghost++; cell[room[x].sl].unsure = 1 :: else -> skip fi;
   if
   :: SEED -> if :: UNSURE || room[x].infl == 0 -> cell[room[x].sl].ss = S_free :: else -> skip fi; spread(room[x].sl)
-  :: else -> move_slot_settle(room[x].sl, PENDING(room[x].sl))
+  :: else -> move_extent_settle(room[x].sl, PENDING(room[x].sl))
   fi;
   if
   :: room[x].rs == R_transferring ->
@@ -454,7 +454,7 @@ def quarantine_ends(event: int, cells: int) -> tuple[list[str], str]:
     # an extent's deadline: at its first cell (the others carry its state too)
     guards = [f"LIVE && cell[{s}].span > 0 && ARMED_EXTENT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
-    return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_slot_release(x, 0) }}"
+    return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_extent_release(x, 0) }}"
 
 
 TEXT = "".join((REGIONS, RING, *(text for _, text in ROOM_FAMILIES), REAP))

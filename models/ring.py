@@ -18,12 +18,12 @@ from .state import (
     CH_HELD,
     CONCLUDED,
     CONTENT,
+    EXTENTI,
     GHOST,
     INFL,
     LEN,
     RS,
     SIZE,
-    SLOTI,
     SND,
     SS,
     STAGEABLE,
@@ -93,7 +93,7 @@ class Ring:
             else:  # a variant leasing over a busy extent: no move declared
                 cells[s][SS], cells[s][UNSURE] = "copying", False
                 self._spread(d2, s)
-            d2.rooms[i][CH], d2.rooms[i][SLOTI] = CH_COPYING, s
+            d2.rooms[i][CH], d2.rooms[i][EXTENTI] = CH_COPYING, s
             yield d2
 
     def servable(self, rooms, cells, deferred) -> bool:

@@ -1,6 +1,6 @@
 """The executor's and manager's rules as the spec has them: machine moves and the couplings.
 
-Every move of a room, slot or peer goes through `_move_room`, `_move_slot` or
+Every move of a room, extent or peer goes through `_move_room`, `_move_extent` or
 `_move_peer`: the destination is looked up in the fsm/ declarations, and the
 actions fsm/couplings.py lists for the state entered (`ON_ENTER`) and the event
 taken (`ON_EVENT`) run after it, each one method named after its action. The
@@ -26,6 +26,7 @@ from .state import (
     CH_SENT,
     CHAN,
     CONCLUDED,
+    EXTENTI,
     GHOST,
     INFL,
     LEN,
@@ -33,7 +34,6 @@ from .state import (
     REG,
     REL,
     RS,
-    SLOTI,
     SS,
     TOLD,
     TOLD_NONE,
@@ -61,7 +61,7 @@ class Rules:
     """Moves and the couplings' actions over a `Draft`, and the ring (`ring`); `Events` builds successors from them."""
 
     # The actions of fsm/couplings.py this spec implements, each as `_<action>(draft, index, cause)`:
-    # the index of the room, slot or peer that moved, and the event that moved it.
+    # the index of the room, extent or peer that moved, and the event that moved it.
     ACTIONS = frozenset(("arm_announce_deadline", "park_extent", "arm_park_deadline", "start_writes", "conclude",
                          "abandon_extent", "arm_quarantine_deadline", "resume_rooms", "fail_rooms",
                          "release_regions"))
@@ -83,8 +83,8 @@ class Rules:
         self.shares = Shares(config)
         self.fair = self.shares.k > 1  # per-identity shares and deferred queues (models/shares.py)
         self._read_couplings()
-        # the arena's part: leases through `_move_slot`, so the couplings run (after they are bound)
-        self.ring = self.RING(config, self.shares, self._move_slot, self._spread)
+        # the arena's part: leases through `_move_extent`, so the couplings run (after they are bound)
+        self.ring = self.RING(config, self.shares, self._move_extent, self._spread)
 
     def _read_couplings(self) -> None:
         """Bind fsm/couplings.py's table to this spec's methods (read at construction, as the core reads it)."""
@@ -111,7 +111,7 @@ class Rules:
     # Moves are looked up once per (state, event, guard values), then remembered: the explorer
     # asks the same few questions millions of times.
     _room_moves: ClassVar[dict] = {}
-    _slot_moves: ClassVar[dict] = {}
+    _extent_moves: ClassVar[dict] = {}
 
     @staticmethod
     def _room_step(rs: str, event: str, all_receivers: bool) -> str:
@@ -123,17 +123,17 @@ class Rules:
             raise AssertionError(f"model bug: room event {event!r} not declared from {rs!r}")
         return dest
 
-    def _slot_step(self, slot: list, event: str, pending: bool = False) -> None:
-        key = (slot[SS], event, pending, slot[UNSURE])
-        dest = Rules._slot_moves.get(key)
+    def _extent_step(self, extent: list, event: str, pending: bool = False) -> None:
+        key = (extent[SS], event, pending, extent[UNSURE])
+        dest = Rules._extent_moves.get(key)
         if dest is None:
-            dest = Rules._slot_moves[key] = EXTENT.destinations(
-                slot[SS], event, {"writes_pending": pending, "write_unsure": slot[UNSURE]})
+            dest = Rules._extent_moves[key] = EXTENT.destinations(
+                extent[SS], event, {"writes_pending": pending, "write_unsure": extent[UNSURE]})
         if dest is None:
-            raise AssertionError(f"model bug: slot event {event!r} not declared from {slot[SS]!r}")
-        slot[SS] = dest
+            raise AssertionError(f"model bug: extent event {event!r} not declared from {extent[SS]!r}")
+        extent[SS] = dest
         if dest == "free":
-            slot[UNSURE] = False
+            extent[UNSURE] = False
 
     @staticmethod
     def _peer_step(ps: str, event: str, backing_off: bool = False) -> str:
@@ -148,11 +148,11 @@ class Rules:
         ro[RS] = self._room_step(old, event, ro[REG] >= self.N)
         self._couple(d, "room", i, old, ro[RS], event)
 
-    def _move_slot(self, d: Draft, s: int, event: str, pending: bool = False) -> None:
+    def _move_extent(self, d: Draft, s: int, event: str, pending: bool = False) -> None:
         """Move the extent whose first cell is s (every cell of it follows)."""
         sl = d.cells[s]
         old = sl[SS]
-        self._slot_step(sl, event, pending)
+        self._extent_step(sl, event, pending)
         self._spread(d, s)
         self._couple(d, "extent", s, old, sl[SS], event)
 
@@ -181,7 +181,7 @@ class Rules:
 
     def _park_extent(self, d: Draft, i: int, cause: str) -> None:
         ro = d.rooms[i]
-        self._move_slot(d, ro[SLOTI], "park")
+        self._move_extent(d, ro[EXTENTI], "park")
         ro[CH] = CH_HELD
 
     def _start_writes(self, d: Draft, i: int, cause: str) -> None:
@@ -216,9 +216,9 @@ class Rules:
                 self._move_room(d, i, "fail")
 
     def _release_regions(self, d: Draft, s: int, cause: str) -> None:
-        """Writes from slot s that could land have landed: its rooms' failed regions are released."""
+        """Writes from extent s that could land have landed: its rooms' failed regions are released."""
         for ro in d.rooms:
-            if ro[SLOTI] == s and self._holds_slot(ro):
+            if ro[EXTENTI] == s and self._holds_extent(ro):
                 rc = receivers(ro)
                 if self.late_landing:
                     # the transport outlived the quarantine: a ghost stays, a stray the encoder no longer waits for
@@ -231,43 +231,43 @@ class Rules:
                         if x[1] in (W_GHOST, W_LANDED):
                             rc[k] = (x[0], W_IDLE, *x[2:])
                 self._release_settled(ro)
-                if not self._holds_slot(ro):
-                    ro[SLOTI] = -1
+                if not self._holds_extent(ro):
+                    ro[EXTENTI] = -1
 
     # -- writes and chunks --------------------------------------------------------------
     def _issue_writes(self, d: Draft, i: int) -> None:
-        """One write per receiver from the room's slot; held back while a peer of the room is not up."""
+        """One write per receiver from the room's extent; held back while a peer of the room is not up."""
         r = d.rooms[i]
         d.flag("write-for-concluded-room" if r[RS] in CONCLUDED else None)
         if any(ps != "up" for ps in d.peers):
             if not self.write_before_up:
-                # The chunk waits in its slot until every peer of the room is up (a down one failed it).
+                # The chunk waits in its extent until every peer of the room is up (a down one failed it).
                 r[CH] = CH_HELD
                 return
             d.flag("write-to-peer-not-up")
-        self._move_slot(d, r[SLOTI], "send")
+        self._move_extent(d, r[EXTENTI], "send")
         r[CH], r[INFL] = CH_SENT, self.N
         r[RCV] = [(x[0], W_FLIGHT, *x[2:]) for x in r[RCV]]
 
     def _drop_chunk(self, d: Draft, i: int) -> None:
         """The room's chunk will never be sent: its extent goes back free."""
         ro = d.rooms[i]
-        self._move_slot(d, ro[SLOTI], "abandon")
-        ro[CH], ro[SLOTI] = CH_DROPPED, -1
+        self._move_extent(d, ro[EXTENTI], "abandon")
+        ro[CH], ro[EXTENTI] = CH_DROPPED, -1
 
     def _settle(self, d: Draft, i: int, unsure: bool) -> None:
         """A write from the room's extent completed or was reported unsure."""
-        s = d.rooms[i][SLOTI]
-        self._move_slot(d, s, "settle", self._writes_pending(d.rooms, s))
+        s = d.rooms[i][EXTENTI]
+        self._move_extent(d, s, "settle", self._writes_pending(d.rooms, s))
 
-    def _holds_slot(self, ro) -> bool:
+    def _holds_extent(self, ro) -> bool:
         if not self.regions:
             return bool(ro[INFL] or ro[GHOST])
         return any(x[1] != W_IDLE for x in ro[RCV])
 
     @staticmethod
     def _writes_pending(rooms, s: int) -> bool:
-        return any(r[SLOTI] == s and r[INFL] for r in rooms)
+        return any(r[EXTENTI] == s and r[INFL] for r in rooms)
 
     def _choices(self, r: tuple, w: int, count: int) -> list:
         """Receivers whose write is in state w (alike ones are one choice); [None] without regions."""

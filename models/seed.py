@@ -1,11 +1,11 @@
 """The seed's rules, where they differ from the project's: the `seed` variant of the spec.
 
-The seed has no slot machine (a slot is reusable when its tenant room is
+The seed has no extent machine (an extent is reusable when its tenant room is
 concluded and its chunk not parked; here, over an arena of cells, a range is
 reusable as soon as the rooms whose bytes it holds are, so a new extent may
 overlap one a write may still read), no release protocol for regions, no
 announce deadline and no peers; a partial registration re-arms the park
-deadline, expiry tells nobody, a failed write frees its slot at once. Each
+deadline, expiry tells nobody, a failed write frees its extent at once. Each
 override below is one of those rules; everything else is the project's.
 """
 
@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from .ring import Ring
 from .spec import Config, Spec
-from .state import CH, CH_HELD, CONTENT, INFL, REG, RS, SLOTI, SS, UNSURE, W_IDLE, Draft, receivers, told_after
+from .state import CH, CH_HELD, CONTENT, EXTENTI, INFL, REG, RS, SS, UNSURE, W_IDLE, Draft, receivers, told_after
 
 
 class SeedRing(Ring):
@@ -35,8 +35,8 @@ class SeedSpec(Spec, variant="seed"):
     UNARMED = frozenset(("arm_announce_deadline",))
     LANDED = W_IDLE  # it waits out no quarantine: a landed write is simply gone
     RING = SeedRing
-    # Each slot move sets the state it names, from whatever state the slot is in.
-    SLOT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked",
+    # Each extent move sets the state it names, from whatever state the extent is in.
+    EXTENT_MOVES: ClassVar[dict[str, str]] = {"lease": "copying", "copied": "staged", "park": "parked",
                                             "send": "sending", "abandon": "free"}
     # Its receiver frees a region on Failed.
     NOTICES: ClassVar[dict[str, str]] = {"success": "written", "failed": "released"}
@@ -45,10 +45,10 @@ class SeedSpec(Spec, variant="seed"):
         super().__init__(config)
         self.peers = False
 
-    def _slot_step(self, slot: list, event: str, pending: bool = False) -> None:
-        slot[SS] = self.SLOT_MOVES[event]
+    def _extent_step(self, extent: list, event: str, pending: bool = False) -> None:
+        extent[SS] = self.EXTENT_MOVES[event]
         if event == "lease":
-            slot[UNSURE] = False
+            extent[UNSURE] = False
 
     def _notice(self, ro: list, k: int, notice: str) -> None:
         rc = receivers(ro)
@@ -81,8 +81,8 @@ class SeedSpec(Spec, variant="seed"):
     def _settle(self, d: Draft, i: int, unsure: bool) -> None:
         ro = d.rooms[i]
         if unsure or not ro[INFL]:
-            d.cells[ro[SLOTI]][SS] = "free"  # a failed write frees the extent at once
-        self._spread(d, ro[SLOTI])
+            d.cells[ro[EXTENTI]][SS] = "free"  # a failed write frees the extent at once
+        self._spread(d, ro[EXTENTI])
 
     def _deadlines(self, state: tuple, i: int, out: list) -> None:
         r = state[0][i]

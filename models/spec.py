@@ -43,7 +43,7 @@ The code: models/state.py (the layout above), models/rules.py (moves, the coupli
 actions), models/ring.py (leasing, serving deferred sends), models/events.py (one method per
 family of events, and its parts events_peers.py, events_withdraws.py and events_restarts.py), this
 module (checks and presentation). Variants change the executor's and manager's rules, never
-the machines: the `seed` variant (models/seed.py) models the seed, whose slots have
+the machines: the `seed` variant (models/seed.py) models the seed, whose extents have
 no machine at all (a range of cells is reusable as soon as the rooms whose bytes it
 holds are terminal and not parked), so its extent moves are set directly and the
 invariants show what goes wrong: a new extent overlaps one a write may still read.
@@ -73,6 +73,7 @@ from .state import (  # noqa: F401
     CHAN,
     CONCLUDED,
     CONTENT,
+    EXTENTI,
     GHOST,
     INFL,
     LEN,
@@ -85,7 +86,6 @@ from .state import (  # noqa: F401
     REL,
     RS,
     SIZE,
-    SLOTI,
     SND,
     SND_DEAD,
     SS,
@@ -112,11 +112,11 @@ from .state import (  # noqa: F401
 VARIANTS = {
     "project": "our design",
     "seed": "the seed's rules: tenant-based reuse, only Success stragglers dropped, partial registration "
-            "re-arms the deadline, no Failed for late receivers or on expiry, failed write frees its slot at once",
-    "no-parked-check": "lease may take a slot whose chunk is parked",
+            "re-arms the deadline, no Failed for late receivers or on expiry, failed write frees its extent at once",
+    "no-parked-check": "lease may take an extent whose chunk is parked",
     "reuse-when-terminal": "the arena hands a range out again as soon as the rooms whose bytes it holds are "
                            "terminal (a free on completion), while a write from it may still read it",
-    "busy-wait": "a full ring makes the single loop wait for a slot instead of deferring",
+    "busy-wait": "a full ring makes the single loop wait for an extent instead of deferring",
     "reaped-deferred-crash": "serving a deferred send whose sender was reaped crashes the loop",
     "blocking-contact": "first contact with a peer runs on the encode loop (a silent peer holds it)",
     "write-before-up": "writes go to a peer that is still being contacted",
@@ -131,8 +131,8 @@ PEER_VARIANTS = frozenset(("blocking-contact", "write-before-up"))
 HAZARDS = {
     ("seed", "receiver-not-told"): "H5",
     ("seed", "overwrite-under-late-write"): "H6",
-    ("seed", "overwrite-under-write"): "H15-slot-reuse",
-    ("seed", "overwrite-under-chunk"): "H15-slot-reuse-before-send",
+    ("seed", "overwrite-under-write"): "H15-extent-reuse",
+    ("seed", "overwrite-under-chunk"): "H15-extent-reuse-before-send",
     ("seed", "write-for-concluded-room"): "H15",
     ("seed", "deadline-extended"): "H16",
     ("seed", "write-into-released-region"): "H6-receiver-region-reuse",
@@ -260,9 +260,9 @@ class Spec(Events):
 
     def is_final(self, state: tuple) -> bool:
         """Quiescent: every room concluded and told, every cell free, nothing held or deferred."""
-        rooms, slots, deferred, halt = state[0], state[1], state[2], state[4]
+        rooms, extents, deferred, halt = state[0], state[1], state[2], state[4]
         return (halt is None and not deferred
-                and all(s[SS] == "free" for s in slots)
+                and all(s[SS] == "free" for s in extents)
                 # an orphan's receivers that had not registered never will (their frames go to a new room)
                 and all(r[RS] in CONCLUDED and r[TOLD] == r[REG] and (r[REG] == self.N or r[SND] == SND_DEAD)
                         and r[SND] in (2, SND_DEAD)
@@ -274,7 +274,7 @@ class Spec(Events):
 
     def invariant(self, state: tuple) -> tuple[str, str] | None:
         """Safety checked in every state: (violation, detail) or None."""
-        rooms, slots, halt, peers = state[0], state[1], state[4], state[5]
+        rooms, extents, halt, peers = state[0], state[1], state[4], state[5]
         if halt == "crash":
             return "crash", "the encode loop raised"
         if halt == "peer-wait":
@@ -285,9 +285,9 @@ class Spec(Events):
                     if r[REG] > k and r[RS] not in CONCLUDED:
                         return "room-of-down-peer-live", f"peer {k} is down but room {i}, which it serves, is {r[RS]}"
         for i, r in enumerate(rooms):
-            s = r[SLOTI]
+            s = r[EXTENTI]
             # Some cell of the room's extent holds another room's bytes: an allocation overlapped it.
-            other = next((c for c in (slots[x][CONTENT] for x in range(s, s + r[SIZE])) if c != i), None) \
+            other = next((c for c in (extents[x][CONTENT] for x in range(s, s + r[SIZE])) if c != i), None) \
                 if s >= 0 else None
             if other is not None:
                 if r[GHOST]:
@@ -370,10 +370,10 @@ class Spec(Events):
 
     def describe_parts(self, state: tuple) -> list[str]:
         """One short description per room and extent (and the deferred queue), for traces and diagrams."""
-        rooms, slots, deferred, halt, peers = state[0], state[1], state[2], state[4], state[5]
+        rooms, extents, deferred, halt, peers = state[0], state[1], state[2], state[4], state[5]
         parts = []
         for i, r in enumerate(rooms):
-            s, z = r[SLOTI], r[SIZE]
+            s, z = r[EXTENTI], r[SIZE]
             extra = f" size{z}" if z else ""
             extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"
             w = f" infl{r[INFL]}" if r[INFL] else ""
@@ -385,12 +385,12 @@ class Spec(Events):
                 continue
             who = f"@{r[OWNER]}" if len(r) > OWNER else ""
             parts.append(f"room{i}{who}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
-        for s, sl in enumerate(slots):
+        for s, sl in enumerate(extents):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else f"<@{-2 - sl[CONTENT]}" if sl[CONTENT] < -1 else ""
             if sl[LEN]:
                 where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"
                 parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
-            elif sl[CONTENT] != slots[s - 1][CONTENT]:  # past an extent whose first cell was overwritten
+            elif sl[CONTENT] != extents[s - 1][CONTENT]:  # past an extent whose first cell was overwritten
                 parts.append(f"cell{s}=+{sl[SS]}{c}")
         if deferred:
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))

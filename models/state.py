@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
 CH_NAMES = ("awaiting-tower", "deferred", "copying", "held", "sent", "dropped")
-RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, SLOTI = range(11)
+RS, SND, CH, REG, TOLD, OK, INFL, GHOST, RCV, SIZE, EXTENTI = range(11)
 # With `Config.identities` > 1 a room has a twelfth field: the identity that owns it (models/shares.py).
 OWNER = 11
 # A room's sender (SND): none yet, registered, reaped; or, with `Config.restarts`, the room's encoder

@@ -31,7 +31,7 @@ from itertools import permutations
 from .conformance import Harness
 from .conformance_clock import NotByClock
 from .explore import canonical, event_name
-from .spec import LEN, RS, SIZE, SLOTI, Config, Spec
+from .spec import EXTENTI, LEN, RS, SIZE, Config, Spec
 
 
 @dataclass
@@ -89,14 +89,14 @@ def replay(cfg: Config, path: list[tuple], sizes: tuple[int, ...], plan: list[tu
 
 def canonical_cells(state: tuple) -> tuple:
     """Relabel rooms and cells: with items of one cell every extent is one cell, so cells are as
-    interchangeable as the slots of a ring (the arena always takes the lowest free one; the spec any)."""
+    interchangeable as the extents of a ring (the arena always takes the lowest free one; the spec any)."""
     rooms, cells = state[0], state[1]
     best = None
     for perm in permutations(range(len(cells))):
         moved = [None] * len(cells)
         for c, to in enumerate(perm):
             moved[to] = cells[c]
-        rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]], *r[SLOTI + 1:]) for r in rooms)
+        rs = tuple(r if r[EXTENTI] < 0 else (*r[:EXTENTI], perm[r[EXTENTI]], *r[EXTENTI + 1:]) for r in rooms)
         c = canonical((rs, tuple(moved), *state[2:]))
         if best is None or c < best:
             best = c
@@ -117,7 +117,8 @@ def reflect(state: tuple) -> tuple:
         length = cells[f][LEN] or 1
         at = n - 1 - c
         moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
-    rs = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], n - r[SLOTI] - (r[SIZE] or 1), *r[SLOTI + 1:]) for r in rooms)
+    x = EXTENTI
+    rs = tuple(r if r[x] < 0 else (*r[:x], n - r[x] - (r[SIZE] or 1), *r[x + 1:]) for r in rooms)
     return (rs, tuple(moved), *state[2:])
 
 

@@ -230,7 +230,7 @@ class Rig:
         """The (status, reason) notices receiver `session` got for `room`, in order."""
         return [(n.status, n.reason) for n in self.receiver(session).notices if n.room == room]
 
-    def slot_of(self, room: int):
+    def extent_of(self, room: int):
         return next(s for s in self.executor.ring.extents.values() if s.room == room)
 
     def item(self, n_tokens: int, seed: int, modality: str = "image") -> EncodeItem:
@@ -247,17 +247,18 @@ class Rig:
         return True
 
 
-def make_rig(*, slots: int = 4, slot_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
+def make_rig(*, extents: int = 4, extent_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
              max_deferred: int | None = None, arena_bytes: int | None = None, parked_ring_share: float = 0.5,
              identity_ring_share: float | None = None, **manager_kw) -> Rig:
-    """A rig whose arena holds `slots` items of `slot_bytes` (each capped at that), or is `arena_bytes` uncapped."""
+    """A rig whose arena holds `extents` items of `extent_bytes` (each capped at that), or is `arena_bytes` uncapped."""
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)
-    sizes = dict(arena_bytes=arena_bytes) if arena_bytes is not None else dict(ring_slots=slots, ring_bytes=slot_bytes)
+    sizes = (dict(arena_bytes=arena_bytes) if arena_bytes is not None
+             else dict(ring_slots=extents, ring_bytes=extent_bytes))
     executor = drive(EncodeExecutor(manager, tower, "cpu", max_deferred=max_deferred,
                                     parked_ring_share=parked_ring_share, identity_ring_share=identity_ring_share,
                                     **sizes))
@@ -324,9 +325,9 @@ class ManagerRig:
         return ReceiverFrame(**fields)
 
     def chunk(self, rows: int = 2) -> Chunk:
-        slot = self.ring.lease(rows * HIDDEN * 4)
-        self.ring.fire(slot, "copied")
-        return Chunk(slot, rows, HIDDEN, DTYPE, HIDDEN * 4, self.ring.main_ptr(slot))
+        extent = self.ring.lease(rows * HIDDEN * 4)
+        self.ring.fire(extent, "copied")
+        return Chunk(extent, rows, HIDDEN, DTYPE, HIDDEN * 4, self.ring.main_ptr(extent))
 
     def notices(self, session: str, room: int | None = None) -> list[tuple]:
         return [(n.room, n.status, n.reason) for n in self.t.receivers[session].notices

@@ -62,7 +62,7 @@ def main() -> None:
     if cfg.get("transport") == "nixl":
         from epd_ring.executor.drivers.nixl import NixlTransport
 
-        # NIXL has no write timeout of its own: ours frees a cut peer's slot (the encoder's own write
+        # NIXL has no write timeout of its own: ours frees a cut peer's extent (the encoder's own write
         # deadline, in its settings, fails the room well before).
         transport: Any = NixlTransport(hostname=host, notifier=control.push_status, write_timeout_s=10.0)
     else:

@@ -83,16 +83,16 @@ def test_every_policy_carries_the_trace_at_its_needed_capacity_and_not_one_unit_
         assert short.deferred + short.skipped + short.refused > 0, policy.name
 
 
-def test_no_policy_carries_the_trace_in_less_than_its_peak_and_fixed_slots_need_the_most(trace, peak, needed):
+def test_no_policy_carries_the_trace_in_less_than_its_peak_and_fixed_extents_need_the_most(trace, peak, needed):
     peak_bytes, peak_items = peak
     assert all(need >= peak_bytes for need in needed.values()), needed
-    slot = max(it.nbytes for it in trace)
-    # Fixed slots are interchangeable: exactly one per item in flight at the busiest instant.
-    assert needed["fixed slots"] == peak_items * slot
-    assert needed["fixed slots"] >= needed["ours (arena)"]
+    extent = max(it.nbytes for it in trace)
+    # Fixed extents are interchangeable: exactly one per item in flight at the busiest instant.
+    assert needed["fixed extents"] == peak_items * extent
+    assert needed["fixed extents"] >= needed["ours (arena)"]
 
 
-@pytest.mark.parametrize("name", ["fixed slots", ba.OURS])
+@pytest.mark.parametrize("name", ["fixed extents", ba.OURS])
 def test_under_pressure_no_allocation_overlaps_a_live_extent_and_the_deferred_are_served_in_order(
         trace, peak, name):
     policy = by_name(trace, name)
@@ -207,15 +207,15 @@ def test_the_robust_size_is_reported_where_a_ring_larger_than_the_searchs_answer
 
 
 def test_the_robust_size_is_the_searchs_answer_when_every_larger_size_carries(trace, needed):
-    policy = by_name(trace, "fixed slots")  # slots are interchangeable: more never carries less
-    rob = ba.robust_capacity(trace, policy, needed["fixed slots"])
-    assert (rob.robust, rob.defers_above) == (needed["fixed slots"], None)
+    policy = by_name(trace, "fixed extents")  # extents are interchangeable: more never carries less
+    rob = ba.robust_capacity(trace, policy, needed["fixed extents"])
+    assert (rob.robust, rob.defers_above) == (needed["fixed extents"], None)
     buddy = by_name(trace, ba.BUDDY)
     assert ba.scan_sizes(buddy, needed[ba.BUDDY]) == [needed[ba.BUDDY], 2 * needed[ba.BUDDY]]
 
 
-def test_fixed_slots_refuse_an_item_larger_than_a_slot_and_reuse_the_oldest_freed():
-    ring = ba.FixedSlots(1000, slot_bytes=300)  # 3 slots; the 100 bytes left over are not a slot
+def test_fixed_extents_refuse_an_item_larger_than_a_extent_and_reuse_the_oldest_freed():
+    ring = ba.FixedExtents(1000, extent_bytes=300)  # 3 extents; the 100 bytes left over are not an extent
     assert ring.capacity == 900
     assert [ring.alloc(300) for _ in range(3)] == [0, 300, 600]
     assert ring.alloc(1) is None
@@ -230,7 +230,7 @@ def test_the_command_prints_its_figures_as_json(capsys):
                             "--budget", "1GiB", "--seeds", "3", "--mixes", "bimodal", "late-frame", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report["policies"]) == {"fixed slots", ba.NEXT_FIT, ba.BUDDY, ba.OURS}
+    assert set(report["policies"]) == {"fixed extents", ba.NEXT_FIT, ba.BUDDY, ba.OURS}
     assert set(report["budgets"]) == {str(256 << 20), str(1 << 30)}
     peak = report["peak_in_flight_bytes"]
     assert all(peak <= p["needed_bytes"] <= p["robust_bytes"] for p in report["policies"].values())

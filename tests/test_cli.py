@@ -86,11 +86,11 @@ USAGE_ERRORS = [
     (["check", "--faults", "-1"], "--faults: must be >= 0"),
     (["bench", "--items", "0"], "--items: must be >= 1"),
     (["bench", "--sizes", "0"], "--sizes: must be >= 1"),
-    (["demo", "--slots", "0"], "--slots: must be >= 1"),
+    (["demo", "--extents", "0"], "--extents: must be >= 1"),
     (["demo", "--batch", "0"], "--batch: must be >= 1"),
     (["demo", "--rooms", "-5"], "--rooms: must be >= 1"),
     (["demo", "--fault-rate", "2"], "--fault-rate: must be between 0 and 1"),
-    (["demo", "--slots", "six"], "expected an integer"),
+    (["demo", "--extents", "six"], "expected an integer"),
     (["--log-level", "loud", "check"], "--log-level"),
     (["bench", "--transport", "mooncake", "--seed", "x.py"], "--seed"),
     (["bench", "--transport", "mooncake", "--sizes", "2048"], "--sizes"),
@@ -120,6 +120,24 @@ USAGE_ERRORS = [
 @pytest.mark.parametrize("args, needle", USAGE_ERRORS)
 def test_bad_values_are_refused_on_one_line_with_exit_2(epd, args, needle):
     one_line_error(epd(*args), 2, "epd-ring", needle)
+
+
+def test_demos_deprecated_slots_flag_sets_extents_and_names_the_new_flag(capsys):
+    args = cli_module.build_parser().parse_args(["demo", "--slots", "3"])  # the deprecated flag
+    assert args.extents == 3
+    assert "--extents" in capsys.readouterr().err
+    assert cli_module.build_parser().parse_args(["demo"]).extents == 6  # the deprecated flag sets no default
+    assert capsys.readouterr().err == ""
+
+
+def test_demo_run_takes_its_deprecated_slots_argument_as_extents():
+    from epd_ring.executor.tools import demo
+
+    # Refused before anything runs: the value went to `extents`, and its check names it.
+    with pytest.warns(DeprecationWarning, match="extents="), pytest.raises(ValueError, match="extents must be >= 1"):
+        demo.run(slots=0)  # the deprecated name
+    with pytest.raises(TypeError, match="rings"):
+        demo.run(rings=3)
 
 
 # What a real process has imported when it answers: torch takes seconds to import, and none
@@ -296,7 +314,8 @@ def test_help_names_defaults(epd):
     p = epd("demo", "--help")
     assert p.returncode == 0
     text = " ".join(p.stdout.split())
-    for needle in ("--slots SLOTS ring slots (default: 6)", "(default: 0.25)", "(default: 2000 on loopback, 300 on"):
+    for needle in ("--extents EXTENTS ring extents (default: 6)", "(default: 0.25)",
+                   "(default: 2000 on loopback, 300 on"):
         assert needle in text, needle
     assert "(default: None)" not in text and "(default: False)" not in text
 
@@ -317,7 +336,7 @@ def test_json_outputs_parse(epd):
     assert p.returncode == 0, p.stderr
     ab = json.loads(p.stdout)
     assert ab["this_min"] > 0 and ab["other_min"] > 0 and ab["ratio_min"] > 0
-    p = epd("demo", "--rooms", "60", "--slots", "3", "--json")
+    p = epd("demo", "--rooms", "60", "--extents", "3", "--json")
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["ok"] is True and sum(report["outcomes"].values()) == 60 and report["extents_leaked"] == 0
@@ -380,7 +399,7 @@ def test_demo_flags_are_honoured_not_rewritten(epd):
 
 
 def test_bench_small_values_run(epd):
-    # --items 1 divided by zero, a ring of fewer than 4 slots held a rule that faulted live writes.
+    # --items 1 divided by zero, a ring of fewer than 4 extents held a rule that faulted live writes.
     p = epd("bench", "--items", "1", "--sizes", "1", "2", "-q")
     assert p.returncode == 0, p.stderr
     assert re.search(r"^\s+1\s+\d", p.stdout, re.M)

@@ -125,14 +125,14 @@ def test_the_walks_quotients_are_symmetries_of_the_spec(cfg):
     from itertools import permutations
 
     from epd_ring.models.explore import canonical
-    from epd_ring.models.spec import SLOTI, Spec
+    from epd_ring.models.spec import EXTENTI, Spec
     from epd_ring.models.walk import reflect
 
     def permute(state, perm):
         cells = [None] * len(state[1])
         for c, to in enumerate(perm):
             cells[to] = state[1][c]
-        rooms = tuple(r if r[SLOTI] < 0 else (*r[:SLOTI], perm[r[SLOTI]]) for r in state[0])
+        rooms = tuple(r if r[EXTENTI] < 0 else (*r[:EXTENTI], perm[r[EXTENTI]]) for r in state[0])
         return (rooms, tuple(cells), *state[2:])
 
     maps = [reflect] + ([lambda s, p=p: permute(s, p) for p in permutations(range(cfg.cells))]
@@ -206,11 +206,11 @@ def test_a_core_without_shares_leaves_the_spec(case, mutant, monkeypatch):
     if mutant == "quarantine uncharged":
         fire = Ring.fire
 
-        def fire_uncharged(self, slot, event):
-            dest = fire(self, slot, event)
-            if slot.state == "quarantined" and slot.share is not None:
-                slot.share.held -= slot.cost
-                slot.share = None
+        def fire_uncharged(self, extent, event):
+            dest = fire(self, extent, event)
+            if extent.state == "quarantined" and extent.share is not None:
+                extent.share.held -= extent.cost
+                extent.share = None
             return dest
 
         monkeypatch.setattr(Ring, "fire", fire_uncharged)

@@ -1,5 +1,5 @@
 """Edges of the small core pieces that the controller suites pass through without pinning down:
-live-deadline counts, a clock that may stand still, and where deepstack slots live in the ring.
+live-deadline counts, a clock that may stand still, and where deepstack extents live in the ring.
 (Found by the mutation run: tests/mutation/equivalent.md.)"""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_the_core_runs_exactly_the_declared_couplings():
     m = EncodeManager(LoopbackTransport(FakeClock()), FakeClock())
     assert set(m.actions) == couplings.actions()
     ex = EncodeExecutor(m, object(), "cpu", ring_slots=1, ring_bytes=64)
-    assert ex.ring.actions is m.actions and m.peers.actions is m.actions  # slots and peers step through them
+    assert ex.ring.actions is m.actions and m.peers.actions is m.actions  # extents and peers step through them
 
 
 def test_state_sets_come_from_the_declarations():

@@ -49,7 +49,7 @@ def test_the_generated_entries_follow_the_table_in_order():
     for (machine, state), acts in couplings.ON_ENTER.items():
         if machine == "room":
             assert f"== R_{state} -> " + "; ".join(f"{a}(ex, cause)" for a in acts) in enter_room
-    release = text.split("inline move_slot_release(", 1)[1].split("\n}", 1)[0]
+    release = text.split("inline move_extent_release(", 1)[1].split("\n}", 1)[0]
     assert release.rstrip().endswith("; release_regions(sx, C_release)")
 
 
@@ -61,9 +61,9 @@ def test_an_action_the_implementations_lack_is_refused(monkeypatch):
         promela.generate(TINY)
 
 
-def test_dropping_abandon_slot_from_failed_rooms_strands_their_slots(monkeypatch):
-    """Without abandon_extent a room that fails with a parked chunk keeps its slot: nothing frees it, and a
-    room whose item waits for a slot never concludes (the liveness check, models/liveness.py)."""
+def test_dropping_abandon_extent_from_failed_rooms_strands_their_extents(monkeypatch):
+    """Without abandon_extent a room that fails with a parked chunk keeps its extent: nothing frees it, and a
+    room whose item waits for an extent never concludes (the liveness check, models/liveness.py)."""
     assert explore(TINY).violations == {}
     monkeypatch.setitem(couplings.ON_ENTER, ("room", "failed"), ("conclude",))
     broken = explore(TINY)

@@ -75,7 +75,7 @@ def test_send_item_of_none_fails_its_room_with_a_reason():
 
 
 def test_deferred_item_whose_embedding_was_dropped_fails_its_room_not_the_loop():
-    rig = make_rig(slots=1, slot_bytes=64)  # one 2-row item fills the arena
+    rig = make_rig(extents=1, extent_bytes=64)  # one 2-row item fills the arena
     first = {1: _room(rig, 1)}
     rid2, item2 = _room(rig, 2)
     rig.transport.inject("hold", session="p1")
@@ -121,7 +121,7 @@ def test_executor_settings_are_checked(setting, value):
 
 
 def test_nan_park_timeout_can_no_longer_park_a_room_forever():
-    # Before: NaN was accepted, the park deadline never fired and the slot was held for good.
+    # Before: NaN was accepted, the park deadline never fired and the extent was held for good.
     clock = FakeClock()
     with pytest.raises(ValueError, match="park_timeout must be finite"):
         EncodeManager(LoopbackTransport(clock), clock, park_timeout=float("nan"))
@@ -135,7 +135,7 @@ def test_deepstack_width_mismatch_fails_the_room_and_writes_nothing(registered_f
     # over the next room's rows, and both rooms reported success.
     import torch
 
-    rig = make_rig(n_deep=3, slot_bytes=8192)
+    rig = make_rig(n_deep=3, extent_bytes=8192)
     rid1 = "req-1"
     rig.executor.register(rid1, "h", 1, 1)
     item1 = rig.item(4, 1)
@@ -156,7 +156,7 @@ def test_deepstack_width_mismatch_fails_the_room_and_writes_nothing(registered_f
 
 
 def test_frames_of_one_room_must_agree_on_deepstack_levels():
-    rig = make_rig(n_deep=2, slot_bytes=8192)
+    rig = make_rig(n_deep=2, extent_bytes=8192)
     rig.executor.register("r", "h", 1, 5)
     rig.manager.register_receiver(rig.frame(5, "a", 2, n=2))
     rig.manager.register_receiver(rig.frame(5, "b", 2, n=2, deep_levels=1))

@@ -60,12 +60,12 @@ def test_check_names_stale_files(tmp_path):
     assert render_main(str(tmp_path), check=True, echo=out.append) == 1
     assert render_main(str(tmp_path), echo=out.append) == 0
     assert render_main(str(tmp_path), check=True, echo=out.append) == 0
-    (tmp_path / "slot.svg").write_text("<svg/>")
+    (tmp_path / "extent.svg").write_text("<svg/>")
     (tmp_path / "old.dot").write_text("digraph {}")
     out.clear()
     assert render_main(str(tmp_path), check=True, echo=out.append) == 1
     text = "\n".join(out)
-    assert "slot.svg" in text and "old.dot (no longer generated)" in text and "room.svg" not in text
+    assert "extent.svg" in text and "old.dot (no longer generated)" in text and "room.svg" not in text
 
 
 def test_live_state_dump_as_text_and_picture():
@@ -75,7 +75,7 @@ def test_live_state_dump_as_text_and_picture():
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import make_rig
 
-    rig = make_rig(slots=3)
+    rig = make_rig(extents=3)
     rig.executor.register("a", "h", 1, 11)
     rig.executor.register("b", "h", 1, 12)
     rig.manager.register_receiver(rig.frame(12, "prefill-0:1", 2, n=2))

@@ -19,7 +19,7 @@ def _told(rig, session: str, room: int) -> list[tuple[str, str]]:
 
 
 def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
-    rig = make_rig(slots=3, slot_bytes=128, quarantine_s=1.0, park_timeout=10.0, write_timeout=5.0)
+    rig = make_rig(extents=3, extent_bytes=128, quarantine_s=1.0, park_timeout=10.0, write_timeout=5.0)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     items = {}
 
@@ -69,7 +69,7 @@ def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
     assert transport.late_landings == 1 and landed_during_drain[-1] == 1
     assert rig.delivered_ok(2, "b", items[2])
     assert torch.isnan(rig.buffers[(4, "d")][0]).all()  # D's deferred send was never written
-    # After the drain: no slot leased, no room live, nothing registered, the transport closed.
+    # After the drain: no extent leased, no room live, nothing registered, the transport closed.
     assert set(ex.ring.counts()) == {"retired"} and ex.ring.lease(1) is None
     assert not manager.rooms and manager.writes_in_flight == 0 and not ex.has_deferred()
     assert len(transport.local) == 0 and transport.closed
@@ -80,7 +80,7 @@ def test_drain_tells_every_room_waits_out_writes_and_lets_go_of_the_ring():
 
 
 def test_drain_deadline_fails_rooms_in_flight_and_keeps_the_ring_until_the_write_reports():
-    rig = make_rig(slots=2, slot_bytes=128, quarantine_s=0.5)
+    rig = make_rig(extents=2, extent_bytes=128, quarantine_s=0.5)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     transport.inject("hold", session="a")
     item = rig.item(4, seed=1)
@@ -97,14 +97,14 @@ def test_drain_deadline_fails_rooms_in_flight_and_keeps_the_ring_until_the_write
     assert len(transport.local) == 1 and not transport.closed  # a write may still read the ring: kept
     transport.complete(held, Outcome.TIMED_OUT)  # the write reports at last, unsure: it may still land
     ex.poll()
-    assert manager.writes_in_flight == 0 and not ex.closed  # its slot serves a quarantine first
+    assert manager.writes_in_flight == 0 and not ex.closed  # its extent serves a quarantine first
     clock.advance(0.5)
     ex.poll()
     assert ex.closed and set(ex.ring.counts()) == {"retired"} and len(transport.local) == 0
 
 
 def test_close_of_an_idle_executor_is_immediate():
-    rig = make_rig(slots=2, slot_bytes=128)
+    rig = make_rig(extents=2, extent_bytes=128)
     calls = []
     report = rig.executor.close(5.0, lambda: calls.append(1))
     assert report.clean and not calls and rig.transport.closed
@@ -124,7 +124,7 @@ def _send(rig, room: int, session: str, *, execute: bool = True, ex=None):
 
 
 def test_a_room_that_finishes_during_the_drain_counts_as_finished_not_failed():
-    rig = make_rig(slots=2, slot_bytes=128)
+    rig = make_rig(extents=2, extent_bytes=128)
     ex, transport = rig.executor, rig.transport
     transport.inject("hold", session="a")
     item = _send(rig, 1, "a")
@@ -140,7 +140,7 @@ def test_a_room_that_finishes_during_the_drain_counts_as_finished_not_failed():
 
 
 def test_the_drain_deadline_is_reached_at_the_exact_instant():
-    rig = make_rig(slots=2, slot_bytes=128, quarantine_s=0.5)
+    rig = make_rig(extents=2, extent_bytes=128, quarantine_s=0.5)
     ex, manager, transport, clock = rig.executor, rig.manager, rig.transport, rig.clock
     transport.inject("hold", session="a")
     _send(rig, 1, "a")
@@ -157,19 +157,19 @@ def test_the_drain_deadline_is_reached_at_the_exact_instant():
 
 
 def test_every_deferred_send_the_drain_drops_is_counted():
-    rig = make_rig(slots=1, slot_bytes=128)
+    rig = make_rig(extents=1, extent_bytes=128)
     ex, manager, transport = rig.executor, rig.manager, rig.transport
     transport.inject("hold", session="a")
     transport.inject("hold", session="c")
-    _send(rig, 1, "a")  # A holds the only slot
+    _send(rig, 1, "a")  # A holds the only extent
     for room, session in ((2, "b"), (3, "c"), (4, "d")):
-        _send(rig, room, session)  # B, C, D wait for the slot
+        _send(rig, room, session)  # B, C, D wait for the extent
     assert ex.stats["deferred"] == 3
     assert ex.fail_rooms(["r2"], "cancelled by the engine") == 1
     assert ex.reap_concluded_senders() == 1  # B's sender is gone: its deferred send will be dropped
     (held_a,) = transport.held
     transport.complete(held_a)
-    ex.poll()  # A's slot is free: B's send is dropped (no sender), C's is staged and written
+    ex.poll()  # A's extent is free: B's send is dropped (no sender), C's is staged and written
     assert ex.stats["deferred_dropped"] == 1 and manager.room_status(3) == "transferring"
     assert manager.room_status(4) == "ready" and ex.has_deferred()
     ex.begin_close(5.0)  # D's room fails and its deferred send is dropped too
@@ -183,13 +183,13 @@ def test_every_deferred_send_the_drain_drops_is_counted():
 
 
 def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
-    rig = make_rig(slots=2, slot_bytes=128)
+    rig = make_rig(extents=2, extent_bytes=128)
     ex, transport = rig.executor, rig.transport
     transport.inject("hold", session="a")
     _send(rig, 1, "a")
     (held,) = transport.held
     drain = Drain(ex, rig.clock.now() + 5.0, close_transport=False)
-    assert drain.step() is False and drain.done is False  # the write may still read its slot
+    assert drain.step() is False and drain.done is False  # the write may still read its extent
     assert drain.report() == DrainReport(clean=False, rooms_failed=0, rooms_finished=0,
                                          busy_extents={"sending": 1}, writes_in_flight=1, live_rooms=1)
     transport.complete(held)
@@ -205,7 +205,7 @@ def test_drain_step_is_true_exactly_once_the_ring_is_let_go_and_stays_true():
 def test_the_drain_waits_for_writes_and_rooms_of_a_shared_manager_before_closing_its_transport():
     """Two executors (two rings) on one manager and transport: the drain of one must not close the
     transport while the manager still has a live room or a write in flight on the other's ring."""
-    rig = make_rig(slots=1, slot_bytes=128)
+    rig = make_rig(extents=1, extent_bytes=128)
     ex1, manager, transport = rig.executor, rig.manager, rig.transport
     ex2 = EncodeExecutor(manager, rig.tower, "cpu", ring_slots=1, ring_bytes=4096)
     transport.add_receiver("slow")

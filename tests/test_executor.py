@@ -97,7 +97,7 @@ def test_scatter_mismatch_fails_the_batch_rooms():
 
 
 def test_oversized_item_fails_only_its_own_room():
-    rig = make_rig(slot_bytes=256)  # 8 rows of 8 float32
+    rig = make_rig(extent_bytes=256)  # 8 rows of 8 float32
     bad_rid, bad = submit(rig, 1, 64)
     ok_rid, ok = submit(rig, 2, 3)
     for r, n in ((1, 64), (2, 3)):
@@ -112,7 +112,7 @@ def test_oversized_item_fails_only_its_own_room():
 
 
 def test_oversized_cache_hit_does_not_escape():
-    rig = make_rig(slot_bytes=256)
+    rig = make_rig(extent_bytes=256)
     rid, item = submit(rig, 1, 64)
     item.encoded = torch.zeros(64, 8)
     rig.executor.send_item(rid, item)  # must not raise
@@ -141,11 +141,11 @@ def test_fail_rooms_deduplicates_and_counts_rooms_it_failed():
 
 # ------------------------------------------------------------ ring and defer ---
 
-def test_full_ring_defers_then_drains_in_order():
+def test_full_ring_defers_then_serves_in_order():
     # An arena of two 2-row items, which parked chunks may fill (no bound on them: tests/test_peers.py has it).
-    rig = make_rig(slots=2, slot_bytes=64, parked_ring_share=1.0)
+    rig = make_rig(extents=2, extent_bytes=64, parked_ring_share=1.0)
     items = [submit(rig, r, 2) for r in range(5)]
-    # Rooms 0 and 1 park (no receivers yet) and hold both slots.
+    # Rooms 0 and 1 park (no receivers yet) and hold both extents.
     rig.executor.execute(items)
     assert rig.executor.has_deferred()
     assert rig.executor.deferred_requests() == ["req-2", "req-3", "req-4"]
@@ -165,12 +165,12 @@ def test_full_ring_defers_then_drains_in_order():
 
 
 def test_deferred_sends_are_served_before_new_ones():
-    rig = make_rig(slots=1, slot_bytes=64)
+    rig = make_rig(extents=1, extent_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
-    rig.executor.execute([a, b])  # a parks in the only slot, b defers
+    rig.executor.execute([a, b])  # a parks in the only extent, b defers
     rig.manager.register_receiver(rig.frame(1, "p1", 2))
-    rig.executor.manager.poll()  # frees the slot, but nothing drained yet
+    rig.executor.manager.poll()  # frees the extent, but no deferred send is served yet
     c = submit(rig, 3, 2)
     rig.executor.execute([c])  # the new send must queue behind b
     assert rig.manager.room_status(2) == "parked"
@@ -179,7 +179,7 @@ def test_deferred_sends_are_served_before_new_ones():
 
 
 def test_deferred_send_after_its_sender_was_reaped_is_dropped():
-    rig = make_rig(slots=1, slot_bytes=64)
+    rig = make_rig(extents=1, extent_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
     rig.executor.execute([a, b])
@@ -187,7 +187,7 @@ def test_deferred_send_after_its_sender_was_reaped_is_dropped():
     rig.executor.reap_concluded_senders(set())
     assert "req-2" not in rig.executor.senders
     rig.manager.register_receiver(rig.frame(1, "p1", 2))
-    rig.executor.poll()  # drains: must drop req-2 quietly
+    rig.executor.poll()  # serves the deferred sends: must drop req-2 quietly
     rig.executor.poll()
     assert not rig.executor.has_deferred()
     assert rig.manager.stats["deferred_dropped"] == 1
@@ -195,7 +195,7 @@ def test_deferred_send_after_its_sender_was_reaped_is_dropped():
 
 
 def test_chunk_of_a_failed_room_is_never_written():
-    rig = make_rig(slots=1, slot_bytes=64)
+    rig = make_rig(extents=1, extent_bytes=64)
     a = submit(rig, 1, 2)
     b = submit(rig, 2, 2)
     rig.manager.register_receiver(rig.frame(2, "p2", 2))
@@ -223,7 +223,7 @@ def test_deferred_queue_is_bounded():
 
 
 def test_lease_never_hands_out_busy_bytes():
-    rig = make_rig(slots=3, slot_bytes=4096)
+    rig = make_rig(extents=3, extent_bytes=4096)
     ring = rig.executor.ring
     leased = [ring.lease(4096) for _ in range(3)]
     assert ring.lease(1) is None
@@ -245,7 +245,7 @@ def test_ring_registers_each_arena_once_and_refuses_overlap():
 
 
 def test_deepstack_arena_holds_as_many_tokens_as_the_main_arena():
-    rig = make_rig(slots=1, slot_bytes=512, hidden=8, n_deep=3)  # 16 rows of 8 float32 in the main arena
+    rig = make_rig(extents=1, extent_bytes=512, hidden=8, n_deep=3)  # 16 rows of 8 float32 in the main arena
     ring = rig.executor.ring
     assert ring.deep_bytes == 3 * ring.arena_bytes
     rid, item = submit(rig, 1, 16)  # fills the main arena exactly; deepstack is 3x wider
@@ -262,8 +262,8 @@ def test_late_registration_parks_then_sends_on_the_nth_receiver():
     rid, item = submit(rig, 5, 6)
     rig.executor.execute([(rid, item)])
     assert rig.manager.room_status(5) == "parked"
-    slot = rig.slot_of(5)
-    assert slot.state == "parked"
+    extent = rig.extent_of(5)
+    assert extent.state == "parked"
     rig.manager.register_receiver(rig.frame(5, "pa", 6, n=2, rank=0, shard=True))
     assert rig.manager.room_status(5) == "parked"
     rig.manager.register_receiver(rig.frame(5, "pb", 6, n=2, rank=1, shard=True))
@@ -272,7 +272,7 @@ def test_late_registration_parks_then_sends_on_the_nth_receiver():
     assert rig.manager.room_status(5) == "success"
     assert rig.delivered_ok(5, "pa", item) and rig.delivered_ok(5, "pb", item)
     assert rig.receiver("pa").statuses(5) == ["success"] and rig.receiver("pb").statuses(5) == ["success"]
-    assert slot.state == "free"
+    assert extent.state == "free"
 
 
 def test_identity_fanout_gives_each_receiver_a_full_copy():
@@ -437,27 +437,27 @@ def test_room_status_query():
 
 # -------------------------------------------------------- transfer outcomes ---
 
-def test_write_failure_quarantines_the_slot_until_the_deadline():
-    rig = make_rig(slots=1, slot_bytes=64, quarantine_s=5.0)  # one 2-row item fills the arena
+def test_write_failure_quarantines_the_extent_until_the_deadline():
+    rig = make_rig(extents=1, extent_bytes=64, quarantine_s=5.0)  # one 2-row item fills the arena
     rig.transport.inject("fail", session="p1")
     rid, item = submit(rig, 1, 2)
     rig.manager.register_receiver(rig.frame(1, "p1", 2))
     rig.executor.execute([(rid, item)])
-    slot = rig.slot_of(1)
+    extent = rig.extent_of(1)
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed"
     assert rig.receiver("p1").statuses(1) == ["failed"]
-    assert slot.state == "quarantined" and rig.executor.ring.lease(1) is None
+    assert extent.state == "quarantined" and rig.executor.ring.lease(1) is None
     rig.clock.advance(4.9)
     rig.executor.poll()
-    assert slot.state == "quarantined"
+    assert extent.state == "quarantined"
     rig.clock.advance(0.2)
     rig.executor.poll()
-    assert slot.state == "free"
+    assert extent.state == "free"
 
 
 def test_timed_out_write_that_lands_later_corrupts_no_other_room():
-    rig = make_rig(slots=1, slot_bytes=128, quarantine_s=5.0)  # one 4-row item fills the arena
+    rig = make_rig(extents=1, extent_bytes=128, quarantine_s=5.0)  # one 4-row item fills the arena
     rig.transport.inject("timeout_land_later", session="slow", delay=1.0, land_after=4.0)
     rid, item = submit(rig, 1, 4, seed=11)
     rig.manager.register_receiver(rig.frame(1, "slow", 4))
@@ -465,13 +465,13 @@ def test_timed_out_write_that_lands_later_corrupts_no_other_room():
     rig.clock.advance(1.0)
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed"
-    # The next room must wait for the slot instead of overwriting it.
+    # The next room must wait for the extent instead of overwriting it.
     rid2, item2 = submit(rig, 2, 4, seed=22)
     rig.manager.register_receiver(rig.frame(2, "fast", 4))
     rig.executor.execute([(rid2, item2)])
     assert rig.executor.has_deferred()
     rig.clock.advance(3.5)
-    rig.executor.poll()  # the stale write lands now, from the untouched slot
+    rig.executor.poll()  # the stale write lands now, from the untouched extent
     assert rig.transport.late_landings == 1
     assert rig.delivered_ok(1, "slow", item)  # it read room 1's own bytes
     rig.clock.advance(2.0)
@@ -491,17 +491,17 @@ def test_write_without_any_report_hits_its_own_deadline():
     assert rig.manager.room_status(1) == "failed" and "no report within 3.0 s" in rig.manager.failure_reason(1)
     assert rig.receiver("p1").statuses(1) == ["failed"]
     # The transport may still be reading the extent: it is not reusable, however long we wait.
-    slot = next(iter(rig.executor.ring.extents.values()))
+    extent = next(iter(rig.executor.ring.extents.values()))
     rig.clock.advance(100.0)
     rig.executor.poll()
-    assert slot.state == "sending"
+    assert extent.state == "sending"
     # Its late report (even a success) only starts the quarantine; the room stays failed.
     rig.transport.complete(rig.transport.held[0], Outcome.DONE)
     rig.executor.poll()
-    assert slot.state == "quarantined" and rig.manager.stats["completions_dropped"] == 1
+    assert extent.state == "quarantined" and rig.manager.stats["completions_dropped"] == 1
     rig.clock.advance(1.0)
     rig.executor.poll()
-    assert slot.state == "free" and rig.manager.room_status(1) == "failed"
+    assert extent.state == "free" and rig.manager.room_status(1) == "failed"
 
 
 def test_one_failed_receiver_fails_the_room_for_all_and_late_completion_is_dropped():
@@ -519,8 +519,8 @@ def test_one_failed_receiver_fails_the_room_for_all_and_late_completion_is_dropp
     rig.executor.poll()
     assert rig.manager.room_status(1) == "failed"
     assert rig.receiver("b").statuses(1) == ["failed"]
-    slot = rig.slot_of(1)
-    assert slot.state == "quarantined"
+    extent = rig.extent_of(1)
+    assert extent.state == "quarantined"
 
 
 def test_completion_for_a_concluded_room_is_dropped():
@@ -572,7 +572,7 @@ def test_async_copy_gates_the_write_until_the_fence_completes():
 # ------------------------------------------------------------- under load ---
 
 def test_bytes_match_tower_output_under_ring_pressure_and_faults():
-    rig = make_rig(slots=3, quarantine_s=2.0, park_timeout=50.0, max_deferred=64)
+    rig = make_rig(extents=3, quarantine_s=2.0, park_timeout=50.0, max_deferred=64)
     rooms = {}
     g = torch.Generator().manual_seed(0)
     for r in range(60):
@@ -605,7 +605,7 @@ def test_bytes_match_tower_output_under_ring_pressure_and_faults():
 
 
 def test_senders_and_tombstones_stay_bounded_over_10000_rooms():
-    rig = make_rig(slots=8, max_tombstones=512, tombstone_ttl=5.0)
+    rig = make_rig(extents=8, max_tombstones=512, tombstone_ttl=5.0)
     ex, m = rig.executor, rig.manager
     rcv = rig.receiver("p")
     buf = torch.zeros(2, 8)
@@ -657,7 +657,7 @@ def test_a_live_senders_room_record_outlives_the_tombstone_cap():
 # -- deferred sends ----------------------------------------------------------------------------
 
 def test_deferred_sends_drop_reaped_skip_concluded_and_stage_the_rest_in_one_poll():
-    rig = make_rig(slots=1, slot_bytes=64)
+    rig = make_rig(extents=1, extent_bytes=64)
     ex, m, t = rig.executor, rig.manager, rig.transport
     obs = m.observer = Calls("deferred", "undeferred", "copy_started", "copy_finished")
     items = {}
@@ -674,7 +674,7 @@ def test_deferred_sends_drop_reaped_skip_concluded_and_stage_the_rest_in_one_pol
     for r in (5, 6):
         m.fail_room(r, "aborted")  # concluded, sender kept
     t.complete(t.held[0])
-    # Room 1's outcome frees the slot; the same poll drops 2 and 3, skips 5 and 6,
+    # Room 1's outcome frees the extent; the same poll drops 2 and 3, skips 5 and 6,
     # and stages 4 (its write is reported at the next poll).
     assert ex.poll() == 1
     assert not ex.has_deferred()
@@ -732,7 +732,7 @@ def test_an_item_larger_than_the_arena_fails_at_once_and_never_blocks_the_queue(
 
 
 def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
-    rig = make_rig(slots=1, slot_bytes=64, max_deferred=0)
+    rig = make_rig(extents=1, extent_bytes=64, max_deferred=0)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2):
@@ -744,7 +744,7 @@ def test_a_full_ring_with_no_deferral_allowed_fails_the_send_at_once():
 
 
 def test_the_deferred_queue_is_bounded_by_max_deferred():
-    rig = make_rig(slots=1, slot_bytes=64, max_deferred=2)
+    rig = make_rig(extents=1, extent_bytes=64, max_deferred=2)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2, 3, 4):
@@ -757,7 +757,7 @@ def test_the_deferred_queue_is_bounded_by_max_deferred():
 
 
 def test_a_deferred_send_keeps_its_bytes_when_the_tower_reuses_its_buffers():
-    rig = make_rig(slots=1, slot_bytes=64, n_deep=2)
+    rig = make_rig(extents=1, extent_bytes=64, n_deep=2)
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2):
@@ -797,14 +797,14 @@ class Fences:
         return self.made[-1]
 
 
-def fenced_rig(slots: int):
+def fenced_rig(extents: int):
     """A rig whose executor fences every copy with a hand-finished `Fence`."""
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock)
     tower = TableTower()
     fences = Fences()
-    executor = drive(EncodeExecutor(manager, tower, "cpu", ring_slots=slots, ring_bytes=4096, copy_fence=fences))
+    executor = drive(EncodeExecutor(manager, tower, "cpu", ring_slots=extents, ring_bytes=4096, copy_fence=fences))
     return Rig(clock, transport, executor.manager, executor, tower), fences
 
 
@@ -821,7 +821,7 @@ def test_fenced_copies_wait_for_their_fence_and_finish_out_of_order():
     assert ex.health()["extents"] == {"free": 0, "copying": 2, "staged": 0, "parked": 0, "sending": 0,
                                       "quarantined": 0, "retired": 0}
     assert ex.finish_copies() == 0 and ex.poll() == 0
-    assert rig.transport.submitted == 0  # no write may read a slot whose copy is pending
+    assert rig.transport.submitted == 0  # no write may read an extent whose copy is pending
     fences.made[1].done = True
     assert ex.poll() == 2  # room 2's copy finished, and its write reported
     assert (m.room_status(1), m.room_status(2)) == ("ready", "success")
@@ -913,7 +913,7 @@ def test_health_counts_every_extent_state_live_room_and_arena_bytes():
     ex.register("waiting", "prefill-host", 8998, 2)
     t.inject("fail", session="p1")
     ex.execute([("r", rig.item(2, 1))])
-    ex.poll()  # the write failed: its slot is quarantined, the room failed
+    ex.poll()  # the write failed: its extent is quarantined, the room failed
     h = ex.health()
     assert h["extents"] == {"free": 0, "copying": 0, "staged": 0, "parked": 0, "sending": 0,
                             "quarantined": 1, "retired": 0}

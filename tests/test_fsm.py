@@ -118,15 +118,15 @@ def test_compiled_table_agrees_with_the_transitions_machine(machine):
     assert checked == len(machine.states) * len(machine.events) * 2 ** len(machine.guards)
 
 
-def test_slot_machine_has_the_states_safety_needs():
+def test_extent_machine_has_the_states_safety_needs():
     assert {"free", "staged", "sending", "parked", "quarantined", "retired"} <= set(EXTENT.states)
     assert EXTENT.tags["quarantined"] == ("unsure",)
     assert EXTENT.tags["retired"] == ("terminal",)
-    # Only quarantine expiry, an abandon (no write issued) or a clean settle free a slot.
+    # Only quarantine expiry, an abandon (no write issued) or a clean settle free an extent.
     into_free = {(e.source, e.event) for e in EXTENT.edges if e.dest == "free"}
     assert into_free == {("copying", "abandon"), ("staged", "abandon"), ("parked", "abandon"),
                          ("sending", "settle"), ("quarantined", "release")}
-    # A sending slot never goes straight to free when a write was unsure.
+    # A sending extent never goes straight to free when a write was unsure.
     assert EXTENT.destinations("sending", "settle", {"writes_pending": False, "write_unsure": True}) == "quarantined"
 
 
@@ -227,7 +227,7 @@ def test_events_table_lists_every_declared_edge_with_its_guards(machine, decl):
 
 
 def test_events_table_spells_a_two_guard_edge():
-    # slot: settle from sending to quarantined needs write_unsure and not writes_pending
+    # extent: settle from sending to quarantined needs write_unsure and not writes_pending
     assert "| `settle` | `sending` | `quarantined` | write_unsure, not writes_pending |" in \
         tables.events_table(EXTENT).split("\n")
 
@@ -243,7 +243,7 @@ def test_markdown_has_a_section_per_machine_with_diagram_tables_and_guard_docs()
         expected.append(tables.events_table(machine))
         if decl.get("guard_docs"):
             expected.append("\n".join(f"- guard `{g}`: {doc}" for g, doc in decl["guard_docs"].items()))
-    # blocks separated by one blank line, in the order slot, room, region, peer
+    # blocks separated by one blank line, in the order extent, room, region, peer
     assert md == "\n\n".join(expected)
     assert "- guard `writes_pending`: some write from this extent has not reported yet\n" \
            "- guard `write_unsure`: some write from this extent failed or timed out" in md
@@ -345,7 +345,7 @@ def parse_live(dot: str):
 
 
 def test_live_dot_draws_extents_rooms_and_peers():
-    slots = [SimpleNamespace(index=0, state="free", room=None, writes_in_flight=0),
+    extents = [SimpleNamespace(index=0, state="free", room=None, writes_in_flight=0),
              SimpleNamespace(index=1, state="sending", room=7, writes_in_flight=2),
              SimpleNamespace(index=2, state="parked", room=8, writes_in_flight=0)]
     rooms = {
@@ -354,13 +354,13 @@ def test_live_dot_draws_extents_rooms_and_peers():
         9: {"state": "announced", "receivers": ["p:4"], "n": None},  # sender not registered: N unknown
     }
     peers = {"p:2": {"state": "suspect"}, "p:1": {"state": "up"}}
-    nodes, edges = parse_live(live_dot(slots, rooms, peers))
+    nodes, edges = parse_live(live_dot(extents, rooms, peers))
 
     def node(label, machine, state):
         return {"label": label, **KIND_STYLE[machine.tags[state][0]]}
 
     assert nodes == {
-        # a slot shows its writes in flight only when it has some
+        # an extent shows its writes in flight only when it has some
         "extent0": node(r"extent 0\nfree", EXTENT, "free"),
         "extent1": node(r"extent 1\nsending\nwrites 2", EXTENT, "sending"),
         "extent2": node(r"extent 2\nparked", EXTENT, "parked"),
@@ -385,8 +385,8 @@ def test_live_dot_of_an_idle_controller():
 def test_live_dot_renders_with_graphviz():
     import subprocess
 
-    slots = [SimpleNamespace(index=0, state="sending", room=1, writes_in_flight=1)]
-    dot = live_dot(slots, {1: {"state": "transferring", "receivers": ["h:1"], "n": 1}}, {"h:1": {"state": "up"}})
+    extents = [SimpleNamespace(index=0, state="sending", room=1, writes_in_flight=1)]
+    dot = live_dot(extents, {1: {"state": "transferring", "receivers": ["h:1"], "n": 1}}, {"h:1": {"state": "up"}})
     plain = subprocess.run(["dot", "-Tplain"], input=dot.encode(), capture_output=True, check=True).stdout.decode()
     assert {ln.split()[1] for ln in plain.splitlines() if ln.startswith("node ")} == {"extent0", "room1", '"h:1"'}
 

@@ -84,7 +84,7 @@ VICTIM = "victim-key"
                 max_size=25),
        st.integers(0, 25), st.data())
 def test_hostile_traffic_never_disturbs_the_victims_rooms(hostile, cut, data):
-    rig = make_rig(slots=2)
+    rig = make_rig(extents=2)
     control = ZmqControlPlane(insecure=True)
     try:
         control.manager = rig.manager  # frames are handed in directly, as poll() would

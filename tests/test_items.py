@@ -1,6 +1,6 @@
 """Items on their way into the ring: refused items, tower errors, modalities, engine item types,
 deepstack splitting, and staging (shapes, sizes, lazily negated views). Each bad item fails only its
-own room, with its reason, and the slot it leased goes back."""
+own room, with its reason, and the extent it leased goes back."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class ReadOnlyItem:
 
 
 def test_an_item_that_breaks_the_send_path_fails_only_its_room():
-    rig = make_rig(slots=1, slot_bytes=64)  # one 2-row item fills the arena
+    rig = make_rig(extents=1, extent_bytes=64)  # one 2-row item fills the arena
     ex, m, t = rig.executor, rig.manager, rig.transport
     t.inject("hold", session="p1")
     for r in (1, 2, 3):
@@ -298,7 +298,7 @@ def meta_copy_error(shape) -> str:
 
 
 @pytest.mark.parametrize("half", ["main", "deepstack"])
-def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
+def test_embedding_without_data_fails_its_room_and_gives_the_extent_back(half):
     rig = make_rig(n_deep=2)
     ex, m = rig.executor, rig.manager
     rig.open_room(1, rid="bad")
@@ -311,7 +311,7 @@ def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
         item.encoded_deepstack = torch.empty(2, 16, device="meta")
     ex.send_item("bad", item)
     assert reason_kind(m, 1) is ReasonKind.ITEM
-    assert ex.ring.live == 0  # the leased slot went back
+    assert ex.ring.live == 0  # the leased extent went back
     assert m.stats["items_refused"] == 0  # handled by staging, not the last line of defence
     # The worker carries on: the next item lands intact.
     rig.open_room(2, rid="next")
@@ -321,9 +321,9 @@ def test_embedding_without_data_fails_its_room_and_gives_the_slot_back(half):
     assert m.room_status(2) == "success" and rig.delivered_ok(2, "p2", nxt)
 
 
-def test_zero_row_embedding_parks_until_its_deadline_and_frees_its_slot():
+def test_zero_row_embedding_parks_until_its_deadline_and_frees_its_extent():
     # No frame may declare zero rows, so the chunk waits for receivers that cannot
-    # come; its park deadline fails the room and the slot goes back.
+    # come; its park deadline fails the room and the extent goes back.
     rig = make_rig(park_timeout=10.0)
     ex, m = rig.executor, rig.manager
     ex.register("r", "prefill-host", 8998, 1)
@@ -349,7 +349,7 @@ TOO_LARGE = ReasonKind.TOO_LARGE
     (torch.ones(128, 8), torch.ones(128, 32), TOO_LARGE),  # 16384 B deepstack: over the whole deepstack arena
 ])
 def test_items_that_cannot_be_staged_fail_their_room_with_the_reason(encoded, deep, reason):
-    rig = make_rig(slots=1, n_deep=3)  # an arena of 4096 B (128 rows of 8 float32), deepstack 3x that
+    rig = make_rig(extents=1, n_deep=3)  # an arena of 4096 B (128 rows of 8 float32), deepstack 3x that
     ex, m = rig.executor, rig.manager
     ex.register("r", "prefill-host", 8998, 1)
     ex.send_item("r", EncodeItem("image", 2, encoded=encoded, encoded_deepstack=deep))
@@ -357,7 +357,7 @@ def test_items_that_cannot_be_staged_fail_their_room_with_the_reason(encoded, de
     assert m.stats["items_refused"] == 0 and ex.ring.live == 0
 
 
-def test_an_embedding_that_fills_its_slots_exactly_is_shipped():
+def test_an_embedding_that_fills_its_extents_exactly_is_shipped():
     rig = make_rig(n_deep=3)
     ex, m = rig.executor, rig.manager
     rig.open_room(1, rows=128, rid="r")

@@ -72,7 +72,7 @@ def test_a_pre_claim_of_another_receivers_session_fails_the_claimers_room_and_th
 
 
 def test_no_spelling_of_another_receivers_session_leads_to_a_write_into_its_memory():
-    rig = make_rig(slots=8)
+    rig = make_rig(extents=8)
     proving = Proving(rig, {"victim:1": VICTIM})
     rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=VICTIM)
     rig.manager.register_receiver(rig.frame(7, "victim:1", 2, identity=VICTIM))
@@ -104,7 +104,7 @@ def test_a_session_whose_memory_names_no_key_is_never_written():
 
 
 def test_one_keys_flood_of_sessions_fills_its_own_share_of_the_peer_table_and_another_key_registers_at_once():
-    rig = make_rig(slots=8, announce_timeout=120.0)
+    rig = make_rig(extents=8, announce_timeout=120.0)
     m = rig.manager
     gc.collect()
     gc.freeze()  # as a long-running worker does after start-up: a full collection is not the flood's

@@ -54,7 +54,7 @@ def test_timeout_that_lands_later_reads_the_source_when_it_lands():
     h = t.submit_write("r", [(src.data_ptr(), dst.data_ptr(), 64)])
     clock.advance(1.0)
     assert t.poll() == [(h, Outcome.TIMED_OUT)] and not dst.any()
-    src.fill_(7.0)  # the slot was rewritten before the stale write landed
+    src.fill_(7.0)  # the extent was rewritten before the stale write landed
     clock.advance(1.0)
     assert t.poll() == []
     assert t.late_landings == 1 and torch.equal(dst, torch.full((16,), 7.0))

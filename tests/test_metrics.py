@@ -32,14 +32,14 @@ def value(figures: dict, name: str, **labels) -> float:
 def test_metrics_scraped_during_a_run_match_its_outcomes(capsys):
     from epd_ring.executor.tools import demo
 
-    rooms, slots = 1500, 4
+    rooms, extents = 1500, 4
     handle: list = []
     done = threading.Event()
     result: list = []
 
     def run():
         try:
-            result.append(demo.run(rooms=rooms, slots=slots, seed=5, json_out=True, metrics_port=0,
+            result.append(demo.run(rooms=rooms, extents=extents, seed=5, json_out=True, metrics_port=0,
                                    metrics_hook=handle.append))
         finally:
             done.set()

@@ -245,16 +245,16 @@ def test_receivers_end_is_an_option_and_off_it_is_the_encode_side_alone(explored
 
 
 # -- the arena: cells, extents of mixed sizes ----------------------------------------------------------
-# Unreduced state counts of the model with one slot per item, before the ring became an arena
-# (explore(Config(slots, rooms, receivers, faults), symmetry=False) at 866ea84).
-SLOT_MODEL_STATES = {(1, 2, 1, 1): 948, (2, 2, 1, 1): 1460, (2, 3, 1, 1): 38352}
+# Unreduced state counts of the model with one extent per item, before the ring became an arena
+# (explore(Config(extents, rooms, receivers, faults), symmetry=False) at 866ea84).
+EXTENT_MODEL_STATES = {(1, 2, 1, 1): 948, (2, 2, 1, 1): 1460, (2, 3, 1, 1): 38352}
 
 
-@pytest.mark.parametrize("bound", sorted(SLOT_MODEL_STATES), ids=str)
-def test_one_cell_per_item_has_the_slot_models_state_count(bound, explored):
-    """Items of one cell make each cell a slot: as many unreduced states as the slot model had."""
+@pytest.mark.parametrize("bound", sorted(EXTENT_MODEL_STATES), ids=str)
+def test_one_cell_per_item_has_the_extent_models_state_count(bound, explored):
+    """Items of one cell make each cell an extent: as many unreduced states as the extent model had."""
     r = explored(Config(*bound, sizes=(1,)), symmetry=False)
-    assert r.violations == {} and r.states == SLOT_MODEL_STATES[bound]
+    assert r.violations == {} and r.states == EXTENT_MODEL_STATES[bound]
 
 
 def _reachable(cfg: Config) -> list[tuple]:
@@ -273,7 +273,7 @@ def _reachable(cfg: Config) -> list[tuple]:
 def test_mixed_sizes_are_clean_and_reach_deferral_by_size_and_a_blocked_large_head(explored):
     """Two-cell extents, an item deferred while a cell is free (no run long enough), and a deferred
     two-cell head that keeps a later one-cell item waiting although it would fit (oldest first)."""
-    from epd_ring.models.spec import CH, CH_DEFERRED, SIZE, SLOTI, SS
+    from epd_ring.models.spec import CH, CH_DEFERRED, EXTENTI, SIZE, SS
 
     cfg = Config(cells=2, rooms=3, receivers=1, faults=0)
     assert explored(cfg).violations == {}
@@ -282,7 +282,7 @@ def test_mixed_sizes_are_clean_and_reach_deferral_by_size_and_a_blocked_large_he
     def free_cells(state):
         return sum(c[SS] == "free" for c in state[1])
 
-    assert any(r[SIZE] == 2 and r[SLOTI] >= 0 for s in states for r in s[0])
+    assert any(r[SIZE] == 2 and r[EXTENTI] >= 0 for s in states for r in s[0])
     assert any(s[2] and s[0][s[2][0]][SIZE] == 2 and free_cells(s) == 1 for s in states)
     blocked = [s for s in states if len(s[2]) == 2 and free_cells(s) == 1
                and [s[0][i][SIZE] for i in s[2]] == [2, 1]]
@@ -294,7 +294,7 @@ def test_mixed_sizes_are_clean_and_reach_deferral_by_size_and_a_blocked_large_he
         for step in spec.successors(state):
             nxt = step.state
             if nxt[0][small][CH] != CH_DEFERRED:
-                assert nxt[0][head][CH] != CH_DEFERRED or nxt[0][small][SLOTI] < 0, step.event
+                assert nxt[0][head][CH] != CH_DEFERRED or nxt[0][small][EXTENTI] < 0, step.event
 
 
 def test_an_item_larger_than_the_arena_fails_its_room_at_once(explored):
@@ -325,7 +325,7 @@ def test_reuse_when_terminal_overlaps_an_extent_a_write_may_still_read(explored)
 
 def test_reuse_when_terminal_overlaps_part_of_a_two_cell_extent(explored):
     """With two-cell items in three cells, a reused range may cover only part of the extent it overlaps."""
-    from epd_ring.models.spec import SIZE, SLOTI
+    from epd_ring.models.spec import EXTENTI, SIZE
 
     cfg = Config(cells=3, rooms=2, receivers=1, faults=1, variant="reuse-when-terminal", sizes=(2,))
     assert "overwrite-under-late-write" in explored(cfg).violations
@@ -336,7 +336,7 @@ def test_reuse_when_terminal_overlaps_part_of_a_two_cell_extent(explored):
     while stack:
         for step in spec.successors(stack.pop()):
             bad = step.violation or spec.invariant(step.state)
-            starts = sorted(r[SLOTI] for r in step.state[0] if r[SLOTI] >= 0 and r[SIZE] == 2)
+            starts = sorted(r[EXTENTI] for r in step.state[0] if r[EXTENTI] >= 0 and r[SIZE] == 2)
             if bad and len(starts) == 2 and starts[1] - starts[0] == 1:
                 partial.append(bad if isinstance(bad, str) else bad[0])
             elif not bad and step.state not in seen:

@@ -50,8 +50,8 @@ SPACES: dict[Config, tuple[tuple[int, ...], dict[str, tuple[int, str | None]]]] 
         "overlap-of-busy-extent": (9, None), "overwrite-under-chunk": (6, None),
         "overwrite-under-late-write": (8, "extent-reuse-when-terminal"), "overwrite-under-write": (8, None)}),
     C(1, 2, 1, 1, variant="seed"): ((595, 1331, 11, 5, 29, 1176), {
-        "overwrite-under-chunk": (6, "H15-slot-reuse-before-send"), "overwrite-under-late-write": (8, "H6"),
-        "overwrite-under-write": (8, "H15-slot-reuse"), "receiver-not-told": (4, "H5"),
+        "overwrite-under-chunk": (6, "H15-extent-reuse-before-send"), "overwrite-under-late-write": (8, "H6"),
+        "overwrite-under-write": (8, "H15-extent-reuse"), "receiver-not-told": (4, "H5"),
         "room-never-concludes": (2, None), "write-for-concluded-room": (6, "H15"),
         "write-into-released-region": (7, "H6-receiver-region-reuse")}),
     C(1, 2, 1, 1, variant="write-before-up", peers=True, sizes=(1,)): ((1047, 3574, 14, 13, 39, 2058), {

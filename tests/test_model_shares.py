@@ -16,7 +16,7 @@ from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import liveness
 from epd_ring.models.explore import explore
 from epd_ring.models.shares import Shares
-from epd_ring.models.spec import CONCLUDED, CONTENT, OWNER, RS, SLOTI, SS, Config, Spec
+from epd_ring.models.spec import CONCLUDED, CONTENT, EXTENTI, OWNER, RS, SS, Config, Spec
 
 # Two identities, two cells (one each), three rooms (two of identity 0, one of identity 1), items of one cell.
 TWO = Config(cells=2, rooms=3, receivers=1, faults=1, sizes=(1,), identities=2)
@@ -96,7 +96,7 @@ def test_a_send_passed_over_by_its_own_share_keeps_no_other_identity_behind_it()
         state = next(st.state for st in spec.successors(state) if st.event == event)
     assert state[2] == (0,) and spec.shares.held_back(state[0], state[1], 0)
     after = [st.state for st in spec.successors(state) if st.event == ("tower", 2, 1)]
-    assert after and all(s[2] == (0,) and s[0][2][SLOTI] >= 0 for s in after)  # room 2 leased a cell
+    assert after and all(s[2] == (0,) and s[0][2][EXTENTI] >= 0 for s in after)  # room 2 leased a cell
 
 
 @needs_spin

@@ -96,7 +96,7 @@ IMAGE_BYTES = 64 * 64 * 4  # the largest image: 64 merged tokens of 64 float32
 
 
 class EncodeSide:
-    def __init__(self, deep: bool, *, slots: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
+    def __init__(self, deep: bool, *, extents: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
                  write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None,
                  peer_ring_share: float = 0.5, peer_probe_interval: float | None = None,
                  transport: str = "mooncake"):
@@ -109,7 +109,7 @@ class EncodeSide:
         if transport == "nixl":
             from epd_ring.executor.drivers.nixl import NixlTransport
 
-            # NIXL has no write timeout of its own: the transport's frees a stopped peer's slot. Past
+            # NIXL has no write timeout of its own: the transport's frees a stopped peer's extent. Past
             # what the heartbeat needs to find that peer (twice the connect deadline), as Mooncake's
             # TCP status timeout above is in practice (honoured 14-78 s late under load).
             self.transport: Any = NixlTransport(notifier=self.control.push_status, write_timeout_s=30.0)
@@ -126,9 +126,9 @@ class EncodeSide:
         self.hidden = self.model.hidden
         self.deep_width = self.model.hidden * self.model.num_deepstack_embeddings
         # Driven as a worker drives it: each call is followed by the pump's flush, `poll()` is its tick.
-        # One arena for items of every size (images and videos), by default as large as `slots`
+        # One arena for items of every size (images and videos), by default as large as `extents`
         # twice-the-largest images.
-        arena_bytes = slots * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
+        arena_bytes = extents * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
         self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes,
                                              peer_ring_share=peer_ring_share))
         self.manager = self.executor.manager
@@ -409,7 +409,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
     rng = random.Random(5)
     # Every deadline is far beyond the run and fires when the test moves the clock past it, after
     # what must happen first, however slow the machine: the write deadline of the stopped
-    # receiver's rooms, then the quarantine of their slots (one skip each). The announce and park
+    # receiver's rooms, then the quarantine of their extents (one skip each). The announce and park
     # deadlines are further still, so neither skip fires them.
     quarantine_s, write_timeout = 300.0, 3000.0
     tower = TinyVisionTower(seed=7)
@@ -435,7 +435,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         enc.settle([r for r, _ in stopped], timeout=40)
         assert {r: enc.manager.failure_reason(r).kind for r, _ in stopped} == {
             r: ReasonKind.WRITE_DEADLINE for r, _ in stopped}
-        # Each slot stays `sending` until the engine reports its write, then serves a full quarantine.
+        # Each extent stays `sending` until the engine reports its write, then serves a full quarantine.
         deadline = time.monotonic() + 150  # only keeps a broken build from hanging
         while enc.executor.ring.counts()["sending"] and time.monotonic() < deadline:
             enc.executor.poll()
@@ -446,7 +446,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         others = [(r, item) for r, (item, x) in rooms.items() if x is a]
 
         def quarantine_ends(_):
-            if enc.clock.skipped == write_timeout:  # once: the first batch waits for a slot
+            if enc.clock.skipped == write_timeout:  # once: the first batch waits for an extent
                 assert enc.executor.has_deferred()  # the quarantined bytes are not reused: the rest waits
                 enc.clock.skip(quarantine_s)
 
@@ -466,7 +466,7 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
                 break
         for r, item in stopped:
             assert report_b["status"][str(r)] == ["failed"]
-            # Released only after the quarantine of the slot its write read: by now.
+            # Released only after the quarantine of the extent its write read: by now.
             assert report_b["notices"][str(r)] == ["failed", "released"], report_b["notices"][str(r)]
             untouched = hashlib.sha256(bytes(item.n_tokens * enc.hidden * 4)).hexdigest()
             assert report_b["digest"][str(r)] in (untouched, enc.digest(r, 0, item.n_tokens)), r
@@ -483,7 +483,7 @@ def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat(transpor
     The probe of a busy peer goes unanswered, so the peer goes down at its connect deadline (within twice
     the connect deadline of the stop) and fails its rooms; the other receiver's rooms succeed."""
     rng = random.Random(11)
-    enc = EncodeSide(False, transport=transport, slots=8, quarantine_s=300.0, write_timeout=3000.0,
+    enc = EncodeSide(False, transport=transport, extents=8, quarantine_s=300.0, write_timeout=3000.0,
                      announce_timeout=3000.0,
                      park_timeout=3000.0)
     connect = enc.manager.peers.connect_timeout
@@ -554,7 +554,7 @@ def test_a_read_that_gave_up_is_answered_late_into_a_retired_page_never_handed_o
 
 @over_each_transport_with_all
 def test_withdrawn_region_is_acknowledged_then_carved_again(transport):
-    enc = EncodeSide(False, transport=transport, slots=2)
+    enc = EncodeSide(False, transport=transport, extents=2)
     a = enc.receiver()
     try:
         room = 60_000
@@ -590,7 +590,7 @@ def test_demo_over_mooncake_passes_its_own_checks(capsys):
 def test_mooncake_bench_prints_controller_and_raw_figures(capsys):
     from epd_ring.executor.tools.bench_mooncake import run
 
-    figures = run(sizes=(1 << 20,), slots=2, seconds=0.05)
+    figures = run(sizes=(1 << 20,), extents=2, seconds=0.05)
     out = capsys.readouterr().out
     assert "ctrl GB/s" in out and "raw GB/s" in out and figures[1 << 20][0] > 0
 
@@ -709,7 +709,7 @@ def test_a_silent_peer_holds_nobody_and_its_rooms_fail_at_the_connect_deadline(t
     from epd_ring.executor import ReceiverFrame
 
     rng = random.Random(6)
-    enc = EncodeSide(False, transport=transport, slots=8)
+    enc = EncodeSide(False, transport=transport, extents=8)
     # Far beyond the run (and within the tombstones' TTL): the test moves the clock past it once
     # the healthy rooms are done. Waiting on the peer would show as an order of events, not a speed.
     connect_timeout = 300.0
@@ -792,7 +792,7 @@ def test_sigkilled_receiver_fails_its_queued_rooms_together_and_others_succeed(t
     # never one by one at a write deadline (which would have shown only as a speed before).
     write_timeout = 600.0
     # An arena of three of the largest images holds about as many of these mixed ones in flight as
-    # eight slots did: the rest of b's rooms are still waiting for bytes when it dies.
+    # eight extents did: the rest of b's rooms are still waiting for bytes when it dies.
     enc = EncodeSide(False, transport=transport, quarantine_s=0.5, write_timeout=write_timeout,
                      arena_bytes=3 * IMAGE_BYTES)
     a, b = enc.receiver(), enc.receiver()
@@ -863,7 +863,7 @@ def test_no_peer_holds_an_honest_receivers_writes_nor_a_new_receivers_first_cont
     from epd_ring.executor import ReceiverFrame
 
     rng = random.Random(12)
-    enc = EncodeSide(False, transport=transport, slots=8)
+    enc = EncodeSide(False, transport=transport, extents=8)
     enc.manager.announce_timeout = 600.0  # the attackers' rooms get no sender: not this deadline
     a = enc.receiver()
     attackers = [HostilePeer(attack) for _ in range(3)]

@@ -748,7 +748,7 @@ def test_without_namespaces_the_suite_skips_unless_required(tmp_path, required):
                     "EPD_RING_FIGURES=1 pytest -s tests/test_multihost.py -k under_load")
 def test_a_cut_receiver_under_load_and_the_healthy_one_beside_it(world, hosts):
     # The case: a steady stream to B and C while B is cut. B's stuck writes keep their
-    # slots until Mooncake reports them, but hold at most B's peer's share of the ring, so C's
+    # extents until Mooncake reports them, but hold at most B's peer's share of the ring, so C's
     # rooms keep the rest: they must succeed; how long they wait is the figure (docs/figures.md:
     # up to 54 s before the share, 10 ms after).
     warm = world.run(("b",), ("c",))

@@ -1,5 +1,5 @@
 """Dynamo interop: NVIDIA Dynamo 1.6.1's own `NixlWriteEmbeddingReceiver` receives from an epd-ring
-sender (bytes equal); its hazard (a ring slot freed on timeout while the write may still land) shown
+sender (bytes equal); its hazard (a ring extent freed on timeout while the write may still land) shown
 on its real receiver, and prevented by epd-ring's receiver, which carves a failed room's region again
 only once the encoder's release notice came.
 
@@ -112,9 +112,9 @@ def test_dynamos_receiver_takes_an_epd_ring_senders_write_bytes_equal(dyn):
         t.close()
 
 
-def test_dynamos_receiver_reuses_a_timed_out_slot_while_the_write_still_lands(dyn):
+def test_dynamos_receiver_reuses_a_timed_out_extent_while_the_write_still_lands(dyn):
     """The hazard, on Dynamo's real receiver: its first request times out (the write is late), its
-    slot is freed at once and handed to the next request, which receives its own bytes; then the
+    extent is freed at once and handed to the next request, which receives its own bytes; then the
     late write lands, and the tensor the caller already holds turns into the first item's bytes."""
     t = NixlTransport()
     arena = torch.cat([torch.full((64, 64), 1.0), torch.full((64, 64), 2.0)])
@@ -123,7 +123,7 @@ def test_dynamos_receiver_reuses_a_timed_out_slot_while_the_write_still_lands(dy
     first, second = arena[:64], arena[64:]
 
     async def run():
-        receiver = dyn.NixlWriteEmbeddingReceiver(buffer_size=64 * 64 * 4)  # one slot
+        receiver = dyn.NixlWriteEmbeddingReceiver(buffer_size=64 * 64 * 4)  # one extent
         ask = [dyn.TransferRequest(**sender.request(x.data_ptr(), x.numel() * 4, list(x.shape), str(x.dtype)))
                for x in (first, second)]
         with pytest.raises(TimeoutError):  # nobody answers its notification in time: a slow link
@@ -139,7 +139,7 @@ def test_dynamos_receiver_reuses_a_timed_out_slot_while_the_write_still_lands(dy
 
     try:
         tensor = asyncio.run(run())
-        assert torch.equal(tensor, first)  # the late write landed in the reused slot, under the caller
+        assert torch.equal(tensor, first)  # the late write landed in the reused extent, under the caller
     finally:
         t.close()
 

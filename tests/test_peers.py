@@ -62,7 +62,7 @@ def test_unknown_session_is_contacted_once_and_written_when_up():
 
 
 def test_hung_contact_holds_only_its_rooms_and_fails_them_at_the_connect_deadline():
-    rig = make_rig(slots=8, connect_timeout=2.0)
+    rig = make_rig(extents=8, connect_timeout=2.0)
     rig.receiver("hung")
     rig.transport.inject_contact("hang", session="hung")
     stuck = room_for(rig, 1, "hung")
@@ -71,7 +71,7 @@ def test_hung_contact_holds_only_its_rooms_and_fails_them_at_the_connect_deadlin
     run(rig, stuck, *fine)
     rig.executor.poll()  # "ok" may hold half the ring: its fifth room waited a tick for the first writes
     assert all(rig.manager.room_status(10 + k) == "success" for k in range(5))
-    # The stuck room's chunk waits in its staged slot; nothing was written to the peer.
+    # The stuck room's chunk waits in its staged extent; nothing was written to the peer.
     assert rig.manager.room_status(1) == "transferring"
     assert rig.executor.ring.counts()["staged"] == 1
     rig.clock.advance(1.9)
@@ -151,7 +151,7 @@ def test_consecutive_write_failures_make_the_peer_suspect_then_down_and_fail_its
     assert all(reason_kind(rig.manager, k) is ReasonKind.PEER_DOWN for k in range(8, 20))
     assert rig.clock.now() == 0.0  # no room waited for a timeout
     run(rig, *rooms[8:], *others)
-    rig.clock.advance(5.0)  # the slots of the 8 failed writes serve their quarantine
+    rig.clock.advance(5.0)  # the extents of the 8 failed writes serve their quarantine
     rig.executor.poll()
     rig.executor.poll()
     assert all(rig.manager.room_status(100 + k) == "success" for k in range(4))
@@ -239,7 +239,7 @@ def test_the_first_overdue_write_makes_the_peer_suspect_and_its_late_report_coun
 
 
 def test_health_reports_lag_oldest_write_peers_extents_and_dump_shows_peers():
-    rig = make_rig(slots=4, connect_timeout=2.0)
+    rig = make_rig(extents=4, connect_timeout=2.0)
     assert rig.executor.health()["loop_lag_s"] is None  # never polled
     rig.receiver("hung")
     rig.transport.inject_contact("hang", session="hung")
@@ -537,7 +537,7 @@ def test_a_write_report_for_a_peer_never_contacted_is_an_undeclared_transition()
 def test_a_write_reported_while_its_peer_is_contacted_again_leaves_the_contact_to_decide(outcome):
     # Bug found here: the report of a write submitted before the peer went down, arriving while a
     # later frame's contact with it was in flight, raised InvalidTransition out of poll().
-    rig = make_rig(slots=8, peer_fail_threshold=1, peer_backoff=1.0)
+    rig = make_rig(extents=8, peer_fail_threshold=1, peer_backoff=1.0)
     rig.receiver("b")
     rig.transport.inject("hold", session="b")
     rig.transport.inject("fail", session="b")
@@ -571,8 +571,8 @@ def stuck(rig, session):
     rig.transport.inject_contact("hang", session=session, count=1 << 30)
 
 
-def slots_of(rig, rooms):
-    """Slots not free whose bytes belong to one of `rooms`."""
+def extents_of(rig, rooms):
+    """Extents not free whose bytes belong to one of `rooms`."""
     return sum(1 for s in rig.executor.ring.extents.values() if s.state != "free" and s.room in rooms)
 
 
@@ -592,7 +592,7 @@ def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_kee
         rig.manager.register_receiver(rig.frame(b, "b", 3))
         run(rig, (f"req-{b}", rig.item(3, b)), room_for(rig, c, "c"))
         rig.executor.poll()
-        assert slots_of(rig, b_rooms) <= 8 // 2  # b holds at most its half
+        assert extents_of(rig, b_rooms) <= 8 // 2  # b holds at most its half
         rig.clock.advance(0.25)
     for _ in range(16):  # the last of b's rooms meet their deadlines too
         rig.clock.advance(0.25)
@@ -609,7 +609,7 @@ def test_a_partitioned_peer_never_fills_the_ring_and_the_healthy_peers_rooms_kee
 
 
 def test_the_first_overdue_write_stops_new_writes_to_the_peer():
-    rig = make_rig(slots=8, write_timeout=1.0, connect_timeout=5.0)
+    rig = make_rig(extents=8, write_timeout=1.0, connect_timeout=5.0)
     rig.receiver("b")
     run(rig, room_for(rig, 0, "b"))
     stuck(rig, "b")
@@ -633,8 +633,8 @@ def test_a_stuck_peers_deferred_send_does_not_block_the_queue_head_for_the_other
     for s in ("b", "c"):
         rig.receiver(s)
     rig.transport.inject("hold", session="b", count=1 << 30)
-    run(rig, room_for(rig, 1, "b"), room_for(rig, 2, "b"))  # b holds its half: 2 of 4 slots
-    assert slots_of(rig, {1, 2}) == 2
+    run(rig, room_for(rig, 1, "b"), room_for(rig, 2, "b"))  # b holds its half: 2 of 4 extents
+    assert extents_of(rig, {1, 2}) == 2
     rig.transport.inject("delay", session="c", delay=1.0, count=2)
     head = room_for(rig, 3, "b")
     rig.executor.execute([head, room_for(rig, 4, "c"), room_for(rig, 5, "c"), room_for(rig, 6, "c")])
@@ -682,7 +682,7 @@ def test_a_send_held_back_by_its_peers_bound_fails_after_the_write_timeout():
 
 def test_a_chunk_parked_for_a_receiver_not_yet_registered_is_charged_to_no_peer():
     """Parked chunks wait on receivers that never registered, not on the registered one's peer."""
-    rig = make_rig(slots=4, park_timeout=10.0)
+    rig = make_rig(extents=4, park_timeout=10.0)
     rig.receiver("a")
     for k in range(3):  # two receivers declared, only a registers: parked
         rig.executor.register(f"req-{k}", "prefill", 1, k)
@@ -716,7 +716,7 @@ def test_a_stream_of_unregistered_rooms_takes_no_more_than_the_parked_share_and_
     assert [k for k in range(12) if rig.manager.is_parked(k)] == [0, 1, 2, 3]
     assert rig.executor.deferred_requests() == waiting[4:]  # in their order, waiting without ring space
     assert rig.executor.ring.live == 4
-    # A registered room's item is served while they wait, and again and again as its slots free.
+    # A registered room's item is served while they wait, and again and again as its extents free.
     for k in range(100, 108):
         run(rig, room_for(rig, k, "c"))
         assert rig.manager.room_status(k) == "success" and rig.delivered_ok(k, "c", rig.item(3, k))

@@ -32,7 +32,7 @@ def test_wheel_installs_under_one_namespace(installed_wheel, tmp_path):
 def test_demo_main_job_passes_its_own_checks(capsys):
     from epd_ring.executor.tools.cli import main
 
-    assert main(["demo", "--rooms", "300", "--slots", "4", "--seed", "3"]) == 0
+    assert main(["demo", "--rooms", "300", "--extents", "4", "--seed", "3"]) == 0
     captured = capsys.readouterr()
     out = captured.out
     assert "extents leaked: 0" in out and "differing from the tower output: 0" in out
@@ -72,7 +72,7 @@ def test_bench_measures_the_seed_from_its_file_in_the_same_run(capsys):
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["16"])
     ours, seed, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
     assert ours > 0 and seed > 0 and abs(ratio - ours / seed) < 0.01
-    assert "no slot held" in out
+    assert "no extent held" in out
     # The stand-ins for the engine's modules do not stay behind.
     assert not any(m.startswith("tokenspeed") for m in set(sys.modules) - before)
 
@@ -83,7 +83,7 @@ def test_bench_without_seed_prints_only_its_own_figures(capsys):
     assert main(["bench", "--items", "200", "--sizes", "16"]) == 0
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["16"])
-    assert row[2] == "-" and "seed:" not in out and "no slot held" not in out
+    assert row[2] == "-" and "seed:" not in out and "no extent held" not in out
 
 
 def test_seed_loader_refuses_a_missing_file_or_a_file_without_the_executor(tmp_path):

@@ -70,7 +70,7 @@ def test_failure_before_any_write_releases_at_once():
     assert rig.receiver("p").releases(1) == ["released"]
 
 
-def test_timed_out_write_releases_only_when_its_slots_quarantine_ends():
+def test_timed_out_write_releases_only_when_its_extents_quarantine_ends():
     rig = make_rig(quarantine_s=5.0)
     _one(rig, 1, fault="timeout_land_later", delay=1.0, land_after=3.0)
     rig.clock.advance(1.0)

@@ -46,12 +46,12 @@ def test_snapshot_of_a_fresh_room():
     b = ManagerRig()
     m = b.m
     assert m.bind_sender(1) == "registered"
-    assert m.snapshot() == {1: {"state": "registered", "receivers": [], "n": None, "slot": None, "deadline": None}}
+    assert m.snapshot() == {1: {"state": "registered", "receivers": [], "n": None, "extent": None, "deadline": None}}
     assert m.register_receiver(b.frame(1, "p1", n=2))
-    assert m.snapshot()[1] == {"state": "registered", "receivers": ["p1"], "n": 2, "slot": None, "deadline": None}
+    assert m.snapshot()[1] == {"state": "registered", "receivers": ["p1"], "n": 2, "extent": None, "deadline": None}
 
 
-def test_snapshot_shows_each_rooms_slot_and_pending_deadline():
+def test_snapshot_shows_each_rooms_extent_and_pending_deadline():
     rig = make_rig(park_timeout=10.0, announce_timeout=7.0)
     m, t, clock = rig.manager, rig.transport, rig.clock
     t.inject("hold")
@@ -63,9 +63,9 @@ def test_snapshot_shows_each_rooms_slot_and_pending_deadline():
     clock.advance(1.0)
     m.register_receiver(rig.frame(3, "c", 2))  # announced at 2: due at 9
     assert m.snapshot() == {
-        1: {"state": "transferring", "receivers": ["a"], "n": 1, "slot": None, "deadline": None},
-        2: {"state": "parked", "receivers": ["b"], "n": 2, "slot": rig.slot_of(2).index, "deadline": 11.0},
-        3: {"state": "announced", "receivers": ["c"], "n": 1, "slot": None, "deadline": 9.0},
+        1: {"state": "transferring", "receivers": ["a"], "n": 1, "extent": None, "deadline": None},
+        2: {"state": "parked", "receivers": ["b"], "n": 2, "extent": rig.extent_of(2).index, "deadline": 11.0},
+        3: {"state": "announced", "receivers": ["c"], "n": 1, "extent": None, "deadline": 9.0},
     }
 
 
@@ -142,7 +142,7 @@ def test_bind_sender_twice_or_after_conclusion_is_a_conflict():
 
 # -- a room's one chunk ------------------------------------------------------------------------
 
-def test_chunks_for_rooms_that_take_none_are_dropped_and_their_slots_freed():
+def test_chunks_for_rooms_that_take_none_are_dropped_and_their_extents_freed():
     b = ManagerRig()
     m = b.m
     assert m.submit_chunk(9, b.chunk()) is False  # nobody bound room 9
@@ -173,10 +173,10 @@ def test_a_second_chunk_fails_its_room(state):
     assert m.room_status(1) == "failed" and reason_text(m, 1) == reason
     assert m.stats["chunks_dropped"] == 1 and m.stats["failed"] == 1
     if state == "parked":
-        assert b.ring.live == 0  # both slots: the second dropped, the parked one abandoned
+        assert b.ring.live == 0  # both extents: the second dropped, the parked one abandoned
     else:
         assert b.notices("p1", 1) == [(1, "failed", reason)]  # its release waits for the held write
-        assert b.ring.live == 1  # the sending slot stays until its write reports
+        assert b.ring.live == 1  # the sending extent stays until its write reports
 
 
 def test_a_chunk_its_receivers_do_not_expect_fails_the_room():
@@ -394,7 +394,7 @@ def test_park_deadline_fails_the_room_with_its_own_reason_and_observer_sees_it()
     assert m.room_status(4) == "failed"
     assert reason_kind(m, 4) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 1 and len(m.deadlines) == 0
-    assert b.ring.live == 0  # no write was issued from the parked slot
+    assert b.ring.live == 0  # no write was issued from the parked extent
 
 
 def test_each_deadline_fails_its_room_with_its_own_reason():
@@ -417,7 +417,7 @@ def test_each_deadline_fails_its_room_with_its_own_reason():
     assert rig.told("b", 2)[0] == ("failed", "only 1 of 2 receivers registered within 10.0 s of parking")
     assert reason_kind(m, 3) is ReasonKind.PARK_TIMEOUT
     assert m.stats["expired"] == 3 and m.stats["failed"] == 3
-    assert rig.executor.ring.live == 0  # the parked chunks' slots came back
+    assert rig.executor.ring.live == 0  # the parked chunks' extents came back
 
 
 def test_announce_timeout_is_its_own_when_given():

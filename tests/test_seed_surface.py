@@ -48,7 +48,7 @@ class SeedLoop:
         if cancelled:
             ex.fail_rooms(list(cancelled), RuntimeError("client went away"))
             self.queue = [r for r in self.queue if r.request_id not in cancelled]
-        ex.drain_deferred()  # once per tick: sends that waited for a free slot
+        ex.drain_deferred()  # once per tick: sends that waited for a free extent
         ex.reap_concluded_senders({r.request_id for r in self.queue})
         if ex.has_deferred():
             return  # backpressure: no tower run while sends wait
@@ -76,7 +76,7 @@ def test_the_seed_file_has_no_public_call_beyond_these():
 
 def test_a_loop_written_for_the_seed_runs_unchanged():
     # Two extents (the seed's ring_slots / ring_bytes), so parked chunks fill the ring and later items defer.
-    rig = make_rig(slots=2, slot_bytes=64, parked_ring_share=1.0)
+    rig = make_rig(extents=2, extent_bytes=64, parked_ring_share=1.0)
     loop = SeedLoop(rig.executor)
 
     def request(room: int) -> Request:
@@ -112,7 +112,7 @@ def test_a_loop_written_for_the_seed_runs_unchanged():
 
 
 def test_drain_deferred_serves_deferred_sends_as_serve_deferred_does():
-    rig = make_rig(slots=1, slot_bytes=64)
+    rig = make_rig(extents=1, extent_bytes=64)
     a, b = (("req-1", rig.item(2, 1)), ("req-2", rig.item(2, 2)))
     for rid, room in (("req-1", 1), ("req-2", 2)):
         rig.executor.register(rid, "prefill-host", 8998, room)

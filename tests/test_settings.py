@@ -144,7 +144,7 @@ def test_default_timeouts_at_work():
     assert m.bind_sender(1) == "ready"
     b.t.inject("timeout")
     assert m.submit_chunk(1, b.chunk())
-    m.poll()  # the write timed out: its slot waits out the quarantine
+    m.poll()  # the write timed out: its extent waits out the quarantine
     assert reason_kind(m, 1) is ReasonKind.WRITE_TIMED_OUT
     assert b.ring.counts()["quarantined"] == 1
     b.clock.advance(29.999)
@@ -253,13 +253,13 @@ def test_constructor_refuses_bad_sizes_naming_the_setting(kw, n_deep, setting, r
     assert refusal(err, setting, next(iter(kw.values())) if kw else n_deep, rule)
 
 
-def test_fixed_slot_settings_map_onto_the_arena_and_do_not_mix_with_it():
+def test_fixed_extent_settings_map_onto_the_arena_and_do_not_mix_with_it():
     clock = FakeClock()
     manager = EncodeManager(LoopbackTransport(clock), clock)
     # ring_slots x ring_bytes: an arena that holds that many of the largest items, each capped at ring_bytes
     ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", ring_slots=3, ring_bytes=128)
     assert (ex.ring.arena_bytes, ex.ring.max_item_bytes, ex.ring.deep_bytes, ex.max_deferred) == (384, 128, 1152, 24)
-    # either one alone takes the other's default: 64 slots, or 256 MiB per slot
+    # either one alone takes the other's default: 64 extents, or 256 MiB per extent
     ex = EncodeExecutor(manager, TableTower(), "cpu", ring_bytes=128)
     assert (ex.ring.arena_bytes, ex.ring.max_item_bytes) == (64 * 128, 128)
     assert settings.arena(None, None, 3, None) == (3 * (256 << 20), 256 << 20, 3)

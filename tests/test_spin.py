@@ -93,12 +93,12 @@ def test_spin_finds_the_seeds_receiver_side_region_reuse():
 
 
 def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
-    """Drop `write_unsure` from the slot's `settle` edges: an unsure write frees its slot at once."""
+    """Drop `write_unsure` from the extent's `settle` edges: an unsure write frees its extent at once."""
     cfg = Config(cells=1, rooms=2, receivers=1, faults=1, regions=False)
     assert explored(cfg).violations == {}
     assert spin_tool.check(cfg).violations == {}
     mutant = promela.generate(cfg, drop_guard=("extent", "settle", "write_unsure"))
-    assert "write_unsure" not in mutant.split("inline slot_settle", 1)[1].split("inline", 1)[0]
+    assert "write_unsure" not in mutant.split("inline extent_settle", 1)[1].split("inline", 1)[0]
     with pytest.raises(promela.Disagreement, match="overwrite-under-late-write|cannot reach"):
         spin_tool.check(cfg, drop_guard=("extent", "settle", "write_unsure"))
     verdict = spin_tool.check(cfg, drop_guard=("extent", "settle", "write_unsure"), replay_on_spec=False)
@@ -112,7 +112,7 @@ def test_cli_engine_spin(capsys):
                  "--variant", "reaped-deferred-crash", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "violation: crash (deferred-send-after-reap)" in out and "SPIN trail, replayed on the spec" in out
-    assert "drain" in out.splitlines()[-1]
+    assert "serve" in out.splitlines()[-1]
 
 
 def test_cli_spin_flags_reach_pan(monkeypatch, capsys, explored):
@@ -136,14 +136,14 @@ def test_cli_spin_flags_reach_pan(monkeypatch, capsys, explored):
 def test_spin_finds_an_extent_reused_while_a_write_may_still_read_it(explored):
     """The seed-style arena (a range handed out again once its room is terminal): SPIN's trail, replayed
     on the spec, ends in an allocation over a two-cell extent whose unsure write may still land."""
-    from epd_ring.models.spec import SIZE, SLOTI
+    from epd_ring.models.spec import EXTENTI, SIZE
 
     cfg = Config(cells=3, rooms=2, receivers=1, faults=1, variant="reuse-when-terminal", sizes=(2,))
     spin, ours = spin_tool.check(cfg), explored(cfg)
     assert sorted(spin.violations) == sorted(ours.violations)
     v = spin.violations["overwrite-under-late-write"]
-    assert v.hazard == "extent-reuse-when-terminal" and v.trace[-1][0][0] in ("tower", "drain")
+    assert v.hazard == "extent-reuse-when-terminal" and v.trace[-1][0][0] in ("tower", "serve")
     rooms = v.trace[-1][1][0]
-    a, b = (r for r in rooms if r[SLOTI] >= 0)
-    assert a[SIZE] == b[SIZE] == 2 and abs(a[SLOTI] - b[SLOTI]) <= 1  # the two extents share a cell
+    a, b = (r for r in rooms if r[EXTENTI] >= 0)
+    assert a[SIZE] == b[SIZE] == 2 and abs(a[EXTENTI] - b[EXTENTI]) <= 1  # the two extents share a cell
     assert spin_tool.check(Config(cells=3, rooms=2, receivers=1, faults=1, sizes=(2,))).violations == {}

@@ -108,10 +108,10 @@ class EncodeWorker(RuleBasedStateMachine):
                                      max_tombstones=MAX_TOMBSTONES, tombstone_ttl=1e6, connect_timeout=CONNECT_T,
                                      peer_backoff=BACKOFF, peer_fail_threshold=2)
         self.tower = TableTower(hidden=HIDDEN, n_deep=1 if deep else 0)
-        self.slot_tokens = 6
+        self.extent_tokens = 6
         # Mixed sizes: items of 1-8 rows share an arena of `cells` x 4 rows, so they pack, wait for
         # bytes, or (over the arena, or over a cap of 6 rows) can never fit.
-        cap = self.slot_tokens * HIDDEN * 4 if capped else None
+        cap = self.extent_tokens * HIDDEN * 4 if capped else None
         # Driven as a worker drives it: every call flushes its effects, poll() is the pump's tick.
         self.executor = drive(EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=cells * 4 * HIDDEN * 4,
                                              max_item_bytes=cap, max_deferred=8 * cells))
@@ -202,8 +202,8 @@ class EncodeWorker(RuleBasedStateMachine):
         room = self.pending.pop(0)
         room.tower_ran = True
         if oversized:
-            room.item.encoded = torch.zeros(self.slot_tokens * 4, HIDDEN)
-            room.item.encoded_deepstack = torch.zeros(self.slot_tokens * 4, HIDDEN) if room.deep else None
+            room.item.encoded = torch.zeros(self.extent_tokens * 4, HIDDEN)
+            room.item.encoded_deepstack = torch.zeros(self.extent_tokens * 4, HIDDEN) if room.deep else None
             self.executor.send_item(room.rid, room.item)
             assert self.manager.room_status(room.id) == "failed"
             return
@@ -267,7 +267,7 @@ class EncodeWorker(RuleBasedStateMachine):
         if outcome != "done" and write is not None:
             # From this report on, the write may still land: its extent's bytes must not be
             # reused for a full quarantine.
-            self.unsure.append((write.slot, write.room, self.clock.now()))
+            self.unsure.append((write.extent, write.room, self.clock.now()))
         if outcome == "done":
             self.transport.complete(handle, Outcome.DONE)
         elif outcome == "failed":
@@ -329,7 +329,7 @@ class EncodeWorker(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "executor") and self.executor.has_deferred())
     @rule(data=st.data())
     def client_aborts_deferred(self, data):
-        """A request whose send waits for a slot is aborted (its item stays queued)."""
+        """A request whose send waits for an extent is aborted (its item stays queued)."""
         rid = data.draw(st.sampled_from(self.executor.deferred_requests()))
         self.executor.fail_rooms([rid], RuntimeError("client abort while deferred"))
 

@@ -13,7 +13,7 @@ NS = "{http://www.w3.org/2000/svg}"
 
 def test_timeline_draws_extents_where_they_lie_with_states_failures_and_quarantines(tmp_path):
     out = tmp_path / "run.svg"
-    p = subprocess.run([sys.executable, "-m", "epd_ring", "demo", "--rooms", "200", "--slots", "3", "--seed", "2",
+    p = subprocess.run([sys.executable, "-m", "epd_ring", "demo", "--rooms", "200", "--extents", "3", "--seed", "2",
                         "--timeline", str(out), "-q"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     root = ET.parse(out).getroot()  # well-formed SVG

@@ -1,6 +1,6 @@
 """Writes: how a room's chunk becomes writes (shards, deepstack rows, receivers that take no rows),
 their outcomes (refused submits, reports that are not ours, handles), write deadlines, and the
-quarantine of a slot whose write may still land."""
+quarantine of an extent whose write may still land."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_zero_row_shard_is_skipped_not_the_end_of_the_writes():
     assert rig.delivered_ok(1, "r0", rig.item(1, 1))
 
 
-def test_deepstack_shards_take_their_own_rows_of_the_deep_slot():
+def test_deepstack_shards_take_their_own_rows_of_the_deep_extent():
     rig = make_rig(n_deep=2)
     m = rig.manager
     for rank in (0, 1):
@@ -69,7 +69,7 @@ def test_poll_takes_the_outcomes_of_writes_the_transport_refused_with_its_own():
     for s in ("a", "b", "c"):
         m.register_receiver(rig.frame(1, s, 2, n=3))
     rig.send(1)
-    slot = rig.slot_of(1)
+    extent = rig.extent_of(1)
     assert m.writes_in_flight == 3
     assert m.poll() == 3  # a's real outcome and the two refused ones
     assert m.room_status(1) == "failed"
@@ -77,13 +77,13 @@ def test_poll_takes_the_outcomes_of_writes_the_transport_refused_with_its_own():
     assert reason_kind(m, 1) is ReasonKind.WRITE_FAILED and "b" in reason_text(m, 1).split()
     assert m.writes_in_flight == 0
     assert m.stats["completions_unknown"] == 0 and m.stats["completions_dropped"] == 1  # c's, after the failure
-    assert slot.state == "quarantined" and slot.writes_in_flight == 0
+    assert extent.state == "quarantined" and extent.writes_in_flight == 0
     # a's write landed: its region is free at once; b's and c's wait out the quarantine
     assert rig.told("a", 1) == [("failed", reason_text(m, 1)), ("released", "")]
     assert rig.receiver("b").releases(1) == [] and rig.receiver("c").releases(1) == []
     clock.advance(5.0)
     m.poll()
-    assert slot.state == "free"
+    assert extent.state == "free"
     assert rig.receiver("b").releases(1) == ["released"] and rig.receiver("c").releases(1) == ["released"]
     # and again, for a later room
     m.register_receiver(rig.frame(2, "d", 2))
@@ -153,7 +153,7 @@ def test_write_deadlines_fail_live_rooms_and_are_counted_for_concluded_ones():
     m.poll()  # b's write (its room already failed) and c's reach their deadline unreported
     assert m.stats["write_deadlines"] == 2
     assert reason_kind(m, 2) is ReasonKind.WRITE_DEADLINE and "c" in reason_text(m, 2).split()
-    assert rig.slot_of(2).state == "sending"  # the transport may still read it
+    assert rig.extent_of(2).state == "sending"  # the transport may still read it
     t.complete(h_b, Outcome.DONE)
     t.complete(h_c, Outcome.DONE)
     m.poll()
@@ -176,14 +176,14 @@ def test_a_write_the_transport_names_overdue_fails_its_room_now_and_keeps_its_ex
     clock.advance(30.0)
     m.poll()  # the core's own deadline does not fire again
     assert m.stats["write_deadlines"] == 1
-    slot = rig.slot_of(1)
-    assert slot.state == "sending" and rig.receiver("a").releases(1) == []  # the engine may still read it
+    extent = rig.extent_of(1)
+    assert extent.state == "sending" and rig.receiver("a").releases(1) == []  # the engine may still read it
     t.complete(handle, Outcome.TIMED_OUT)
     m.poll()
-    assert slot.state == "quarantined" and rig.receiver("a").releases(1) == []
+    assert extent.state == "quarantined" and rig.receiver("a").releases(1) == []
     clock.advance(5.0)
     m.poll()
-    assert slot.state == "free" and rig.receiver("a").releases(1) == ["released"]
+    assert extent.state == "free" and rig.receiver("a").releases(1) == ["released"]
 
 
 def test_oldest_write_age_counts_from_the_oldest_submit():

@@ -4,11 +4,11 @@ Code here is deterministic and single-threaded: it changes only through explicit
 calls (tower output, a receiver frame, a transfer report, a clock reading) and
 never opens a socket, starts a thread or process, or sleeps. Time comes from an
 injected clock. `executor` owns items and senders (tower, scatter, reap) and
-`staging` gets items into slots (lease, copy, defer); `manager` owns rooms
-(its public calls, the tick), `lifecycle` how rooms, slots and peers move each
+`staging` gets items into extents (lease, copy, defer); `manager` owns rooms
+(its public calls, the tick), `lifecycle` how rooms, extents and peers move each
 other (through fsm/couplings.py), `admission` the frames and withdraws,
 `writes` the writes in flight, `tombstones` what is kept of concluded rooms;
-`reasons` why a room failed; `ring` the slots; `transport` the seam every
+`reasons` why a room failed; `ring` the extents; `transport` the seam every
 transport implements; `loopback` the in-process transport with fault injection. It may import only
 `epd_ring.fsm`, torch and the standard library.
 """

@@ -220,7 +220,7 @@ class Admission:
 
         A live room fails (every receiver is told). The withdraw is acknowledged
         (`withdrawn`) once no write into the region can land: at once if none was
-        issued or all reported done, else when it reports or its slot's quarantine
+        issued or all reported done, else when it reports or its extent's quarantine
         ends. Returns what happened: "failed", "deferred" (ack later), "acked", or
         "refused" (another identity's session or room: untouched, nobody answered).
         """

@@ -7,10 +7,10 @@ the loop's thread like everything else and its deadline is the injected clock:
 
 1. Intake stops: a request registered from now on fails at once, and every
    room not yet transferring (waiting for its sender, receivers or chunk,
-   parked, or deferred for a slot) fails, its receivers told why.
+   parked, or deferred for an extent) fails, its receivers told why.
 2. Rooms whose writes are in flight finish; at the deadline they fail.
 3. Once no room is live, no write is in flight, no copy is pending and every
-   quarantine has ended (a write that failed may still land: its slot is not
+   quarantine has ended (a write that failed may still land: its extent is not
    released early), the ring is retired and a `Release` effect asks the
    driver to unregister the ring's memory and close the transport.
 

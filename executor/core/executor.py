@@ -194,7 +194,7 @@ class EncodeExecutor:
         parked_ring_share: float = 0.5,
         identity_ring_share: float | None = None,
     ):
-        arena_bytes, max_item_bytes, old_slots = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
+        arena_bytes, max_item_bytes, old_extents = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
             settings.count("max_deferred", max_deferred, 0)
         self.manager = manager
@@ -212,7 +212,7 @@ class EncodeExecutor:
                 deep_arena_bytes = 0  # no deepstack rows to hold
         self.ring = Ring(manager.transport, arena_bytes, self.device, deep_bytes=deep_arena_bytes,
                          actions=manager.actions, max_item_bytes=max_item_bytes)
-        max_deferred = (8 * (old_slots or 64)) if max_deferred is None else max_deferred
+        max_deferred = (8 * (old_extents or 64)) if max_deferred is None else max_deferred
         holds = manager.holds
         # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
         # given `max_peer_bytes`): a stuck receiver cannot take the ring from the others. 1.0: no bound.
@@ -474,7 +474,7 @@ def _text_dump(ring: Ring, deferred: int, rooms: dict[int, dict[str, Any]], peer
         lines.append("  retired")
     for rid, info in sorted(rooms.items()):
         lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
-                     + (f" extent={info['slot']}" if info["slot"] is not None else ""))
+                     + (f" extent={info['extent']}" if info["extent"] is not None else ""))
     for session, info in peers.items():
         extra = f" fails={info['fails']}" if info["fails"] else ""
         if info["reason"]:

@@ -1,7 +1,7 @@
-"""How rooms, slots and peers move each other: the one place each room is stepped.
+"""How rooms, extents and peers move each other: the one place each room is stepped.
 
 `step_room` steps a room's declared machine and runs the actions that
-fsm/couplings.py lists for the state it enters; the slot's (`Ring.fire`) and
+fsm/couplings.py lists for the state it enters; the extent's (`Ring.fire`) and
 the peer's (`PeerTable.step`) steps run theirs through the same table and the
 `actions` map built here. A room that fails, by whatever cause, takes one path:
 its reason is set, `step_room(room, "fail")`, then `abandon_extent` and
@@ -91,7 +91,7 @@ class Lifecycle:
             "arm_park_deadline": self._arm_park_deadline, "start_writes": self._start_writes,
             "conclude": self._conclude, "abandon_extent": self._abandon_extent,
             "arm_quarantine_deadline": self._arm_quarantine_deadline,
-            "release_regions": self.regions.slot_released,
+            "release_regions": self.regions.extent_released,
             "resume_rooms": self._resume_rooms, "fail_rooms": self._fail_rooms,
         }
 
@@ -142,7 +142,7 @@ class Lifecycle:
 
     def _park_extent(self, room: Room) -> None:
         assert room.chunk is not None
-        room.chunk.slot.ring.fire(room.chunk.slot, "park")
+        room.chunk.extent.ring.fire(room.chunk.extent, "park")
         if self.observer is not None:
             self.observer.parked(room.id)
 
@@ -153,10 +153,10 @@ class Lifecycle:
         chunk = room.chunk
         if chunk is not None:  # no write was issued from it
             room.chunk = None
-            chunk.slot.ring.fire(chunk.slot, "abandon")
+            chunk.extent.ring.fire(chunk.extent, "abandon")
 
-    def _arm_quarantine_deadline(self, slot: Extent) -> None:
-        self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", slot)
+    def _arm_quarantine_deadline(self, extent: Extent) -> None:
+        self.deadlines.arm(self.clock.now() + self.quarantine_s, "quarantine", extent)
 
     def _start_writes(self, room: Room) -> None:
         if room.parked_bytes:  # its receivers are all here: the chunk no longer counts as parked
@@ -183,7 +183,7 @@ class Lifecycle:
             # with rooms is never forgotten) and is never down (going down fails its rooms first),
             # so only a contact still under way holds the writes back.
             if peers[session].state != "up":
-                # The chunk waits in its staged slot; the contact deadline bounds the wait
+                # The chunk waits in its staged extent; the contact deadline bounds the wait
                 # (`resume_rooms` or `fail_rooms` ends it).
                 self.stats["waits_for_peer"] += 1
                 return
@@ -197,16 +197,16 @@ class Lifecycle:
             writes.append((f, ((main, (chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb)) if drb
                                else (main,))))
         room.chunk = None
-        slot = chunk.slot
+        extent = chunk.extent
         if not writes:
-            slot.ring.fire(slot, "abandon")
+            extent.ring.fire(extent, "abandon")
             self.step_room(room, "written")
             return
-        slot.ring.fire(slot, "send")
+        extent.ring.fire(extent, "send")
         room.writes_left = len(writes)
         if self.observer is not None:
             self.observer.writes_started(room.id)
-        self.writes.issue(room.id, slot, writes)
+        self.writes.issue(room.id, extent, writes)
 
     def _conclude(self, room: Room) -> None:
         if room.announced:
@@ -237,7 +237,7 @@ class Lifecycle:
         if state == "failed" and room.frames:
             cause = room.cause
             self.regions.room_failed(room.id, room.frames.values(), in_flight,
-                                     {cause.frame.session: cause.slot} if cause is not None else {},
+                                     {cause.frame.session: cause.extent} if cause is not None else {},
                                      room.withdrawn)
         del self.rooms[room.id]
         # Held while its sender lives and while a write may land in one of its regions: a frame
@@ -281,12 +281,12 @@ class Lifecycle:
         """Our write deadline passed with no report from the transport (or, `reason`, the transport
         gave up on the write but cannot report it yet: its engine still holds the memory).
 
-        The room fails now and its receivers are told. The slot does not: the transport may still
+        The room fails now and its receivers are told. The extent does not: the transport may still
         read it, so it stays `sending` until the write reports, then serves a full quarantine.
         """
         self.stats["write_deadlines"] += 1
         w.overdue = True
-        w.slot.unsure = True
+        w.extent.unsure = True
         peer = self.peers.get(w.frame.session)
         if peer is not None:
             self.peers.write_overdue(peer)
@@ -312,11 +312,11 @@ class Lifecycle:
             return
         if self.observer is not None:
             self.observer.write_reported(w.room, outcome, self.writes.submitted_at(w))
-        slot = w.slot
-        slot.writes_in_flight -= 1
+        extent = w.extent
+        extent.writes_in_flight -= 1
         if outcome is not Outcome.DONE:
-            slot.unsure = True
-        slot.ring.fire(slot, "settle")
+            extent.unsure = True
+        extent.ring.fire(extent, "settle")
         peer = self.peers.by_session.get(w.frame.session)
         if peer is not None:
             if peer.holds:
@@ -330,7 +330,7 @@ class Lifecycle:
         if room is None or room.state != "transferring":
             self.stats["completions_dropped"] += 1
             if self.regions:
-                self.regions.write_reported(handle, outcome is Outcome.DONE, slot)
+                self.regions.write_reported(handle, outcome is Outcome.DONE, extent)
             return
         if outcome is Outcome.DONE:
             room.writes_left -= 1

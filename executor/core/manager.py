@@ -5,11 +5,11 @@ Sans-I/O: state changes only through calls made by the encode loop's thread
 the edge's reports `writes_reported`, `contacts_reported`); what the world must
 do comes back from `take_effects()` (effects.py), never as a call out.
 
-Every room change goes through `step_room`, every slot change through the
+Every room change goes through `step_room`, every extent change through the
 ring's `fire`, every peer change through the peer table's `step`: each steps
 its declared machine and then runs the actions that fsm/couplings.py lists for
 the state entered (or the event taken). So what happens when a room fails is
-`step_room(room, "fail")` and the table: abandon its slot, conclude.
+`step_room(room, "fail")` and the table: abandon its extent, conclude.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class EncodeManager:
         """Rooms with their state and receivers, for debugging dumps."""
         return {
             rid: {"state": r.state, "receivers": list(r.frames), "n": r.n,
-                  "slot": r.chunk.slot.index if r.chunk else None, "deadline": r.due if r.timer else None}
+                  "extent": r.chunk.extent.index if r.chunk else None, "deadline": r.due if r.timer else None}
             for rid, r in self.rooms.items()
         }
 
@@ -239,11 +239,11 @@ class EncodeManager:
         self.tombs.unpin(room_id)
 
     def submit_chunk(self, room_id: int, chunk: Chunk) -> bool:
-        """Hand a staged chunk over; the manager owns its slot from here on."""
-        slot = chunk.slot
+        """Hand a staged chunk over; the manager owns its extent from here on."""
+        extent = chunk.extent
         room = self.rooms.get(room_id)
         if room is None or room.state not in ACCEPTS_CHUNK:
-            slot.ring.fire(slot, "abandon")
+            extent.ring.fire(extent, "abandon")
             self.stats["chunks_dropped"] += 1
             if room is not None and room.state in _HOLDS_CHUNK:
                 self.lifecycle.fail(room, Reason(ReasonKind.PROTOCOL,
@@ -258,11 +258,11 @@ class EncodeManager:
                         or f.has_deepstack != (levels != 0)):
                     check_against_chunk(f, n, hidden, dtype, levels)
         except FrameError as exc:
-            slot.ring.fire(slot, "abandon")
+            extent.ring.fire(extent, "abandon")
             self.lifecycle.fail(room, Reason(ReasonKind.FRAME, str(exc)))
             return False
         room.chunk = chunk
-        slot.room = room_id
+        extent.room = room_id
         self.lifecycle.step_room(room, "stage")
         return True
 

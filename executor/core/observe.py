@@ -24,19 +24,19 @@ class Observer:
         """A room record was created (sender or first receiver frame)."""
 
     def deferred(self, room: int) -> None:
-        """The room's item waits for a free slot."""
+        """The room's item waits for a free extent."""
 
     def undeferred(self, room: int) -> None:
         """A deferred item left the queue to be staged (or dropped, if its room concluded)."""
 
     def copy_started(self, room: int) -> None:
-        """The room's embedding starts being copied into its slot."""
+        """The room's embedding starts being copied into its extent."""
 
     def copy_finished(self, room: int) -> None:
         """The copy is complete (on CUDA: its fence has passed)."""
 
     def parked(self, room: int) -> None:
-        """The chunk is staged but receivers are missing: it waits in its slot."""
+        """The chunk is staged but receivers are missing: it waits in its extent."""
 
     def writes_started(self, room: int) -> None:
         """Writes to all receivers of the room are being submitted (ends any park wait)."""

@@ -62,7 +62,7 @@ class Pump:
         """Do every effect the core has decided, and those that doing them decides; return how many."""
         n = 0
         t = self.transport
-        # Drained in place: what `take_effects` does, without its two calls per flush.
+        # Emptied in place: what `take_effects` does, without its two calls per flush.
         outbox = self.manager.outbox
         while outbox:
             effects: list[Any] = outbox[:]  # narrowed by `kind` below, which mypy cannot follow
@@ -160,7 +160,7 @@ class Pump:
 
         Stops intake, fails every room not yet transferring (its receivers are
         told), lets in-flight writes finish (failing their rooms at the
-        deadline), waits out every quarantine, then retires the slots,
+        deadline), waits out every quarantine, then retires the extents,
         unregisters the ring and closes the transport. `idle()` runs between
         ticks: `lambda: time.sleep(0.001)` in a worker, a fake clock's advance
         in a test (the core never sleeps). Returns a report; if it is not

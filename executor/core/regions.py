@@ -2,7 +2,7 @@
 
 A Success notice releases a region by itself (every write into it reported
 done). A Failed one does not when a write into the region may still land: the
-write is in flight, or it reported failure or timeout and its slot is in
+write is in flight, or it reported failure or timeout and its extent is in
 quarantine. Such regions stay open here until that ends; then the receiver
 gets `released`, or `withdrawn` if it had withdrawn the region (the ack means
 the same: nothing will land there any more). Only failed rooms with writes
@@ -29,7 +29,7 @@ class Reply(NamedTuple):
 
 
 class RegionBook:
-    __slots__ = ("_tell", "_open", "_by_handle", "_by_slot", "_per_room", "_room_closed")
+    __slots__ = ("_tell", "_open", "_by_handle", "_by_extent", "_per_room", "_room_closed")
 
     def __init__(self, tell: Callable[[Any, int, str], None], room_closed: Callable[[int], None] = lambda room: None):
         self._tell = tell  # tell(frame, room, status)
@@ -37,7 +37,7 @@ class RegionBook:
         self._per_room: dict[int, int] = {}  # room -> its regions still open
         self._open: dict[tuple[int, str], list[Any]] = {}  # (room, session) -> [frame, withdrawn]
         self._by_handle: dict[int, tuple[int, str]] = {}  # write still in flight -> its region
-        self._by_slot: dict[Any, list[tuple[int, str]]] = {}  # slot in quarantine -> regions waiting on it
+        self._by_extent: dict[Any, list[tuple[int, str]]] = {}  # extent in quarantine -> regions waiting on it
 
     def __len__(self) -> int:
         return len(self._open)
@@ -59,13 +59,13 @@ class RegionBook:
         """Tell each receiver of a room just failed when its region is free.
 
         `in_flight`: session -> handle of its write still in flight; `unsure`: session ->
-        slot whose quarantine its failed or timed-out write waits out.
+        extent whose quarantine its failed or timed-out write waits out.
         """
         for f in frames:
             key = (room, f.session)
             handle = in_flight.get(f.session)
-            slot = unsure.get(f.session) if handle is None else None
-            if handle is None and slot is None:
+            extent = unsure.get(f.session) if handle is None else None
+            if handle is None and extent is None:
                 self._tell(f, room, WITHDRAWN if f.session == withdrawn else RELEASED)
                 continue
             self._open[key] = [f, f.session == withdrawn]
@@ -73,19 +73,19 @@ class RegionBook:
             if handle is not None:
                 self._by_handle[handle] = key
             else:
-                self._by_slot.setdefault(slot, []).append(key)
+                self._by_extent.setdefault(extent, []).append(key)
 
-    def write_reported(self, handle: int, done: bool, slot: Any) -> None:
+    def write_reported(self, handle: int, done: bool, extent: Any) -> None:
         key = self._by_handle.pop(handle, None)
         if key is None:
             return
         if done:
             self._close(key)
         else:
-            self._by_slot.setdefault(slot, []).append(key)
+            self._by_extent.setdefault(extent, []).append(key)
 
-    def slot_released(self, slot: Any) -> None:
-        for key in self._by_slot.pop(slot, ()):
+    def extent_released(self, extent: Any) -> None:
+        for key in self._by_extent.pop(extent, ()):
             self._close(key)
 
     def withdraw(self, room: int, session: str) -> bool:

@@ -28,7 +28,7 @@ from .arena import Arena
 _ALIGN = 64
 _EXTENT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items())
                    if machine == "extent" for a in acts}
-_UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda slot: None for a in _EXTENT_ACTIONS}
+_UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda extent: None for a in _EXTENT_ACTIONS}
 
 
 class Extent:
@@ -163,49 +163,49 @@ class Ring:
             self.actions[action](ext)
         return ext
 
-    def fire(self, slot: Extent, event: str) -> str:
+    def fire(self, extent: Extent, event: str) -> str:
         """The one place an extent is stepped: its machine, then the actions the couplings name.
 
         An extent that lands in `free` gives its bytes back to the arenas and leaves the ring.
         A step with one unguarded edge takes its compiled plan (`CompiledMachine.plans`: the same
         destination and actions); a guarded or undeclared one goes through the machine's `step`,
         which checks the guards and raises on an undeclared event."""
-        plan = self._plans.get((slot.state, event))
+        plan = self._plans.get((extent.state, event))
         if plan is None:
-            was = slot.state
-            dest = EXTENT.step(slot, event)
+            was = extent.state
+            dest = EXTENT.step(extent, event)
             actions = (self._on_enter[dest] if dest != was else ()) + self._on_event[event]
         else:
             dest, actions = plan
-            slot.state = dest
+            extent.state = dest
         if dest == "free":
-            slot.room = None
-            slot.unsure = False
-            share = slot.share
+            extent.room = None
+            extent.unsure = False
+            share = extent.share
             if share is not None:  # its bytes count against its identity no more
-                share.charge(-slot.cost)
-                slot.share = None
-            if self.extents.pop(slot.index, None) is not None:
-                self.main_arena.free(slot.offset)
-                if slot.deep_offset >= 0:
+                share.charge(-extent.cost)
+                extent.share = None
+            if self.extents.pop(extent.index, None) is not None:
+                self.main_arena.free(extent.offset)
+                if extent.deep_offset >= 0:
                     assert self.deep_arena is not None
-                    self.deep_arena.free(slot.deep_offset)
+                    self.deep_arena.free(extent.deep_offset)
         for action in actions:
-            self.actions[action](slot)
+            self.actions[action](extent)
         return dest
 
-    def main_ptr(self, slot: Extent) -> int:
-        return self.main_base + slot.offset
+    def main_ptr(self, extent: Extent) -> int:
+        return self.main_base + extent.offset
 
-    def deep_ptr(self, slot: Extent) -> int:
-        return self.deep_base + slot.deep_offset
+    def deep_ptr(self, extent: Extent) -> int:
+        return self.deep_base + extent.deep_offset
 
-    def main_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
-        return self.main[slot.offset:slot.offset + nbytes]
+    def main_view(self, extent: Extent, nbytes: int) -> torch.Tensor:
+        return self.main[extent.offset:extent.offset + nbytes]
 
-    def deep_view(self, slot: Extent, nbytes: int) -> torch.Tensor:
+    def deep_view(self, extent: Extent, nbytes: int) -> torch.Tensor:
         assert self.deep is not None, "this ring has no deepstack half"
-        return self.deep[slot.deep_offset:slot.deep_offset + nbytes]
+        return self.deep[extent.deep_offset:extent.deep_offset + nbytes]
 
     # -- gauges -------------------------------------------------------------------------
     @property

@@ -27,9 +27,9 @@ class RoomConflict(ValueError):
 
 @dataclass(slots=True)
 class Chunk:
-    """One room's embedding, staged in a ring slot."""
+    """One room's embedding, staged in a ring extent."""
 
-    slot: Extent
+    extent: Extent
     n_tokens: int
     hidden: int
     dtype: str

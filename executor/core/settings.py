@@ -1,7 +1,7 @@
 """Checks for configuration numbers: finite, in range, or a clear error at construction.
 
 A NaN timeout compares false with everything, so a deadline armed with it never
-fires (a parked room would hold its slot forever); a negative count silently
+fires (a parked room would hold its extent forever); a negative count silently
 disables a bound. Both are refused where they are set, naming the setting.
 """
 
@@ -50,20 +50,20 @@ DEFAULT_ARENA_BYTES = 2 * GIB
 
 def arena(arena_bytes: int | None, max_item_bytes: int | None, ring_slots: int | None,
           ring_bytes: int | None) -> tuple[int, int | None, int | None]:
-    """(arena bytes, max item bytes, old slot count) from the ring settings.
+    """(arena bytes, max item bytes, old extent count) from the ring settings.
 
-    The old fixed-slot settings map onto the arena: `ring_slots` x `ring_bytes` bytes, with
+    The old fixed-extent settings map onto the arena: `ring_slots` x `ring_bytes` bytes, with
     `ring_bytes` as the cap on one item, so a ring still holds `ring_slots` items of the
     largest size. They cannot be mixed with the arena settings."""
     if ring_slots is not None or ring_bytes is not None:
         if arena_bytes is not None or max_item_bytes is not None:
-            raise ValueError("ring_slots/ring_bytes (fixed slots) cannot be mixed with arena_bytes/max_item_bytes: "
+            raise ValueError("ring_slots/ring_bytes (fixed extents) cannot be mixed with arena_bytes/max_item_bytes: "
                              "set arena_bytes (bytes per ring) and optionally max_item_bytes")
-        slots = count("ring_slots", 64 if ring_slots is None else ring_slots, 1)
+        extents = count("ring_slots", 64 if ring_slots is None else ring_slots, 1)
         per = count("ring_bytes", 256 << 20 if ring_bytes is None else ring_bytes, 1)
         if per % 64:
             raise ValueError(f"ring_bytes must be a multiple of 64, got {per}")
-        return slots * per, per, slots
+        return extents * per, per, extents
     nbytes = count("arena_bytes", DEFAULT_ARENA_BYTES if arena_bytes is None else arena_bytes, 64)
     if nbytes % 64:
         raise ValueError(f"arena_bytes must be a multiple of 64, got {nbytes}")

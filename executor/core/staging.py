@@ -107,7 +107,7 @@ class Staging:
                                                                 "a room carries exactly one"))
             return
         sender.offered = True
-        # Settle what can be settled now, before the item waits for a slot.
+        # Settle what can be settled now, before the item waits for an extent.
         if not manager.accepts_chunk(room):
             self.stats["items_for_concluded_rooms"] += 1  # never written (its room failed)
             return
@@ -268,7 +268,7 @@ class Staging:
 
     @property
     def copies_pending(self) -> int:
-        """Chunks whose copy into their slot has not finished (their fence has not passed)."""
+        """Chunks whose copy into their extent has not finished (their fence has not passed)."""
         return len(self.copies)
 
     def drop_deferred(self) -> int:
@@ -301,7 +301,7 @@ class Staging:
             raise TooLarge(f"{why}; raise arena_bytes (or deep_arena_bytes) or max_item_bytes")
         return enc, nbytes, deep, dbytes
 
-    def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], slot: Extent, src: torch.Tensor,
+    def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], extent: Extent, src: torch.Tensor,
               nbytes: int) -> None:
         if self._host_copy and src.is_cpu:
             # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes (asked
@@ -311,45 +311,45 @@ class Staging:
             src = src.contiguous()
             ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
         else:
-            view(slot, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+            view(extent, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
 
-    def _stage(self, sender: Sender, checked: Checked, slot: Extent, cost: int) -> None:
+    def _stage(self, sender: Sender, checked: Checked, extent: Extent, cost: int) -> None:
         room = sender.room
         manager = self.manager
         enc, nbytes, deep, dbytes = checked
         ring = self.ring
-        self.holds.hold(room, cost, slot)
+        self.holds.hold(room, cost, extent)
         obs = self.life.observer
         if obs is not None:
             obs.copy_started(room)
         try:
-            src = ring.main_base + slot.offset  # ring.main_ptr(slot)
+            src = ring.main_base + extent.offset  # ring.main_ptr(extent)
             if self._host_copy and enc.is_cpu and not enc.is_neg() and enc.is_contiguous():
                 ctypes.memmove(src, enc.data_ptr(), nbytes)  # `_copy`'s host path for a plain tensor, inline
             else:
-                self._copy(src, ring.main_view, slot, enc, nbytes)
+                self._copy(src, ring.main_view, extent, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:
-                deep_src = ring.deep_ptr(slot)
-                self._copy(deep_src, ring.deep_view, slot, deep, dbytes)
+                deep_src = ring.deep_ptr(extent)
+                self._copy(deep_src, ring.deep_view, extent, deep, dbytes)
                 deep_rb = deep.shape[1] * deep.element_size()
                 levels, rest = divmod(deep.shape[1], enc.shape[1]) if enc.shape[1] else (-1, 0)
                 if rest or deep.dtype != enc.dtype:
                     levels = -1
         except Exception as exc:
-            ring.fire(slot, "abandon")
+            ring.fire(extent, "abandon")
             manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
             return
         rows, hidden = enc.shape
         dtype = enc.dtype
-        chunk = Chunk(slot, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype), nbytes // rows if rows else 0,
-                      src, deep_src, deep_rb, levels)
-        slot.room = room
+        chunk = Chunk(extent, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
+                      nbytes // rows if rows else 0, src, deep_src, deep_rb, levels)
+        extent.room = room
         if self._copy_fence is not None:
-            # The write must not read the slot before the copy into it has finished.
+            # The write must not read the extent before the copy into it has finished.
             self.copies.append((self._copy_fence(), sender, chunk))
             return
-        ring.fire(slot, "copied")
+        ring.fire(extent, "copied")
         if obs is not None:
             obs.copy_finished(room)
         manager.submit_chunk(room, chunk)
@@ -360,14 +360,14 @@ class Staging:
         Exposed for drivers that step finer than a tick, such as the model's lockstep test.
         """
         # Any finished copy goes on, not only the oldest: copies on different
-        # streams may finish out of order. At most one copy per slot is pending.
+        # streams may finish out of order. At most one copy per extent is pending.
         done = [c for c in self.copies if c[0].query()]
         if not done:
             return 0
         self.copies = deque(c for c in self.copies if not any(c is d for d in done))
         obs = self.life.observer
         for _, sender, chunk in done:
-            self.ring.fire(chunk.slot, "copied")
+            self.ring.fire(chunk.extent, "copied")
             if obs is not None:
                 obs.copy_finished(sender.room)
             self.manager.submit_chunk(sender.room, chunk)

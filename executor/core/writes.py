@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 class Write:
-    __slots__ = ("handle", "room", "slot", "frame", "timer", "due", "overdue")
+    __slots__ = ("handle", "room", "extent", "frame", "timer", "due", "overdue")
 
-    def __init__(self, handle: int, room: int, slot: Extent, frame: ReceiverFrame):
-        self.handle, self.room, self.slot, self.frame, self.timer, self.due = handle, room, slot, frame, 0, 0.0
+    def __init__(self, handle: int, room: int, extent: Extent, frame: ReceiverFrame):
+        self.handle, self.room, self.extent, self.frame, self.timer, self.due = handle, room, extent, frame, 0, 0.0
         self.overdue = False  # our deadline passed before the transport reported
 
     def __repr__(self) -> str:
@@ -42,13 +42,13 @@ class Writes:
     def __len__(self) -> int:
         return len(self.by_handle)
 
-    def issue(self, room: int, slot: Extent, writes: Sequence[tuple[ReceiverFrame, Sequence[Buf]]]) -> None:
-        """One `Submit` per (frame, buffers) from `slot`, all due `timeout` from now."""
+    def issue(self, room: int, extent: Extent, writes: Sequence[tuple[ReceiverFrame, Sequence[Buf]]]) -> None:
+        """One `Submit` per (frame, buffers) from `extent`, all due `timeout` from now."""
         due = self.clock.now() + self.timeout
         for frame, bufs in writes:
-            slot.writes_in_flight += 1
+            extent.writes_in_flight += 1
             self._last_id += 1
-            w = self.by_handle[self._last_id] = Write(self._last_id, room, slot, frame)
+            w = self.by_handle[self._last_id] = Write(self._last_id, room, extent, frame)
             self.deadlines.arm(due, "write", w)
             self.outbox.append(Submit(w.handle, frame.session, bufs if type(bufs) is tuple else tuple(bufs)))
 

@@ -23,7 +23,7 @@ receiver whose frame said it reads it (wire format /3): a receiver that offered 
 regions for one room can tell which one a notice concerns.
 
 Every edge is bounded: parts per message (counted before the rest is read;
-an oversized message is drained across polls, so one poll's work stays
+an oversized message is discarded across polls, so one poll's work stays
 bounded), bytes per part (refused alone: the identity's following frames are kept),
 frames per poll and per identity per poll, the time one poll spends, ZAP answers per
 poll, the status-socket pool (below the context's socket limit), and log lines.
@@ -218,7 +218,8 @@ class FrameReader:
             if not part.more:
                 self.discarding = False
                 break
-        self.stats["parts_drained"] += n
+        self.stats["parts_discarded"] += n
+        self.stats["parts_drained"] += n  # deprecated name of parts_discarded, kept for one release
         return n
 
     def read(self) -> tuple[str, list[bytes] | None] | None:

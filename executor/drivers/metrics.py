@@ -7,7 +7,7 @@
 The core only calls an `Observer` (see `core/observe.py`); this module is that
 observer plus a collector. On the encode loop's thread the observer does plain
 Python bookkeeping (a dict entry, a bucket increment); prometheus_client reads
-it, together with slot and room counts by state, only when scraped, from its
+it, together with extent and room counts by state, only when scraped, from its
 own thread (the reads are of whole lists and counters, which the GIL keeps
 consistent enough for monitoring).
 
@@ -58,7 +58,7 @@ class _Histogram:
 
 
 HISTOGRAMS = {
-    "defer_wait": "time an item waited in the deferred queue for a free slot",
+    "defer_wait": "time an item waited in the deferred queue for a free extent",
     "copy": "time to copy an embedding into its ring extent (wall clock)",
     "park_wait": "time a staged chunk waited parked for its receivers (until sent or failed)",
     "write_latency": "time from submitting a write to its reported outcome",

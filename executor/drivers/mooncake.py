@@ -1,13 +1,13 @@
 """A transport over Mooncake's TransferEngine (TCP here, RDMA in production).
 
-One engine per encode worker. Ring slots are registered once, in one
+One engine per encode worker. Ring extents are registered once, in one
 `batch_register_memory` call; a registration failure raises at start-up.
 Writes go out with `transfer_submit_write` (one per buffer: main rows, and
 deepstack rows when present) and are polled with `transfer_check_status`
 from the controller's `poll()`, so no thread ever spins in a sync call.
 A write reports only once all its buffers have: DONE if all landed,
 TIMED_OUT if any timed out, FAILED otherwise; the controller quarantines the
-slot of any write that did not report DONE, since a -1 does not prove that
+extent of any write that did not report DONE, since a -1 does not prove that
 nothing lands later.
 
 First contact with a peer never runs on the encode loop: `connect` hands the
@@ -249,7 +249,7 @@ class MooncakeTransport(EdgeTransport):
                     st = p.status[i] = check(p.ids[i])
                 if st == _FAILED and not p.retried[i] and p.ids[i]:
                     # A rejected transfer resets a TCP lane and can fail the next write
-                    # spuriously: retry once (the slot is still ours, it is `sending`).
+                    # spuriously: retry once (the extent is still ours, it is `sending`).
                     p.retried[i] = True
                     self.stats["retries"] += 1
                     self._submit(p, i)

@@ -10,7 +10,7 @@ Mooncake's, and is mapped onto the seam here:
 - a stopped (or cut) peer: the transfer stays in progress with no timeout of its own, so each
   write carries our deadline (`write_timeout_s`): past it the handle is released, which cancels,
   and the write reports TIMED_OUT (bytes already in flight may still land: the core quarantines
-  the extent). A handle NIXL refuses to release is kept, its slot with it, and released again on
+  the extent). A handle NIXL refuses to release is kept, its extent with it, and released again on
   the next poll: memory handed to the engine lives until the engine can no longer touch it;
 - a refused peer fails at first contact; a blackholed one makes `add_remote_agent` block for
   the kernel's SYN retries (minutes) while holding the agent, so no write to anyone would go.

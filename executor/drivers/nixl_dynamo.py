@@ -3,14 +3,14 @@
 Dynamo's write protocol (dynamo/common/multimodal/embedding_transfer.py), as its receiver speaks it:
 1. the sender hands the receiver a `TransferRequest` (JSON: shape, dtype, and a serialized
    `NixlTransferRequest`: the sender's agent name and metadata, a tensor id, its size);
-2. the receiver adds the sender's agent, carves a slot of its ring, and sends the sender a NIXL
+2. the receiver adds the sender's agent, carves an extent of its ring, and sends the sender a NIXL
    notification: msgpack `(tensor_id, (addr, size, device, "cpu"|"cuda"), done_id, its metadata)`;
 3. the sender writes the tensor there with the notification `str(done_id)`, which the receiver
    waits for.
 
 Here the tensor is an extent of the encode worker's arena, registered once by `NixlTransport`; the
 write is the transport's (`_Write`: our deadline, cancelled by releasing its handle). What Dynamo's
-side lacks, and why epd-ring's own receiver is safer: its receiver frees the ring slot when its
+side lacks, and why epd-ring's own receiver is safer: its receiver frees the ring extent when its
 `receive_timeout` passes, while the write may still land there (into the next request's tensor),
 and its sender resets a long write's timer rather than fail it. epd-ring's receiver carves a
 region again only once the encoder's release notice says no write into it can land

@@ -4,7 +4,7 @@ The cycle, per item: register the request, a receiver frame arrives, `execute`
 one 16 x 64 float32 image through a tower that returns a fixed tensor, the
 pump's `flush` (the write goes out and completes at once on the loopback), the
 pump's `tick` (its outcome comes back; the room concludes), reap. The arena holds
-"slots" items of this size; all but 4 of them are held by rooms whose writes never
+"extents" items of this size; all but 4 of them are held by rooms whose writes never
 complete, so any scan over busy extents or senders shows up as a cost that grows
 with the ring.
 
@@ -67,26 +67,26 @@ def _best_of(cycle, items: int, repeats: int) -> float:
     return best
 
 
-def _slot_bytes() -> int:
+def _extent_bytes() -> int:
     nbytes = TOKENS * HIDDEN * 4
     return nbytes + (-nbytes) % 64
 
 
-def our_cycle(ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+def our_cycle(ring_slots: int, free_extents: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
                                                                              Callable[[int], None]]:
-    """Our cycle on an arena of `ring_slots` items, all but `free_slots` held: (cycle(n), check(n cycled)).
+    """Our cycle on an arena of `ring_slots` items, all but `free_extents` held: (cycle(n), check(n cycled)).
 
     With `batch` > 1 a turn takes that many items: their requests and frames, one `execute` of
     all of them, one flush and one tick (an engine's loop turn with several images ready).
     """
-    if not 1 <= batch <= free_slots:
-        raise ValueError(f"a batch must fit the free extents: 1 <= batch <= {free_slots}, got {batch}")
+    if not 1 <= batch <= free_extents:
+        raise ValueError(f"a batch must fit the free extents: 1 <= batch <= {free_extents}, got {batch}")
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, max_tombstones=4096)
     # An arena of `ring_slots` items: every item has the same size, so it holds exactly that many. One
     # receiver's held writes occupy the arena on purpose here: no per-peer share (peer_ring_share=1.0).
-    executor = EncodeExecutor(manager, FixedTower(), "cpu", arena_bytes=ring_slots * _slot_bytes(),
+    executor = EncodeExecutor(manager, FixedTower(), "cpu", arena_bytes=ring_slots * _extent_bytes(),
                               peer_ring_share=1.0)
     pump = Pump(executor)
     receiver = transport.add_receiver("prefill:0")
@@ -96,17 +96,17 @@ def our_cycle(ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Cal
     held = transport.add_receiver("prefill:held")
     held_dst = torch.empty(TOKENS, HIDDEN)
     held.register(held_dst)
-    if ring_slots > free_slots:
-        transport.inject("hold", session="prefill:held", count=ring_slots - free_slots)
+    if ring_slots > free_extents:
+        transport.inject("hold", session="prefill:held", count=ring_slots - free_extents)
     room = 0
-    for _ in range(ring_slots - free_slots):
+    for _ in range(ring_slots - free_extents):
         room += 1
         executor.register(("held", room), "h", 1, room)
         manager.register_receiver(ReceiverFrame(room, "prefill:held", held_dst.data_ptr(), 0, TOKENS, 0,
                                                 TOKENS, HIDDEN, "torch.float32", False, 1))
         executor.execute([(("held", room), EncodeItem("image", TOKENS))])
         pump.flush()  # the held writes go out (and never complete)
-    assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
+    assert executor.ring.main_arena.free_bytes == free_extents * _extent_bytes()
     pending: set = set()
     base = manager.stats["success"]
 
@@ -140,14 +140,14 @@ def our_cycle(ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Cal
 
     def check(cycled: int) -> None:
         assert manager.stats["success"] == base + cycled, manager.stats
-        assert executor.ring.main_arena.free_bytes == free_slots * _slot_bytes()
-        assert len(executor.senders) == ring_slots - free_slots  # reaped: only the held rooms remain
+        assert executor.ring.main_arena.free_bytes == free_extents * _extent_bytes()
+        assert len(executor.senders) == ring_slots - free_extents  # reaped: only the held rooms remain
         assert torch.equal(dst, executor.model.out)
 
     return cycle, check
 
 
-def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
+def seed_cycle(seed: Any, ring_slots: int, free_extents: int = 4, batch: int = 1) -> tuple[Callable[[int], None],
                                                                                          Callable[[int], None]]:
     """The seed's executor on the same cycle (see `seed_bench`): (cycle(n), check(n cycled)).
 
@@ -155,13 +155,13 @@ def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4, batch: int = 1) 
     """
     manager = seed_bench.SeedManager()
     tower = FixedTower()
-    executor = seed.DisaggEncodeExecutor(manager, tower, "cpu", ring_slots=ring_slots, ring_bytes=_slot_bytes())
+    executor = seed.DisaggEncodeExecutor(manager, tower, "cpu", ring_slots=ring_slots, ring_bytes=_extent_bytes())
     dst = torch.empty(TOKENS, HIDDEN)
     held_dst = torch.empty(TOKENS, HIDDEN)
     image = seed_bench.Modality.IMAGE
     item_type = seed_bench.MultimodalDataItem
     room = 0
-    for _ in range(ring_slots - free_slots):
+    for _ in range(ring_slots - free_extents):
         room += 1
         executor.register(("held", room), "h", 1, room)
         manager.register_receiver(room, held_dst.data_ptr(), held=True)
@@ -186,23 +186,23 @@ def seed_cycle(seed: Any, ring_slots: int, free_slots: int = 4, batch: int = 1) 
     def check(cycled: int) -> None:
         assert manager.success == base + cycled, manager.success
         assert not executor.has_deferred()
-        assert len(executor.senders) == ring_slots - free_slots
+        assert len(executor.senders) == ring_slots - free_extents
         assert torch.equal(dst, tower.out)
 
     return cycle, check
 
 
-def measure(ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+def measure(ring_slots: int, items: int = 10000, free_extents: int = 4, repeats: int = 3) -> float:
     """Microseconds per item for our cycle at this ring size."""
-    cycle, check = our_cycle(ring_slots, free_slots)
+    cycle, check = our_cycle(ring_slots, free_extents)
     best = _best_of(cycle, items, repeats)
     check(repeats * items + 500)
     return best / items * 1e6
 
 
-def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_slots: int = 4, repeats: int = 3) -> float:
+def measure_seed(seed: Any, ring_slots: int, items: int = 10000, free_extents: int = 4, repeats: int = 3) -> float:
     """Microseconds per item for the seed's executor on the same cycle (see `seed_bench`)."""
-    cycle, check = seed_cycle(seed, ring_slots, free_slots)
+    cycle, check = seed_cycle(seed, ring_slots, free_extents)
     best = _best_of(cycle, items, repeats)
     check(repeats * items + 500)
     return best / items * 1e6
@@ -293,7 +293,7 @@ def per_item_counts(cycle: Callable[[int], None], items: int = 200) -> dict[str,
 
 def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None = None, quiet: bool = False,
         echo=print, figures: dict | None = None) -> dict:
-    """Print (through `echo`) and return {slots: (our us/item, seed us/item or None)}.
+    """Print (through `echo`) and return {extents: (our us/item, seed us/item or None)}.
 
     `figures`, when given, gets the per-item call and bytecode counts ("per_item") and, with a
     seed, the interleaved CPU-time figures by rooms held ("interleaved").
@@ -303,27 +303,27 @@ def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None
     torch.set_num_threads(1)
     seed = seed_bench.load_seed(seed_path) if seed_path else None
     results: dict[int, tuple[float, float | None]] = {}
-    echo(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 slots held, best of 3 x {items} items")
+    echo(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 extents held, best of 3 x {items} items")
     if seed is not None:
         echo(f"seed: {seed_path} (same cycle, same run, stand-ins for its engine modules)")
-    echo(f"{'slots':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
+    echo(f"{'extents':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
     runs = len(sizes) * (1 if seed is None else 2) + (2 if seed is not None else 0)
     with Progress("bench", runs, unit="measurements", enabled=not quiet) as progress:
         for n in sizes:
-            us = measure(n, items, free_slots=min(4, n))
-            progress.update(len(results) * (1 if seed is None else 2) + 1, slots=n)
-            seed_us = measure_seed(seed, n, items, free_slots=min(4, n)) if seed is not None else None
+            us = measure(n, items, free_extents=min(4, n))
+            progress.update(len(results) * (1 if seed is None else 2) + 1, extents=n)
+            seed_us = measure_seed(seed, n, items, free_extents=min(4, n)) if seed is not None else None
             results[n] = (us, seed_us)
-            progress.update(len(results) * (1 if seed is None else 2), slots=n)
+            progress.update(len(results) * (1 if seed is None else 2), extents=n)
             base = results[sizes[0]][0]
             seed_cols = f"{seed_us:>8.1f} {us / seed_us:>7.2f}x" if seed_us else f"{'-':>8} {'-':>8}"
             echo(f"{n:>6} {us:>9.1f} {seed_cols} {us / base:>9.2f}x")
         if seed is not None:
-            # The seed's best case: nothing held, so its lease and reap scans find a free slot at once.
+            # The seed's best case: nothing held, so its lease and reap scans find a free extent at once.
             n = sizes[0]
-            us, seed_us = measure(n, items, free_slots=n), measure_seed(seed, n, items, free_slots=n)
+            us, seed_us = measure(n, items, free_extents=n), measure_seed(seed, n, items, free_extents=n)
             progress.update(runs)
-            echo(f"no slot held, {n} slots: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
+            echo(f"no extent held, {n} extents: {us:.1f} us/item, seed {seed_us:.1f} us/item, {us / seed_us:.2f}x")
     n = sizes[0]
     held = min(4, n)
     counts = per_item_counts(our_cycle(n, held)[0])
@@ -334,7 +334,7 @@ def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None
         return (f"{c['calls']:.0f} Python calls (+{c['builtin_calls']:.0f} built-in), {c['opcodes']:,.0f} "
                 f"bytecode ops")
 
-    echo(f"per item, {n} slots, {n - held} held: " + counted(counts)
+    echo(f"per item, {n} extents, {n - held} held: " + counted(counts)
          + (f"; the seed: {counted(seed_counts)}" if seed_counts else ""))
     echo(f"per item, {held} items a turn: " + counted(batched))
     if seed is not None:

@@ -2,7 +2,7 @@
 
 On a shared or virtual machine the speed of one process drifts by tens of percent over
 seconds, so two benches run one after the other compare the machine's moods, not the code.
-Here both trees' cycles (the `bench` cycle: 64 slots, all but 4 held) run at once in two
+Here both trees' cycles (the `bench` cycle: 64 extents, all but 4 held) run at once in two
 processes, and take turns: one block of `items` items each, the order swapped every round.
 Each block's time is what either side got in the same few hundred milliseconds; the lowest
 block (noise only adds time) and the median are printed for both, and their ratios.
@@ -31,25 +31,27 @@ from epd_ring.executor.core.frames import ReceiverFrame
 from epd_ring.executor.core.loopback import LoopbackTransport
 from epd_ring.executor.core.manager import EncodeManager
 from epd_ring.executor.core.pump import Pump
-T, H, SLOTS, FREE = bench.TOKENS, bench.HIDDEN, int(sys.argv[1]), 4
+T, H, EXTENTS, FREE = bench.TOKENS, bench.HIDDEN, int(sys.argv[1]), 4
+# One item's bytes, as bench's helper has them; worked out here, since that helper's name differs across trees.
+NBYTES = T * H * 4 + (-(T * H * 4)) % 64
 clock = FakeClock()
 transport = LoopbackTransport(clock)
 manager = EncodeManager(transport, clock, max_tombstones=4096)
 params = inspect.signature(EncodeExecutor).parameters
 if "arena_bytes" in params:  # held writes fill the arena on purpose: no per-peer share where there is one
     share = {"peer_ring_share": 1.0} if "peer_ring_share" in params else {}
-    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=SLOTS * bench._slot_bytes(), **share)
+    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", arena_bytes=EXTENTS * NBYTES, **share)
 else:  # a tree from before the arena
-    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", ring_slots=SLOTS, ring_bytes=bench._slot_bytes())
+    executor = EncodeExecutor(manager, bench.FixedTower(), "cpu", ring_slots=EXTENTS, ring_bytes=NBYTES)
 pump = Pump(executor)
 dst = torch.empty(T, H)
 transport.add_receiver("prefill:0").register(dst)
 ptr = dst.data_ptr()
 held = torch.empty(T, H)
 transport.add_receiver("prefill:held").register(held)
-transport.inject("hold", session="prefill:held", count=SLOTS - FREE)
+transport.inject("hold", session="prefill:held", count=EXTENTS - FREE)
 room = 0
-for _ in range(SLOTS - FREE):
+for _ in range(EXTENTS - FREE):
     room += 1
     executor.register(("held", room), "h", 1, room)
     manager.register_receiver(ReceiverFrame(room, "prefill:held", held.data_ptr(), 0, T, 0, T, H, "torch.float32",
@@ -85,13 +87,13 @@ assert torch.equal(dst, executor.model.out)
 """
 
 
-def run(against: str, blocks: int = 60, items: int = 2000, slots: int = 64,
+def run(against: str, blocks: int = 60, items: int = 2000, extents: int = 64,
         echo: Callable[[str], None] = print) -> dict[str, float]:
     """Interleave `blocks` rounds of both cycles; return the figures (us/item and ratios, this tree / other)."""
-    if blocks < 1 or items < 1 or slots < 5:
-        raise ValueError(f"blocks and items must be >= 1 and slots >= 5, got {blocks}, {items}, {slots}")
+    if blocks < 1 or items < 1 or extents < 5:
+        raise ValueError(f"blocks and items must be >= 1 and extents >= 5, got {blocks}, {items}, {extents}")
     sides = {"this": sys.executable, "other": against}
-    procs = {name: subprocess.Popen([py, "-c", SERVE, str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    procs = {name: subprocess.Popen([py, "-c", SERVE, str(extents)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     text=True) for name, py in sides.items()}
     times: dict[str, list[float]] = {name: [] for name in sides}
     ok = False
@@ -125,7 +127,7 @@ def run(against: str, blocks: int = 60, items: int = 2000, slots: int = 64,
            "other_min": min(other), "other_median": statistics.median(other)}
     out["ratio_min"] = out["this_min"] / out["other_min"]
     out["ratio_median"] = out["this_median"] / out["other_median"]
-    echo(f"controller cycle, {slots} slots (all but 4 held), {blocks} interleaved blocks of {items} items")
+    echo(f"controller cycle, {extents} extents (all but 4 held), {blocks} interleaved blocks of {items} items")
     echo(f"{'':>6} {'min us':>8} {'median us':>10}")
     echo(f"{'this':>6} {out['this_min']:>8.2f} {out['this_median']:>10.2f}")
     echo(f"{'other':>6} {out['other_min']:>8.2f} {out['other_median']:>10.2f}")

@@ -2,7 +2,7 @@
 
 Four policies place the same trace's extents in one ring, each simulated here:
 
-- fixed slots: the seed's ring, N equal slots each sized to the trace's largest item;
+- fixed extents: the seed's ring, N equal extents each sized to the trace's largest item;
 - vLLM next fit: vLLM's `EncoderCacheTransferBuffer`, a write head that skips live extents and
   retries once from 0 (`NextFit`);
 - buddy (older): the power-of-two buddy pool vLLM's older EC connector staged into (`Buddy`);
@@ -10,7 +10,7 @@ Four policies place the same trace's extents in one ring, each simulated here:
 
 Every policy holds an extent from its allocation until its write's outcome, and a failed write's
 extent for the quarantine after it (the safety rule: a write that failed may still land), so they
-differ in where they put extents and in what an item that does not fit does. Fixed slots and ours
+differ in where they put extents and in what an item that does not fit does. Fixed extents and ours
 defer it: it waits in one FIFO (deferred-first: an item arriving while others wait queues behind
 them) and is served when a release makes room for the queue's head. vLLM's two skip it: the buffer
 raises, the connector does not send the item, and the consumer encodes it locally; the bench
@@ -190,28 +190,28 @@ def _aligned(nbytes: int, align: int = ALIGN) -> int:
     return -(-nbytes // align) * align
 
 
-class FixedSlots:
-    """The seed's ring: `capacity // slot_bytes` equal slots, reused oldest-freed first."""
+class FixedExtents:
+    """The seed's ring: `capacity // extent_bytes` equal extents, reused oldest-freed first."""
 
-    def __init__(self, capacity: int, slot_bytes: int):
-        self.slot_bytes = slot_bytes
-        self.capacity = capacity // slot_bytes * slot_bytes
-        self._free = deque(range(capacity // slot_bytes))
+    def __init__(self, capacity: int, extent_bytes: int):
+        self.extent_bytes = extent_bytes
+        self.capacity = capacity // extent_bytes * extent_bytes
+        self._free = deque(range(capacity // extent_bytes))
 
     def alloc(self, nbytes: int) -> int | None:
-        if nbytes > self.slot_bytes or not self._free:
+        if nbytes > self.extent_bytes or not self._free:
             return None
-        return self._free.popleft() * self.slot_bytes
+        return self._free.popleft() * self.extent_bytes
 
     def free(self, offset: int) -> None:
-        self._free.append(offset // self.slot_bytes)
+        self._free.append(offset // self.extent_bytes)
 
 
 class NextFit:
     """vLLM's `EncoderCacheTransferBuffer` (its Mooncake EC connector's transfer buffer), modelled.
 
     A write head: an allocation starts at the head (at 0 once the head has reached the end) and
-    moves past every live extent in its way (vLLM's pinned slots; ours: in flight, parked or
+    moves past every live extent in its way (vLLM's pinned extents; ours: in flight, parked or
     quarantined) until the item fits before the ring's end; if it does not, it tries once more
     from 0. It places the item there and moves the head to the item's end. Freed bytes need no
     bookkeeping: the head passes over them. When nothing fits, vLLM raises and its connector
@@ -377,8 +377,8 @@ NEXT_FIT, BUDDY, OURS, SPANNING = "vLLM next fit", "buddy (older)", "ours (arena
 
 def policies(trace: Sequence[Item], spanning: bool = False) -> list[Policy]:
     """The bench's policies; with `spanning`, ours with items spanning up to 4 extents after them."""
-    slot = _aligned(max(it.nbytes for it in trace))
-    return [Policy("fixed slots", lambda cap: FixedSlots(cap, slot), slot),
+    extent = _aligned(max(it.nbytes for it in trace))
+    return [Policy("fixed extents", lambda cap: FixedExtents(cap, extent), extent),
             Policy(NEXT_FIT, NextFit, ALIGN, full=SKIP),
             Policy(BUDDY, Buddy, ALIGN, full=SKIP, pow2=True),
             Policy(OURS, _ours, ALIGN)] + ([Policy(SPANNING, Spanning, ALIGN)] if spanning else [])

@@ -8,7 +8,7 @@ the same 8 tokens). Time is split by where it is spent:
 - tower: inside the vision tower;
 - controller: inside `EncodeExecutor.execute` and the pump's `flush` / `tick`
   less the tower and the transport calls (scatter, lease, staging copy into the
-  ring slot, rooms, frames, effects);
+  ring extent, rooms, frames, effects);
 - transfer: inside the transport's calls, plus (Mooncake) the wait for writes in flight;
 - prefill: the language model on what arrived, and the decode steps.
 
@@ -82,7 +82,7 @@ class _Encode:
         self.flush = timer.wrap("executor", self.pump.flush)
 
 
-def _encode_side(model: Any, transport: Any, manager: EncodeManager, reqs: list[Request], slots: int,
+def _encode_side(model: Any, transport: Any, manager: EncodeManager, reqs: list[Request], extents: int,
                  timer: _Timer) -> _Encode:
     spec = hf.spec(model)
     tower = Qwen3VLTower(model)
@@ -92,8 +92,8 @@ def _encode_side(model: Any, transport: Any, manager: EncodeManager, reqs: list[
         setattr(transport, name, timer.wrap("transport", getattr(transport, name)))
     es = torch.tensor([], dtype=model.lm_head.weight.dtype).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
-    ex = EncodeExecutor(manager, tower, "cpu", arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es),
-                        max_deferred=8 * slots)
+    ex = EncodeExecutor(manager, tower, "cpu", arena_bytes=arena_bytes(extents, max_rows * spec.hidden * es),
+                        max_deferred=8 * extents)
     ex.execute = timer.wrap("executor", ex.execute)
     return _Encode(ex, timer)
 
@@ -115,7 +115,7 @@ def _row(name: str, n: int, wall: float, s: Counter, prefill: float, mono: float
             share(ctrl), f"{1e3 * transfer / n:.2f}", f"{1e3 * prefill / n:.1f}"]
 
 
-def run_loopback(model: Any, reqs: list[Request], slots: int) -> tuple[float, Counter, float]:
+def run_loopback(model: Any, reqs: list[Request], extents: int) -> tuple[float, Counter, float]:
     from epd_ring.executor import FakeClock, LoopbackTransport
 
     from .demo_qwen import LoopbackPrefillReceiver
@@ -125,7 +125,7 @@ def run_loopback(model: Any, reqs: list[Request], slots: int) -> tuple[float, Co
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     timer = _Timer()
-    enc = _encode_side(model, transport, manager, reqs, slots, timer)
+    enc = _encode_side(model, transport, manager, reqs, extents, timer)
     worker = PrefillWorker(model, LoopbackPrefillReceiver(transport, enc.pump, "prefill-a:0", model.dtype))
     prefill_s = 0.0
     t0 = time.perf_counter()
@@ -144,7 +144,7 @@ def run_loopback(model: Any, reqs: list[Request], slots: int) -> tuple[float, Co
     return time.perf_counter() - t0, timer.s, prefill_s
 
 
-def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: int) -> tuple[float, Counter, float]:
+def run_mooncake(model: Any, reqs: list[Request], extents: int, dtype: str, seed: int) -> tuple[float, Counter, float]:
     import json
     import tempfile
 
@@ -160,7 +160,7 @@ def run_mooncake(model: Any, reqs: list[Request], slots: int, dtype: str, seed: 
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=5.0, quarantine_s=1.0, write_timeout=30.0)
     timer = _Timer()
-    enc = _encode_side(model, transport, manager, reqs, slots, timer)
+    enc = _encode_side(model, transport, manager, reqs, extents, timer)
     control.attach(enc.pump)  # frames are read on every tick
     outcome: dict[int, str] = {}
     enc.pump.on_conclude.append(lambda room, state: outcome.__setitem__(room, state))
@@ -210,7 +210,7 @@ def _answer(proc: Any) -> float:
 
 
 def run(requests: int = 24, dtype: str = "float32", transports: tuple[str, ...] = ("loopback", "mooncake"),
-        seed: int = 0, slots: int = 4, repeat: int = 2) -> list[list[str]]:
+        seed: int = 0, extents: int = 4, repeat: int = 2) -> list[list[str]]:
     torch.set_num_threads(1)
     model = hf.build_model(seed=seed, dtype=DTYPES[dtype])
     reqs = plan(requests, hf.spec(model), seed)
@@ -221,9 +221,9 @@ def run(requests: int = 24, dtype: str = "float32", transports: tuple[str, ...] 
     for _ in range(repeat):
         for kind in transports:
             if kind == "loopback":
-                res = run_loopback(model, reqs, slots)
+                res = run_loopback(model, reqs, extents)
             else:
-                res = run_mooncake(model, reqs, slots, dtype, seed)
+                res = run_mooncake(model, reqs, extents, dtype, seed)
             if kind not in best or res[0] < best[kind][0]:
                 best[kind] = res
         mono = min(mono, monolithic_s(model, reqs))

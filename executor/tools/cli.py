@@ -148,6 +148,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _OldName(argparse.Action):
+    """A flag's old name, kept for one release: it sets the new flag's value and says on stderr
+    which name to use (the deprecated names are listed in docs/glossary.md)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated and goes in the next release; use {self.new}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Help with each flag's default, unless it has none worth naming (off, unset, or already said)."""
 
@@ -189,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "Exit 1 if any check fails.")
     demo.add_argument("--rooms", type=positive_int, default=None,
                       help="rooms to run (default: 2000 on loopback, 300 on mooncake)")
-    demo.add_argument("--slots", type=positive_int, default=6, help="ring slots")
+    demo.add_argument("--extents", type=positive_int, default=6, help="ring extents")
+    demo.add_argument("--slots", dest="extents", type=positive_int, action=_OldName, new="--extents")  # deprecated
     demo.add_argument("--batch", type=positive_int, default=None, help="images per tower batch (default: 8)")
     demo.add_argument("--fault-rate", type=probability, default=None,
                       help="share of rooms that get an injected fault, 0 to 1 (default: 0.25)")
@@ -209,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics during the run (0: any free "
                            "port, printed on stderr; needs the metrics extra)")
     demo.add_argument("--timeline", metavar="FILE", default=None,
-                      help="draw slot occupancy over time, coloured by slot state, with failures and quarantines "
+                      help="draw extent occupancy over time, coloured by extent state, with failures and quarantines "
                            "marked, into this SVG file")
 
     bench = command("bench", "per-item cost of the controller cycle (loopback) or throughput (mooncake)")
@@ -217,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="items per measurement (default: 10000 on loopback; on mooncake about 2 s of "
                             "writes per size)")
     bench.add_argument("--sizes", type=positive_int, nargs="+", default=None,
-                       help="ring sizes in slots (loopback; default 64 1024 4096) or embedding sizes in MiB "
+                       help="ring sizes in extents (loopback; default 64 1024 4096) or embedding sizes in MiB "
                             "(mooncake; default 1 16)")
     bench.add_argument("--transport", choices=["loopback", "mooncake", "nixl"], default="loopback",
                        help="what to measure (nixl: the controller over NIXL beside raw NIXL and the controller "
@@ -243,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     arena = command("bench-arena", "ring bytes each allocation policy needs for one seeded trace of images and videos",
                     "Simulate one seeded trace of Qwen3-VL-sized embeddings (images and videos, parks, writes, "
                     "failed writes held in quarantine) through four allocation policies on one ring: the seed's "
-                    "fixed slots, vLLM's next-fit transfer buffer (it skips an item that does not fit), the buddy "
+                    "fixed extents, vLLM's next-fit transfer buffer (it skips an item that does not fit), the buddy "
                     "pool of vLLM's older connector, and our arena. Print the ring bytes each needs to carry the "
                     "trace with nothing deferred or skipped (the binary search's answer, and the robust size from "
                     "which every larger size tried carries), the items not placed at a few budgets, and the "
@@ -416,11 +432,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             run_qwen = demo_qwen.run_mooncake if args.transport == "mooncake" else demo_qwen.run_loopback
             return run_qwen(requests=args.requests or 16, dtype=args.dtype or "float32", seed=args.seed,
-                            slots=args.slots, quiet=quiet)
+                            extents=args.extents, quiet=quiet)
         given = [flag for flag, v in qwen_only.items() if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} apply only to --model qwen3-vl-tiny")
-        common = dict(slots=args.slots, batch=args.batch or 8,
+        common = dict(extents=args.extents, batch=args.batch or 8,
                       fault_rate=0.25 if args.fault_rate is None else args.fault_rate,
                       deepstack=not args.no_deepstack,
                       seed=args.seed, quiet=quiet, json_out=args.json, metrics_port=args.metrics_port,
@@ -514,7 +530,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             from .bench_ab import run as ab_run
 
             ab = ab_run(args.against, blocks=args.blocks or 60, items=args.items or 2000,
-                        slots=(args.sizes or [64])[0], echo=_silent if args.json else print)
+                        extents=(args.sizes or [64])[0], echo=_silent if args.json else print)
             if args.json:
                 _emit_json({"transport": "loopback", "against": args.against, **ab})
             return EXIT_OK

@@ -13,6 +13,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -98,16 +99,31 @@ def plan_rooms(n_rooms: int, rng: random.Random, tower: TinyVisionTower, fault_r
     return plans
 
 
-def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
+def _renamed(extents: int, deprecated: dict[str, int]) -> int:
+    """`extents`, or what `run` was given under its deprecated name `slots` (with a warning)."""
+    unknown = sorted(set(deprecated) - {"slots"})  # the only deprecated name
+    if unknown:
+        raise TypeError(f"run() got unexpected keyword arguments: {', '.join(unknown)}")
+    if "slots" in deprecated:
+        warnings.warn("demo.run(slots=) is deprecated and goes in the next release; use extents=",
+                      DeprecationWarning, stacklevel=3)
+        return deprecated["slots"]
+    return extents
+
+
+def run(rooms: int = 2000, extents: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
         seed: int = 0, tick_s: float = 0.01, quiet: bool = False, json_out: bool = False, stop: Any = None,
-        metrics_port: int | None = None, metrics_hook: Any = None, timeline: str | None = None) -> int:
+        metrics_port: int | None = None, metrics_hook: Any = None, timeline: str | None = None,
+        **deprecated: int) -> int:
     """Run the demo; print its report (JSON with `json_out`); 0 if every check held, 1 if not.
 
     `stop.requested` (see `shutdown.DrainOnSignal`) set mid-run drains the executor and reports that.
     With `metrics_port`, Prometheus metrics are served from the start (see `serve_metrics`); with
-    `timeline`, slot occupancy over time is drawn into that SVG file at the end.
+    `timeline`, extent occupancy over time is drawn into that SVG file at the end.
+    `slots` is the deprecated name of `extents`, kept for one release.
     """
-    for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
+    extents = _renamed(extents, deprecated)
+    for name, value in (("rooms", rooms), ("extents", extents), ("batch", batch)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not 0.0 <= fault_rate <= 1.0:
@@ -121,10 +137,10 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     transport = LoopbackTransport(clock)
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     max_tokens = 8 * 8  # plan_rooms draws images of up to 8 x 8 merged tokens; larger ones are "oversized"
-    slot_bytes = max_tokens * tower.hidden * 4
-    # The arena holds `slots` of the largest items; smaller ones share it (an item takes its own bytes).
-    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=slots * slot_bytes, max_item_bytes=slot_bytes,
-                              max_deferred=8 * slots)
+    extent_bytes = max_tokens * tower.hidden * 4
+    # The arena holds `extents` of the largest items; smaller ones share it (an item takes its own bytes).
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=extents * extent_bytes, max_item_bytes=extent_bytes,
+                              max_deferred=8 * extents)
     pump = Pump(executor)  # does what the executor decides: writes, notices, contacts
     plans = plan_rooms(rooms, rng, tower, fault_rate, deepstack)
     serve_metrics(executor, metrics_port, metrics_hook)
@@ -228,7 +244,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
         if recorder is not None:
             recorder.sample()
     if recorder is not None:
-        recorder.write(timeline, f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, "
+        recorder.write(timeline, f"epd-ring demo: {rooms} rooms, {extents} extents, batch {batch}, "
                                  f"fault rate {fault_rate}, seed {seed} (simulated time)")
 
     # Check every byte and every outcome.
@@ -259,7 +275,7 @@ def run(rooms: int = 2000, slots: int = 6, batch: int = 8, fault_rate: float = 0
     leaked = executor.ring.live  # extents whose bytes never came back
 
     return summary(
-        f"epd-ring demo: {rooms} rooms, {slots} slots, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
+        f"epd-ring demo: {rooms} rooms, {extents} extents, batch {batch}, deepstack {'on' if n_deep else 'off'}, "
         f"seed {seed}", table, outcome, mismatched, told_wrong, checked_bytes, bad_bytes, leaked,
         {"late_landings": transport.late_landings, "deferred_sends": manager.stats["deferred"]},
         rooms / wall, f"{wall:.2f} s wall, {tick} ticks", json_out=json_out)

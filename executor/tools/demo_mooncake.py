@@ -35,11 +35,11 @@ from .tower import TinyVisionTower
 FAULTS = {"late": 6, "partial": 3, "never": 3, "oversized": 3, "receiver_killed": 3, "tower_error": 1}
 
 
-def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
+def run(rooms: int = 300, extents: int = 6, batch: int = 8, fault_rate: float = 0.25, deepstack: bool = True,
         seed: int = 0, quiet: bool = False, json_out: bool = False, stop: Any = None, metrics_port: int | None = None,
         metrics_hook: Any = None, timeline: str | None = None) -> int:
     """Run the demo across processes; print its report (JSON with `json_out`); 0 if every check held."""
-    for name, value in (("rooms", rooms), ("slots", slots), ("batch", batch)):
+    for name, value in (("rooms", rooms), ("extents", extents), ("batch", batch)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not 0.0 <= fault_rate <= 1.0:
@@ -57,9 +57,9 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
     control = ZmqControlPlane(keypair=encoder, allowed_keys=[instance[0], doomed[0]])
     transport = MooncakeTransport(notifier=control.push_status)
     manager = EncodeManager(transport, MonotonicClock(), park_timeout=3.0, quarantine_s=1.0, write_timeout=30.0)
-    # The arena holds `slots` of the largest (64-token) items; smaller ones share it.
-    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=slots * 64 * hidden * 4,
-                              max_item_bytes=64 * hidden * 4, max_deferred=8 * slots)
+    # The arena holds `extents` of the largest (64-token) items; smaller ones share it.
+    executor = EncodeExecutor(manager, model, "cpu", arena_bytes=extents * 64 * hidden * 4,
+                              max_item_bytes=64 * hidden * 4, max_deferred=8 * extents)
     pump = Pump(executor)
     control.attach(pump)  # frames are read on every tick
     serve_metrics(executor, metrics_port, metrics_hook)
@@ -165,7 +165,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                 recorder.sample()
             time.sleep(0.005)
         if recorder is not None:
-            recorder.write(timeline, f"epd-ring demo over Mooncake: {rooms} rooms, {slots} slots, batch {batch}, "
+            recorder.write(timeline, f"epd-ring demo over Mooncake: {rooms} rooms, {extents} extents, batch {batch}, "
                                      f"fault rate {fault_rate}, seed {seed} (wall time)")
         # Each receiver's report waits for the statuses of its concluded rooms: on a loaded machine a
         # notice can still be on its way when the encoder has concluded.
@@ -197,7 +197,7 @@ def run(rooms: int = 300, slots: int = 6, batch: int = 8, fault_rate: float = 0.
                         bad += exp.numel() * 4
         leaked = executor.ring.live  # extents whose bytes never came back
         return summary(
-            f"epd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {slots} slots, batch {batch}, "
+            f"epd-ring demo over Mooncake (TCP, 127.0.0.1): {rooms} rooms, {extents} extents, batch {batch}, "
             f"deepstack {'on' if deep_w else 'off'}, 3 receiver processes (one killed), seed {seed}",
             table, outcome, mismatched, told_wrong, checked, bad, leaked,
             {"frames_refused": control.stats["frames_refused"], "statuses_dropped": control.stats["status_dropped"]},

@@ -59,9 +59,9 @@ class Request:
         return Placement(self.workers.index(worker), len(self.workers), self.shard)
 
 
-def arena_bytes(slots: int, largest: int) -> int:
-    """An arena for `slots` of the largest item, whole 64-byte units each."""
-    return slots * (largest + (-largest) % 64)
+def arena_bytes(extents: int, largest: int) -> int:
+    """An arena for `extents` of the largest item, whole 64-byte units each."""
+    return extents * (largest + (-largest) % 64)
 
 
 def plan(n_requests: int, spec: hf.Spec, seed: int, first_room: int = 2_000_000) -> list[Request]:
@@ -208,7 +208,7 @@ class LoopbackPrefillReceiver:
         return told
 
 
-def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, slots: int = 4,
+def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, extents: int = 4,
                      kill_wave: int = 2, wave_size: int = 4, quiet: bool = False,
                      tower: Callable[[Any], Any] = Qwen3VLTower) -> tuple[list[Request], dict]:
     """Run the split model in this process on the loopback transport: (requests with verdicts, figures)."""
@@ -225,9 +225,9 @@ def loopback_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     manager = EncodeManager(transport, clock, park_timeout=1.0, write_timeout=2.0, quarantine_s=0.5)
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
-    # The arena holds `slots` of the largest items (a video); images and videos share it by their bytes.
-    executor = EncodeExecutor(manager, tower(model), "cpu", arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es),
-                              max_deferred=8 * slots)
+    # The arena holds `extents` of the largest items (a video); images and videos share it by their bytes.
+    executor = EncodeExecutor(manager, tower(model), "cpu",
+                              arena_bytes=arena_bytes(extents, max_rows * spec.hidden * es), max_deferred=8 * extents)
     pump = Pump(executor)
     receivers = {w: LoopbackPrefillReceiver(transport, pump, f"prefill-{w}:0", DTYPES[dtype]) for w in "ab"}
     # Each worker runs the same checkpoint (here: the same seed) as the encode worker's full model.
@@ -279,12 +279,12 @@ def inject_write_fault(reqs: list[Request]) -> None:
             return
 
 
-def run_loopback(requests: int = 16, dtype: str = "float32", seed: int = 0, slots: int = 4,
+def run_loopback(requests: int = 16, dtype: str = "float32", seed: int = 0, extents: int = 4,
                  quiet: bool = False) -> int:
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    reqs, fig = loopback_session(requests, dtype, seed, slots, quiet=quiet)
+    reqs, fig = loopback_session(requests, dtype, seed, extents, quiet=quiet)
     rc = report(f"epd-ring demo --model qwen3-vl-tiny (loopback, {dtype}, deepstack {fig['levels']} levels): "
-                f"{len(reqs)} requests, 2 prefill workers (b killed in wave {fig['kill_wave']}), {slots} slots, "
+                f"{len(reqs)} requests, 2 prefill workers (b killed in wave {fig['kill_wave']}), {extents} extents, "
                 f"seed {seed}", reqs,
                 [f"monolithic reference: {fig['reference_s']:.2f} s; split run: {fig['wall_s']:.2f} s; "
                  f"extents leaked: {fig['leaked']}"])
@@ -318,7 +318,7 @@ def collect(r: Request, workers: dict[str, Any], dead: list[str]) -> None:
 
 
 # -- Mooncake: prefill workers in their own processes ----------------------------------------
-def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, slots: int = 4,
+def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, extents: int = 4,
                      kill_wave: int = 2, wave_size: int = 4, quiet: bool = False) -> tuple[list[Request], dict]:
     """The same over Mooncake, the prefill workers in their own processes: (requests with verdicts, figures)."""
     import os
@@ -344,7 +344,7 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
     es = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     max_rows = max(it.rows(spec.merge) for r in reqs for it in r.prompt.items)
     executor = EncodeExecutor(manager, Qwen3VLTower(model), "cpu",
-                              arena_bytes=arena_bytes(slots, max_rows * spec.hidden * es), max_deferred=8 * slots)
+                              arena_bytes=arena_bytes(extents, max_rows * spec.hidden * es), max_deferred=8 * extents)
     pump = Pump(executor)
     control.attach(pump)  # frames are read on every tick
     inject_write_fault(reqs)
@@ -393,12 +393,12 @@ def mooncake_session(requests: int = 16, dtype: str = "float32", seed: int = 0, 
                   "kill_wave": kill_wave, "frames_refused": control.stats["frames_refused"]}
 
 
-def run_mooncake(requests: int = 16, dtype: str = "float32", seed: int = 0, slots: int = 4,
+def run_mooncake(requests: int = 16, dtype: str = "float32", seed: int = 0, extents: int = 4,
                  quiet: bool = False) -> int:
-    reqs, fig = mooncake_session(requests, dtype, seed, slots, quiet=quiet)
+    reqs, fig = mooncake_session(requests, dtype, seed, extents, quiet=quiet)
     rc = report(f"epd-ring demo --model qwen3-vl-tiny --transport mooncake ({dtype}, deepstack {fig['levels']} "
                 f"levels): {len(reqs)} requests, encode worker + 2 prefill processes (b killed in wave "
-                f"{fig['kill_wave']}), {slots} slots, seed {seed}", reqs,
+                f"{fig['kill_wave']}), {extents} extents, seed {seed}", reqs,
                 [f"monolithic reference: {fig['reference_s']:.2f} s; split run: {fig['wall_s']:.2f} s wall; "
                  f"extents leaked: {fig['leaked']}; frames refused: {fig['frames_refused']}"])
     return rc or int(fig["leaked"] > 0)
