@@ -228,6 +228,63 @@ def test_a_targets_close_deregisters_its_memory_before_it_lets_go_of_the_agent(m
     assert len(agent.deregistered) == 2
 
 
+def _device(root, name: str, operstate: str, carrier: str | None) -> None:
+    """A network device as /sys/class/net shows it; `carrier` None: unreadable, as a device set down."""
+    (root / name).mkdir(exist_ok=True)
+    (root / name / "operstate").write_text(operstate + "\n")
+    if carrier is None:
+        (root / name / "carrier").unlink(missing_ok=True)
+    else:
+        (root / name / "carrier").write_text(carrier + "\n")
+
+
+def test_links_count_a_device_up_only_with_carrier_and_never_loopback(tmp_path):
+    _device(tmp_path, "lo", "unknown", "1")
+    _device(tmp_path, "eth0", "lowerlayerdown", "0")  # a veth whose other end (its switch port) is down
+    _device(tmp_path, "eth1", "down", None)  # set down
+    for devices in ("eth0", None, "all", "eth0,eth1", "^eth1"):
+        assert not nixl.Links(devices, str(tmp_path)).up(), devices
+    assert nixl.Links("lo", str(tmp_path)).up()  # named, loopback is what UCX uses: always up
+    assert nixl.Links("mlx5_0:1", str(tmp_path)).up()  # no network device: UCX's to judge
+    _device(tmp_path, "eth0", "up", "1")
+    for devices in ("eth0", None, "all", "eth0,eth1", "^eth1"):
+        assert nixl.Links(devices, str(tmp_path)).up(), devices
+    assert not nixl.Links("eth1", str(tmp_path)).up()
+    assert not nixl.Links("^eth0", str(tmp_path)).up()
+
+
+def test_a_target_started_with_its_link_down_makes_its_agent_at_the_first_request_once_it_is_up(monkeypatch, tmp_path):
+    """UCX lists its devices once, as an agent is made: one made while the link was down would never
+    be reached. The session is served from the start; no metadata until the link is up."""
+    from epd_ring.executor.drivers import handshake
+
+    agents: list[FakeAgent] = []
+
+    def load_agent(name, **_kw):
+        agents.append(FakeAgent(name, b"", threading.Event(), threading.Event()))
+        return agents[-1]
+
+    monkeypatch.setattr(nixl, "load_agent", load_agent)
+    _device(tmp_path, "eth0", "lowerlayerdown", "0")
+    page, buffer = torch.zeros(64, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)
+    target = nixl.NixlTarget("127.0.0.1", page, buffer, links=nixl.Links("eth0", str(tmp_path)))
+    try:
+        assert agents == [] and target.session.startswith("127.0.0.1:")
+        with pytest.raises(handshake.HandshakeError):
+            handshake.fetch(target.session, 10.0)  # closed unanswered: the encoder tries again later
+        assert agents == []
+        _device(tmp_path, "eth0", "up", "1")
+        name, _meta, owner = nixl.parse_descriptor(handshake.fetch(target.session, 10.0))
+        (agent,) = agents
+        assert (name, owner) == (agent.name, page.data_ptr()) and len(agent.registered) == 2
+        assert nixl.parse_descriptor(handshake.fetch(target.session, 10.0))[0] == name
+        assert len(agents) == 1  # made once
+    finally:
+        target.close()
+    assert sorted(map(id, agent.deregistered)) == sorted(map(id, agent.registered))
+    assert target.agent is None and target.memory == ()
+
+
 def test_a_stopped_peer_fails_at_our_write_deadline_and_its_transfer_is_cancelled():
     """NIXL keeps a stopped peer's transfer in progress with no timeout of its own: only our deadline
     (on the transport's clock, moved by the test) ends it, with TIMED_OUT (not FAILED: NIXL had not

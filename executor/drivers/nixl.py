@@ -31,6 +31,8 @@ through the agent, as over Mooncake.
 
 The receiver side: `NixlTarget` registers the ownership page and the receive buffer with an agent
 of its own and serves its metadata (`descriptor`) on a TCP port: its session is that HOST:PORT.
+UCX lists a worker's network devices only as it is made, so that agent is made once a device it
+would use is up (`Links`): a receiver started during a cut makes it at the first request after.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -60,6 +63,16 @@ log = logging.getLogger("epd_ring.nixl")
 _HANDED, _PROC, _DONE, _FAILED, _TIMED_OUT = "handed", "proc", "done", "failed", "timed_out"
 _ENDED = frozenset((_DONE, _FAILED, _TIMED_OUT))
 ENGINE = "nixl"
+_MAKE_WAIT_S = 10.0  # how long close waits for an agent being made on a request's thread
+
+
+def nixl_classes() -> tuple[Any, Any, Any]:
+    """NIXL's agent, its config and its thread-sync enum; TransportError if NIXL is missing."""
+    try:
+        from nixl_cu12 import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+    except ImportError as exc:
+        raise TransportError(f"NIXL is not installed ({exc}); pip install 'epd-ring[nixl]'") from exc
+    return nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
 
 def load_agent(name: str, *, progress_thread: bool = True, quiet: bool = True) -> Any:
@@ -69,10 +82,7 @@ def load_agent(name: str, *, progress_thread: bool = True, quiet: bool = True) -
     if quiet:
         os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
         logging.getLogger("nixl").setLevel(logging.ERROR)
-    try:
-        from nixl_cu12 import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-    except ImportError as exc:
-        raise TransportError(f"NIXL is not installed ({exc}); pip install 'epd-ring[nixl]'") from exc
+    nixl_agent, nixl_agent_config, nixl_thread_sync_t = nixl_classes()
     # STRICT: the agent is called from the loop, the submit thread and connector threads (each
     # under our own lock too; NIXL's progress thread is the reason for its own).
     config = nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"],
@@ -106,11 +116,14 @@ def parse_descriptor(body: bytes) -> tuple[str, bytes, int]:
 
 
 class MetadataServer:
-    """Serves `body` to whoever asks on HOST:PORT (handshake.py's framing), one thread per request,
-    each closed at `timeout_s`: a client that never sends holds its own thread, briefly."""
+    """Serves `body` (or what `body()` gives at each request; None: no answer) to whoever asks on
+    HOST:PORT (handshake.py's framing), one thread per request, each closed at `timeout_s`: a
+    client that never sends holds its own thread, briefly."""
 
-    def __init__(self, host: str, body: bytes, port: int = 0, timeout_s: float = 2.0, max_answers: int = 16):
-        self.body, self.timeout_s = body, timeout_s
+    def __init__(self, host: str, body: bytes | Callable[[], bytes | None], port: int = 0, timeout_s: float = 2.0,
+                 max_answers: int = 16):
+        self.body = body if callable(body) else (lambda: body)
+        self.timeout_s = timeout_s
         # answers at once: a flood of clients that never send is turned away, not given a thread each
         self._answers = threading.BoundedSemaphore(max_answers)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -138,8 +151,11 @@ class MetadataServer:
             done.enter_context(conn)
             try:
                 handshake.read_frame(conn, deadline, max_bytes=4096)
+                body = self.body()
+                if body is None:  # nothing to serve yet: closed unanswered, the client tries again
+                    return
                 conn.settimeout(self.timeout_s)
-                conn.sendall(handshake.frame(handshake.METADATA, self.body))
+                conn.sendall(handshake.frame(handshake.METADATA, body))
             except (OSError, HandshakeError):
                 pass
 
@@ -150,35 +166,146 @@ class MetadataServer:
         self.sock.close()
 
 
+class Links:
+    """Is a network device a NIXL agent's UCX worker would use up, as /sys/class/net (`root`) says?
+
+    UCX's TCP transport lists the devices once, as the worker is made, and keeps those up with
+    carrier (IFF_UP and IFF_RUNNING): with UCX_NET_DEVICES naming only devices without one, no agent
+    is made ("No such device"); with it unset, one is made that only this host reaches, and stays
+    so. `devices`: UCX_NET_DEVICES, an allow list (comma-separated, `^` first to exclude, `all`)."""
+
+    def __init__(self, devices: str | None = None, root: str = "/sys/class/net"):
+        names = [d.strip() for d in (devices or "").split(",") if d.strip()]
+        self.exclude = bool(names) and names[0].startswith("^")
+        if self.exclude:
+            names[0] = names[0][1:]
+        self.devices = None if not names or "all" in names else set(names)
+        self.root = root
+
+    def _running(self, dev: str) -> bool:
+        try:
+            with open(os.path.join(self.root, dev, "operstate")) as f:
+                oper = f.read().strip()
+            with open(os.path.join(self.root, dev, "carrier")) as f:
+                carrier = f.read().strip()
+        except OSError:  # gone, or set down (its carrier then reads EINVAL)
+            return False
+        # IFF_RUNNING is operstate up, or unknown (a device that reports none, as a dummy one does)
+        return carrier == "1" and oper in ("up", "unknown")
+
+    def up(self) -> bool:
+        try:
+            present = set(os.listdir(self.root)) - {"lo"}
+        except OSError:  # no sysfs here: nothing to tell, so nothing to wait for
+            return True
+        if self.devices is None or self.exclude:
+            names = present - (self.devices or set())
+        elif "lo" in self.devices or not self.devices <= present:
+            # loopback is always up; a name that is no network device here (an RDMA port, `mlx5_0:1`)
+            # is UCX's to judge: nothing to tell either way
+            return True
+        else:
+            names = self.devices
+        return any(self._running(d) for d in names)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class NixlTarget:
     """A receiver's memory over NIXL: the ownership page first, then the receive buffer, registered
-    with an agent of its own, whose metadata is served at `session` (HOST:PORT)."""
+    with an agent of its own, whose metadata is served at `session` (HOST:PORT).
 
-    def __init__(self, hostname: str, page: Any, buffer: Any, port: int = 0):
-        self.agent = load_agent(f"epd-ring-rx-{uuid.uuid4().hex[:16]}")
-        self.regs = [self.agent.register_memory([(t.data_ptr(), t.numel() * t.element_size(), 0, "")], "DRAM")
-                     for t in (page, buffer)]
-        self.server = MetadataServer(hostname, descriptor(self.agent, page.data_ptr()), port)
-        self.session = self.server.address
+    The agent is made once a network device it would use is up (`links`): UCX lists the devices
+    once, as an agent is made, and with none up it refuses to make one (UCX_NET_DEVICES named) or
+    makes one reachable over loopback only. A receiver started while its link is down serves its
+    session at once but answers no metadata request until a device is up, and makes its agent at
+    the first request after (its encoder tries again, as for any failed contact). One advertising a
+    loopback address is reached over loopback: its agent is made at once."""
+
+    def __init__(self, hostname: str, page: Any, buffer: Any, port: int = 0, links: Links | None = None):
+        if links is None and not _loopback(hostname):
+            links = Links(os.environ.get("UCX_NET_DEVICES"))
+        self._links = links
         # the registered memory lives as long as the agent that exposes it, whoever else lets go first
         self.memory = (page, buffer)
+        self.agent: Any = None
+        self.regs: list[Any] = []
+        self._body: bytes | None = None  # the agent's descriptor, once there is an agent
+        self._held: list[tuple[Any, list[Any]]] = []  # agents whose making failed, with memory NIXL kept
+        self._lock = threading.Lock()  # making the agent (on a request's thread) against close
+        self._closed = False
+        if links is None or links.up():
+            self._make()
+        else:
+            nixl_classes()  # NIXL missing fails the start, not every request after it
+            log.warning("no network device up (UCX_NET_DEVICES=%s): the NIXL agent is made, and metadata "
+                        "served, once one is", os.environ.get("UCX_NET_DEVICES", ""))
+        self.server = MetadataServer(hostname, self._descriptor, port)
+        self.session = self.server.address
+
+    def _make(self) -> None:
+        agent = load_agent(f"epd-ring-rx-{uuid.uuid4().hex[:16]}")
+        regs: list[Any] = []
+        try:
+            for t in self.memory:
+                regs.append(agent.register_memory([(t.data_ptr(), t.numel() * t.element_size(), 0, "")], "DRAM"))
+            body = descriptor(agent, self.memory[0].data_ptr())
+        except BaseException:
+            if refused := self._deregister(agent, regs):
+                self._held.append((agent, refused))
+            raise
+        self.agent, self.regs, self._body = agent, regs, body
+
+    def _descriptor(self) -> bytes | None:
+        """What a metadata request is answered with (on its own thread): None, no answer, until there
+        is an agent; the first request that finds a device up makes it. A request that comes while
+        another makes it is not answered: it would wait past its client's deadline."""
+        if self._body is None and self._links is not None and self._links.up() and self._lock.acquire(blocking=False):
+            try:
+                if self._body is None and not self._closed:
+                    self._make()
+                    log.warning("a network device is up: NIXL agent %s made", self.agent.name)
+            except Exception as exc:  # tried again at the next request
+                log.warning("making the NIXL agent failed: %s: %s", type(exc).__name__, exc)
+            finally:
+                self._lock.release()
+        return self._body
 
     def close(self) -> None:
         """Stop serving the metadata, deregister the memory, then let go of the agent (idempotent).
         Memory whose deregistration NIXL refused stays held, with the agent, as long as this object."""
         self.server.close()
-        if self.agent is None:
+        if not self._lock.acquire(timeout=_MAKE_WAIT_S):
+            log.warning("a NIXL agent still being made holds the receiver's memory: it stays held")
             return
+        try:
+            self._closed = True
+            self._held = [(a, kept) for a, regs in self._held if (kept := self._deregister(a, regs))]
+            if self.agent is not None:
+                self.regs = self._deregister(self.agent, self.regs)
+                if not self.regs:
+                    self.agent = None
+            if self.agent is None and not self._held:
+                self.memory = ()
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _deregister(agent: Any, regs: list[Any]) -> list[Any]:
+        """Deregisters `regs` from `agent`, last first; returns those NIXL refused."""
         refused = []
-        for reg in reversed(self.regs):
+        for reg in reversed(regs):
             try:
-                self.agent.deregister_memory(reg)
+                agent.deregister_memory(reg)
             except Exception as exc:
                 log.warning("deregistering a receiver's memory from NIXL failed: %s: %s", type(exc).__name__, exc)
                 refused.append(reg)
-        self.regs = refused
-        if not refused:
-            self.agent, self.memory = None, ()
+        return refused
 
 
 class _Write:
