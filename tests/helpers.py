@@ -250,10 +250,11 @@ class Rig:
 def make_rig(*, extents: int = 4, extent_bytes: int = 4096, hidden: int = 8, n_deep: int = 0,
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
              max_deferred: int | None = None, arena_bytes: int | None = None, parked_ring_share: float = 0.5,
-             identity_ring_share: float | None = None, **manager_kw) -> Rig:
+             identity_ring_share: float | None = None, transport_cls: type[LoopbackTransport] = LoopbackTransport,
+             **manager_kw) -> Rig:
     """A rig whose arena holds `extents` items of `extent_bytes` (each capped at that), or is `arena_bytes` uncapped."""
     clock = FakeClock()
-    transport = LoopbackTransport(clock)
+    transport = transport_cls(clock)
     manager = EncodeManager(transport, clock, park_timeout=park_timeout, quarantine_s=quarantine_s,
                             write_timeout=write_timeout, **manager_kw)
     tower = TableTower(hidden=hidden, n_deep=n_deep)

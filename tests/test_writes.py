@@ -10,8 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import AddressedLoopback, ManagerRig, drive, make_rig, reason_kind, reason_text
 
-from epd_ring.executor import EncodeManager, Outcome, Ring
+from epd_ring.executor import EncodeManager, LoopbackTransport, Outcome, Ring
 from epd_ring.executor.core.reasons import ReasonKind
+from epd_ring.executor.core.transport import Transport
 
 # -- from a chunk to writes --------------------------------------------------------------------
 
@@ -162,14 +163,19 @@ def test_write_deadlines_fail_live_rooms_and_are_counted_for_concluded_ones():
 
 def test_a_write_the_transport_names_overdue_fails_its_room_now_and_keeps_its_extent_until_it_reports():
     """NIXL while a contact holds its agent: past its own deadline, a write it cannot release yet."""
-    rig = make_rig(write_timeout=30.0, quarantine_s=5.0)
+    named: list[int] = []
+
+    class Naming(LoopbackTransport):
+        def overdue(self) -> list[int]:
+            return [named.pop()] if named else []
+
+    rig = make_rig(write_timeout=30.0, quarantine_s=5.0, transport_cls=Naming)
     m, t, clock = rig.manager, rig.transport, rig.clock
     t.inject("hold", count=1)
     m.register_receiver(rig.frame(1, "a", 2))
     rig.send(1)
     (handle,) = t.held
-    named = [handle, handle]  # named twice: the core acts once
-    t.overdue = lambda: [named.pop()] if named else []
+    named += [handle, handle]  # named twice: the core acts once
     m.poll()
     assert reason_kind(m, 1) is ReasonKind.WRITE_TIMED_OUT and "a" in reason_text(m, 1).split()
     m.poll()
@@ -184,6 +190,18 @@ def test_a_write_the_transport_names_overdue_fails_its_room_now_and_keeps_its_ex
     clock.advance(5.0)
     m.poll()
     assert extent.state == "free" and rig.receiver("a").releases(1) == ["released"]
+
+
+def test_a_transport_with_the_seams_empty_overdue_is_not_asked_every_tick(monkeypatch):
+    """Only a transport that can name overdue writes is asked each tick: a call a tick is a call an
+    item on a busy loop (issue 33's per-item count)."""
+    asked = []
+    monkeypatch.setattr(Transport, "overdue", lambda self: asked.append(self) or [])
+    rig = make_rig()
+    rig.manager.register_receiver(rig.frame(1, "a", 2))
+    rig.send(1)
+    rig.manager.poll()
+    assert rig.manager.room_status(1) == "success" and asked == []
 
 
 def test_oldest_write_age_counts_from_the_oldest_submit():

@@ -48,6 +48,10 @@ class Pump:
         self.on_conclude: list[Callable[[int, str], None]] = []
         self._handles: dict[int, int] = {}  # transport handle -> the core's write id
         self._refused: list[tuple[int, Outcome]] = []  # writes the transport raised on: failed next tick
+        # Asked every tick only of a transport that can name overdue writes (NIXL): the others
+        # inherit the seam's empty answer, and a call a tick is a call an item on a busy loop.
+        own = getattr(type(self.transport), "overdue", Transport.overdue)
+        self._overdue = None if own is Transport.overdue else self.transport.overdue
 
     def write_of(self, handle: int) -> int | None:
         """The core's write id for a transport handle still in flight (None if none)."""
@@ -137,7 +141,7 @@ class Pump:
                 self.stats["completions_unknown"] += 1  # not a write of ours
             else:
                 done.append((write, outcome))
-        overdue = self.transport.overdue()
+        overdue = self._overdue() if self._overdue is not None else None
         if overdue:  # a write this poll reported has left `handles`: it is not overdue
             n += m.writes_overdue([handles[h] for h in overdue if h in handles])
         if self._refused:
