@@ -260,3 +260,149 @@ def test_putting_off_the_last_merge_never_changes_where_an_item_goes(sizes, ops)
             a.free(off)
             b.free(off)
         assert a.free_extents() == b.free_extents()
+
+
+def test_a_non_power_of_two_alignment_is_refused():
+    for align in (0, 3, 48, 96):
+        with pytest.raises(ValueError):
+            Arena(64 * 10, align)
+
+
+def best_fit(free: list[tuple[int, int]], nbytes: int, align: int = 64) -> int | None:
+    """Where the module docstring's policy puts `nbytes`, worked out from the merged free extents alone."""
+    def cls(u: int) -> int:  # exact below 32 units, then 16 classes per power of two
+        return u if u < 32 else ((u.bit_length() - 4) << 4) + (u >> (u.bit_length() - 5)) - 16
+
+    u = max(1, -(-nbytes // align))
+    holes = [(n // align, off) for off, n in free]
+    own = [h for h in holes if cls(h[0]) == cls(u)]
+    if own and min(own)[0] >= u:
+        return min(own)[1]  # the smallest of u's own class
+    if own and max(own, key=lambda h: (h[0], -h[1]))[0] >= u:
+        return max(own, key=lambda h: (h[0], -h[1]))[1]  # else its largest, lowest address first
+    larger = [h for h in holes if cls(h[0]) > cls(u)]
+    return min(larger)[1] if larger else None
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_every_lease_lands_where_best_fit_over_the_merged_free_space_puts_it(seed):
+    # Sizes about the class bounds (32 units, 64 units) and a few that repeat, so the extent freed
+    # last is often taken back at once, next to free extents of its own and other classes.
+    rng = random.Random(seed)
+    a = Arena(64 * 600)
+    live: dict[int, int] = {}
+    for _ in range(1500):
+        if live and rng.random() < 0.45:
+            off = rng.choice(sorted(live))
+            del live[off]
+            a.free(off)
+        else:
+            n = 64 * rng.choice((1, 2, 3, 5, 31, 32, 33, 34, 40, 63, 64, 66, 70)) - rng.choice((0, 1, 63))
+            want = best_fit(a.free_extents(), n)
+            got = a.alloc(n)
+            assert got == want, (n, a.free_extents())
+            if got is not None:
+                live[got] = n
+        check(a, live)
+
+
+def test_the_extent_freed_last_is_not_taken_back_where_a_free_neighbour_below_would_merge_with_it():
+    for below_units in (2, 3):  # of the lease's size and of another
+        a = Arena(64 * (below_units + 3))  # no free space at the end: `below` is the only other free extent
+        below, last = a.alloc(64 * below_units), a.alloc(64 * 2)
+        a.alloc(64)
+        a.free(below)
+        a.free(last)
+        # Merged they start at 0: a 2-unit item goes at their low end, not where `last` was.
+        assert a.alloc(64 * 2) == below
+
+
+def test_the_extent_freed_last_with_free_space_after_it_yields_to_a_better_fit():
+    a = Arena(64 * 100)
+    a.alloc(64 * 2)
+    hole = a.alloc(64 * 3)
+    a.alloc(64)
+    last = a.alloc(64 * 2)  # the free space at the end follows it
+    a.free(hole)
+    a.free(last)
+    # Merged with the free space after it, `last` is the large extent: the 3-unit hole fits better.
+    assert a.alloc(64 * 2) == hole
+    assert a.alloc(64 * 2) == last
+
+
+def test_the_extent_freed_last_yields_to_a_better_fit_of_its_free_neighbours_class():
+    a = Arena(64 * 12)  # no free space at the end
+    a.alloc(64 * 2)
+    hole = a.alloc(64 * 3)
+    a.alloc(64)
+    last, after = a.alloc(64 * 2), a.alloc(64 * 3)
+    a.alloc(64)
+    a.free(after)
+    a.free(hole)
+    a.free(last)
+    # Merged with the 3 units after it, `last` makes 5; the other 3-unit extent fits better.
+    assert a.alloc(64 * 2) == hole
+
+
+def test_the_extent_freed_last_yields_to_an_exact_fit_elsewhere_when_its_free_neighbour_is_smaller():
+    a = Arena(64 * 11)
+    exact = a.alloc(64 * 3)
+    a.alloc(64)
+    last, after = a.alloc(64 * 3), a.alloc(64 * 2)
+    a.alloc(64)
+    a.alloc(64)  # the arena is full
+    a.free(after)
+    a.free(exact)
+    a.free(last)
+    assert a.alloc(64 * 3) == exact  # an exact fit beats the 5 units `last` makes with its neighbour
+
+
+def test_the_extent_freed_last_yields_to_an_equal_fit_at_a_lower_address():
+    a = Arena(64 * 100)
+    first, _, last, _ = (a.alloc(64) for _ in range(4))
+    a.free(first)
+    a.free(last)
+    assert a.alloc(64) == first
+    assert a.alloc(64) == last
+
+
+def test_carving_one_extent_over_and_over_keeps_its_class_findable():
+    # Three holes of one class (1024-1087 units) and nothing smaller: each 1-unit lease carves the
+    # smallest hole, which stays in the class, so that class's largest-first heap gathers stale
+    # entries until it is rebuilt.
+    a = Arena(64 * (1080 + 1085 + 1087 + 3))
+    first = holes(a, [1080, 1085, 1087])[0]
+    for k in range(40):
+        assert a.alloc(64) == first + 64 * k
+    assert a.largest_free >= 64 * 1087
+    assert a.alloc(64 * 1087) is not None and a.alloc(64 * 1085) is not None
+
+
+def test_after_its_smallest_extent_is_carved_a_class_still_finds_its_largest():
+    # Two holes of one class (1024-1087 units): a 1-unit lease carves the smaller, which stays in
+    # the class; the larger must still be found, and a size between them refused, not crash.
+    a = Arena(64 * (1030 + 1080 + 2))
+    small, large = holes(a, [1030, 1080])
+    assert a.alloc(64) == small
+    assert a.alloc(64 * 1080) == large
+    assert a.alloc(64 * 1040) is None and a.largest_free == 64 * 1029
+
+
+class GaugedMidMerge(Arena):
+    """Reads the gauges while a merge is under way, as the metrics thread may."""
+
+    __slots__ = ("seen",)
+
+    def _merge(self, start: int, u: int) -> None:
+        self.seen = self.free_extents()
+        super()._merge(start, u)
+
+
+def test_a_gauge_read_during_a_merge_sees_each_free_byte_once():
+    a = GaugedMidMerge(64 * 8)
+    x, _, z = a.alloc(64 * 2), a.alloc(64 * 3), a.alloc(64)
+    a.free(x)
+    a.free(z)  # merges x meanwhile: a read then may miss x (a step stale), never see bytes not free
+    final = a.free_extents()
+    assert sum(n for _, n in a.seen) <= a.free_bytes
+    assert all(any(fo <= o and o + n <= fo + fn for fo, fn in final) for o, n in a.seen), (a.seen, final)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from epd_ring.executor import LoopbackTransport, Ring
+from epd_ring.executor import Extent, LoopbackTransport, Ring
 from epd_ring.executor.core.timers import Deadlines
 
 
@@ -157,3 +157,50 @@ def test_fire_runs_the_coupled_actions_on_the_compiled_path_and_refuses_what_is_
         ring.fire(a, "copied")  # declared only from `copying`
     assert (caught.value.machine, caught.value.state, caught.value.event) == ("extent", "sending", "copied")
     assert a.state == "sending" and ring.live == 1
+
+
+def test_a_cap_of_one_byte_is_a_valid_max_item_bytes_and_fits_bytes_is_the_largest_size_accepted():
+    for cap, ring in ((1, Ring(LoopbackTransport(), 4 * 64, max_item_bytes=1)),
+                      (100, Ring(LoopbackTransport(), 4 * 64, max_item_bytes=100)),
+                      (None, Ring(LoopbackTransport(), 4 * 64))):
+        # staging skips `too_large` for items up to `fits_bytes`: it must be exactly the bound
+        assert ring.too_large(ring.fits_bytes) is None and ring.too_large(ring.fits_bytes + 1) is not None
+        assert ring.fits_bytes == (cap if cap is not None else 4 * 64)
+
+
+def test_an_item_without_deepstack_rows_is_not_too_large_for_a_ring_without_a_deepstack_arena():
+    ring = Ring(LoopbackTransport(), 2 * 64)
+    assert ring.too_large(2 * 64) is None and ring.too_large(64, 0) is None
+
+
+def test_extent_cost_rounds_each_half_up_to_whole_units():
+    cases = {(0,): 64, (1,): 64, (63,): 64, (64,): 64, (65,): 128,
+             (64, 0): 64, (64, 1): 128, (64, 63): 128, (64, 64): 128, (64, 65): 192, (0, 65): 192}
+    assert {args: Ring.extent_cost(*args) for args in cases} == cases
+
+
+def test_a_lease_records_both_halves_sizes():
+    ring = Ring(LoopbackTransport(), 4 * 64, deep_bytes=4 * 64)
+    e = ring.lease(100, 130)
+    assert (e.nbytes, e.deep_nbytes) == (100, 130) and ring.deep_arena.extent_bytes(e.deep_offset) == 3 * 64
+    bare = Extent(9, ring, 0, 64)  # built by hand: no deepstack half unless given
+    assert (bare.deep_offset, bare.deep_nbytes) == (-1, 0)
+
+
+def test_the_deepstack_arena_has_its_own_gauges():
+    ring = Ring(LoopbackTransport(), 4 * 64, deep_bytes=4 * 64)
+    ring.lease(64, 128)
+    g = ring.gauges()
+    assert (g["deep_bytes_in_use"], g["deep_largest_free"], g["deep_fragmentation"]) == (128, 128, 0.0)
+    assert g["main_bytes_in_use"] == 64
+
+
+def test_an_extent_object_stepped_into_free_again_gives_back_no_bytes_it_no_longer_holds():
+    ring = Ring(LoopbackTransport(), 2 * 64)
+    old = ring.lease(64)
+    ring.fire(old, "abandon")
+    new = ring.lease(64)
+    assert new.offset == old.offset
+    ring.fire(old, "lease")  # a stale handle stepped again: the ring does not hold it
+    assert ring.fire(old, "abandon") == "free"
+    assert ring.main_arena.in_use == 64 and ring.live == 1 and ring.lease(64) is not None
