@@ -431,3 +431,27 @@ def test_the_engines_handshake_connect_timeout_follows_the_connect_deadline(monk
     monkeypatch.setenv("MC_HANDSHAKE_CONNECT_TIMEOUT", "3")  # a user's own setting stands
     caching_transport(monkeypatch, CachingEngine({}), connect_timeout=7.5)
     assert os.environ["MC_HANDSHAKE_CONNECT_TIMEOUT"] == "3"
+
+
+def test_each_key_whose_frames_make_peers_has_its_own_share_of_them():
+    rig = make_rig(max_peers_per_identity=1)
+    m = rig.manager
+    for room, session, key in ((1, "a:1", ATTACKER), (2, "h:1", HONEST), (3, "a:2", ATTACKER)):
+        rig.receiver(session)
+        rig.executor.register(f"req-{room}", "prefill-host", 8998, room, receiver=key)
+    assert m.register_receiver(rig.frame(1, "a:1", 2, identity=ATTACKER))
+    assert m.register_receiver(rig.frame(2, "h:1", 2, identity=HONEST))  # the attacker's share is not the honest key's
+    assert m.peers.per_identity == {ATTACKER: 1, HONEST: 1}
+    assert not m.register_receiver(rig.frame(3, "a:2", 2, identity=ATTACKER))  # a:1 is busy: nothing to forget
+    assert reason_kind(m, 3) is ReasonKind.CAPACITY
+
+
+def test_every_room_of_another_key_on_a_proven_session_is_disowned_and_counted():
+    rig = make_rig()
+    Proving(rig, {"victim:1": VICTIM})
+    for room in (8, 9):
+        rig.executor.register(f"req-{room}", "prefill-host", 8998, room, receiver=ATTACKER)
+        assert rig.manager.register_receiver(rig.frame(room, "victim:1", 2, identity=ATTACKER))
+    rig.executor.poll()
+    assert all(reason_kind(rig.manager, r) is ReasonKind.FOREIGN for r in (8, 9))
+    assert rig.manager.stats["rooms_disowned"] == 2

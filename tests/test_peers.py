@@ -21,9 +21,10 @@ from epd_ring.executor import (
     Outcome,
     ReceiverFrame,
 )
-from epd_ring.executor.core.peers import Peer
+from epd_ring.executor.core.peers import Peer, PeerTable
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor.core.ring import Ring
+from epd_ring.executor.core.timers import Deadlines
 from epd_ring.executor.core.transport import Transport
 from epd_ring.fsm import InvalidTransition
 
@@ -407,6 +408,7 @@ def test_a_fresh_peer_is_idle():
     # timer, due and retry_at are read only once armed or down; a fresh peer has no deadline
     assert (peer.state, peer.fails, peer.attempt, peer.reason) == ("unknown", 0, 0, "")
     assert not peer.timer and peer.rooms == set()
+    assert not peer.waiting and not peer.held and peer.identity == ""  # no contact awaited, nobody's share
 
 
 def test_idle_peers_forgotten_to_stay_bounded_are_counted():
@@ -934,3 +936,153 @@ def test_a_refused_probe_takes_the_peer_down_and_fails_its_rooms():
 def test_probe_interval_is_checked():
     with pytest.raises(ValueError, match="peer_probe_interval"):
         EncodeManager(LoopbackTransport(), peer_probe_interval=0)
+
+
+# Survivors of the mutation pass (issue 32): a peer table on its own, driven through its reports
+# and a FakeClock, so each rule shows without a manager around it.
+def bare(**kw):
+    """A bare peer table: its effects land in `outbox`, its time is the clock's, and the manager's
+    actions on entering a state are recorded in `entered` as (action, session)."""
+    clock, outbox, entered = FakeClock(), [], []
+    actions = {a: (lambda p, a=a: entered.append((a, p.session))) for a in ("resume_rooms", "fail_rooms")}
+    return clock, outbox, PeerTable(outbox, clock, Deadlines(), actions=actions, **kw), entered
+
+
+def bring_up(peers, outbox, session, identity="", room=None, owner=None):
+    """First contact with `session`, answered yes; with `room`, the peer has work pending."""
+    peer = peers.contact(session, identity)
+    if room is not None:
+        peer.rooms.add(room)
+    peers.report(session, outbox[-1].attempt, True, owner=owner)
+    assert peer.state == "up"
+    return peer
+
+
+def test_a_bare_tables_max_bytes_bounds_what_a_peer_may_hold_and_one_byte_is_a_bound():
+    _, outbox, peers, _ = bare(max_bytes=100)
+    peer = bring_up(peers, outbox, "r")
+    peers.hold(1, 60, ["r"])
+    assert peers.over_bound(["r"], 40) is None
+    assert peers.over_bound(["r"], 41) is peer
+    _, outbox, peers, _ = bare(max_bytes=1)
+    peer = bring_up(peers, outbox, "r")
+    peers.hold(1, 1, ["r"])
+    assert peers.over_bound(["r"], 1) is peer
+    with pytest.raises(ValueError):
+        bare(max_bytes=0)
+
+
+def test_each_identity_has_256_peers_by_default_and_each_refusal_is_counted():
+    _, _, peers, _ = bare()
+    for k in range(256):  # each still waits for its contact: none is idle, none forgotten
+        assert peers.contact(f"a:{k}", "a") is not None
+    assert peers.contact("a:256", "a") is None and peers.contact("a:257", "a") is None
+    assert peers.stats["peers_refused_identity"] == 2
+    assert peers.contact("b:0", "b") is not None  # the share is a's alone
+    _, _, peers, _ = bare(max_peers_per_identity=1)
+    assert peers.contact("a:0", "a") is not None and peers.contact("a:1", "a") is None
+    with pytest.raises(ValueError):
+        bare(max_peers_per_identity=0)
+
+
+def test_a_contact_names_its_identity_and_each_proven_owner_is_recorded_and_counted():
+    _, outbox, peers, _ = bare()  # no admission: nobody to call back, the table still records the owner
+    for s in ("r0", "r1"):
+        assert bring_up(peers, outbox, s, identity="k", owner="k").owner == "k"
+    assert [(c.session, c.identity) for c in outbox] == [("r0", "k"), ("r1", "k")]
+    assert peers.stats["owners_proven"] == 2
+
+
+def test_beat_probes_each_busy_up_peer_whose_probe_is_due_and_returns_how_many():
+    clock, outbox, peers, entered = bare(probe_interval=1.0)
+    assert peers.beat(clock.now()) == 0
+    for k, s in enumerate(("a", "b", "c")):
+        bring_up(peers, outbox, s, room=k)
+    assert len(peers.beats) == 3  # one probe armed for each
+    peers.get("c").rooms.clear()  # its work ended: its armed probe finds it idle
+    clock.advance(1.0)
+    assert peers.beat(clock.now()) == 2
+    assert [(c.session, c.probe) for c in outbox[3:]] == [("a", True), ("b", True)]
+    assert peers.stats["probes"] == 2
+    # a state's actions run on entering it, once: a probe of an up peer leaves it up
+    assert entered == [("resume_rooms", "a"), ("resume_rooms", "b"), ("resume_rooms", "c")]
+
+
+def test_a_room_held_twice_for_a_peer_gives_back_both_when_let_go():
+    _, outbox, peers, _ = bare()
+    peer = bring_up(peers, outbox, "r")
+    peers.hold(1, 10, ["r"])
+    peers.hold(1, 5, ["r"])
+    assert (peer.held, peers.held_total) == (15, 15)
+    peers.let_go(peer, 1)
+    assert (peer.held, peers.held_total) == (0, 0)
+    peers.let_go(peer, 1)  # nothing left for that room
+    assert (peer.held, peers.held_total) == (0, 0)
+
+
+def test_an_overdue_write_after_a_failed_one_counts_both_failures():
+    _, outbox, peers, _ = bare(fail_threshold=3)
+    peer = bring_up(peers, outbox, "r")
+    peers.write_failed(peer)
+    assert peer.state == "up"
+    peers.write_overdue(peer)
+    assert peer.state == "suspect" and peers.snapshot()["r"]["fails"] == 2
+
+
+def test_a_peer_that_went_down_is_idle_and_may_be_forgotten_for_a_new_one():
+    _, outbox, peers, _ = bare(max_peers=1)
+    peers.contact("a")
+    peers.report("a", outbox[-1].attempt, False, "refused")
+    assert peers.get("a").state == "down"
+    assert peers.contact("b") is not None and peers.get("a") is None
+    assert peers.stats["peers_forgotten"] == 1
+
+
+def test_a_late_refusal_of_a_probe_that_writes_answered_leaves_the_peer_up():
+    clock, outbox, peers, _ = bare(probe_interval=1.0)
+    peer = bring_up(peers, outbox, "r", room=1)
+    clock.advance(1.0)
+    assert peers.beat(clock.now()) == 1
+    peers.write_ok(peer)  # a write landed: the probe is answered
+    peers.report("r", outbox[-1].attempt, False, "refused")
+    assert peer.state == "up" and peers.stats["reports_stale"] == 1
+
+
+def test_a_peer_that_got_work_while_its_contact_ran_is_first_probed_an_interval_after_it_came_up():
+    clock, outbox, peers, _ = bare(probe_interval=1.0)
+    peer = peers.contact("r")
+    peer.rooms.add(1)
+    peers.schedule(peer)  # as a frame's room does: no probe is armed while the contact is awaited
+    assert len(peers.beats) == 0 and not peer.beat.timer
+    clock.advance(0.9)
+    peers.report("r", outbox[-1].attempt, True)
+    clock.advance(0.2)
+    assert peers.beat(clock.now()) == 0
+    clock.advance(0.8)
+    assert peers.beat(clock.now()) == 1
+
+
+def test_an_idle_up_peer_is_first_probed_an_interval_after_a_frame_brings_it_work():
+    b = ManagerRig(connect_timeout=1.0)
+    m = b.m
+    b.t.add_receiver("r")
+    m.peers.contact("r")
+    m.poll()
+    assert m.peers.get("r").state == "up" and len(m.peers.beats) == 0  # idle: nothing to probe
+    b.clock.advance(0.5)
+    assert m.register_receiver(b.frame(1, "r"))  # the room waits for its sender: work pending
+    b.clock.advance(0.6)
+    m.poll()
+    assert m.peers.stats["probes"] == 0
+    b.clock.advance(0.4)
+    m.poll()
+    assert m.peers.stats["probes"] == 1
+
+
+def test_a_down_peer_with_work_pending_is_never_probed():
+    _, outbox, peers, _ = bare()
+    peer = peers.contact("r")
+    peer.rooms.add(1)
+    peers.report("r", outbox[-1].attempt, False, "refused")
+    assert peers.probe_due(peer) == 0
+    assert peer.state == "down" and len(outbox) == 1 and not peers.stats["probes"]
