@@ -14,7 +14,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind, reason_text
 
-from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Modality
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Modality,
+    item_token_count,
+)
 from epd_ring.executor.core.reasons import ReasonKind
 
 # -- bad items and tower errors ----------------------------------------------------------------
@@ -443,3 +451,11 @@ def test_a_deferred_item_that_lost_its_tensors_fails_only_its_room_and_serving_g
     assert m.room_status(3) == "success" and not ex.has_deferred()
     assert torch.equal(rig.buffers[(3, "p3")][0], torch.full((2, 8), 3.0))
 
+
+def test_an_item_with_neither_n_tokens_nor_offsets_has_no_token_count():
+    # A public helper for engines: no count is a ValueError, whatever the item lacks.
+    class Uncounted:
+        modality = "image"
+
+    with pytest.raises(ValueError):
+        item_token_count(Uncounted())
