@@ -963,3 +963,10 @@ def test_a_deepstack_arena_size_given_for_a_model_without_deepstack_makes_no_dee
     ex.register("r", "prefill-host", 8998, 1)
     ex.send_item("r", EncodeItem("image", 2, encoded=torch.ones(2, 8), encoded_deepstack=torch.ones(2, 8)))
     assert reason_kind(ex.manager, 1) is ReasonKind.ITEM and ex.ring.live == 0
+
+
+def test_fail_rooms_with_an_exception_that_says_nothing_still_gives_a_reason():
+    rig = make_rig()
+    submit(rig, 1, 2, rid="a")
+    assert rig.executor.fail_rooms(["a"], RuntimeError()) == 1
+    assert reason_kind(rig.manager, 1) is ReasonKind.CALLER and rig.manager.failure_reason(1)
