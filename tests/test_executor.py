@@ -951,3 +951,22 @@ def test_dump_state_lists_extents_rooms_and_peers():
     ])
     with pytest.raises(ValueError, match=r"^format\b.*'svg'$"):
         ex.dump_state("svg")
+
+
+def test_a_deepstack_arena_size_given_for_a_model_without_deepstack_makes_no_deepstack_arena():
+    # Such a model's items carry no deepstack rows: one that does is refused as a bad item (kind
+    # `item`), not measured against an arena that holds nothing.
+    clock = FakeClock()
+    ex = drive(EncodeExecutor(EncodeManager(LoopbackTransport(clock), clock), TableTower(), "cpu",
+                              arena_bytes=4096, deep_arena_bytes=4096))
+    assert ex.ring.deep is None
+    ex.register("r", "prefill-host", 8998, 1)
+    ex.send_item("r", EncodeItem("image", 2, encoded=torch.ones(2, 8), encoded_deepstack=torch.ones(2, 8)))
+    assert reason_kind(ex.manager, 1) is ReasonKind.ITEM and ex.ring.live == 0
+
+
+def test_fail_rooms_with_an_exception_that_says_nothing_still_gives_a_reason():
+    rig = make_rig()
+    submit(rig, 1, 2, rid="a")
+    assert rig.executor.fail_rooms(["a"], RuntimeError()) == 1
+    assert reason_kind(rig.manager, 1) is ReasonKind.CALLER and rig.manager.failure_reason(1)

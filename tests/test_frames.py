@@ -21,6 +21,7 @@ from epd_ring.executor.core.frames import (
     check_tiling,
     frame_from_parts,
     frame_to_parts,
+    numeric_endpoint,
 )
 
 U64_MAX = (1 << 64) - 1
@@ -424,3 +425,23 @@ def test_parts_are_checked_in_order_and_the_first_bad_one_named():
     parts[10] = b"0"
     with pytest.raises(FrameError, match="^room "):
         frame_from_parts(parts)
+
+
+@pytest.mark.parametrize("endpoint", [
+    "udp://127.0.0.1:5555",  # statuses go out over TCP only (the control plane asks this alone)
+    "tcp://127.0.0.1:005555",  # six digits, whatever their value
+    "tcp://[1.2.3.4]:5555",  # brackets hold an IPv6 address only
+    "tcp://[::12:5555",  # an opening bracket without its closing one
+    "tcp://::12]:5555",
+])
+def test_a_status_endpoint_that_is_not_plainly_numeric_tcp_is_refused(endpoint):
+    assert not numeric_endpoint(endpoint)
+    with pytest.raises(FrameError):
+        check_frame(FLAT._replace(status_endpoint=endpoint))
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://[::1.2.3.4]:5555", "tcp://[fe80::]:1", "tcp://[1::]:65535"])
+def test_a_bracketed_ipv6_endpoint_is_read_whole(endpoint):
+    # whose every character matters: one dropped from either end leaves no address
+    assert numeric_endpoint(endpoint)
+    check_frame(FLAT._replace(status_endpoint=endpoint))

@@ -14,7 +14,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import Calls, Rig, TableTower, counters, drive, make_rig, reason_kind, reason_text
 
-from epd_ring.executor import EncodeExecutor, EncodeItem, EncodeManager, FakeClock, LoopbackTransport, Modality
+from epd_ring.executor import (
+    EncodeExecutor,
+    EncodeItem,
+    EncodeManager,
+    FakeClock,
+    LoopbackTransport,
+    Modality,
+    item_token_count,
+)
 from epd_ring.executor.core.reasons import ReasonKind
 
 # -- bad items and tower errors ----------------------------------------------------------------
@@ -389,3 +397,65 @@ def test_an_empty_deepstack_half_counts_as_none():
     ex.poll()
     assert m.room_status(1) == "success"
     assert torch.equal(rig.buffers[(1, "p1")][0], torch.full((2, 8), 7.0))
+
+
+def test_an_items_deepstack_half_is_charged_to_its_identity_staged_at_once_or_after_deferral():
+    # The shares and a peer's bound count both halves: a deepstack half left out of the cost lets an
+    # identity hold more of the arenas than its share says.
+    rig = make_rig(extents=1, extent_bytes=64, n_deep=2)
+    ex, t = rig.executor, rig.transport
+    for session in ("p1", "p2"):
+        t.inject("hold", session=session)  # each extent stays leased while its write is held
+    for r in (1, 2):
+        rig.open_room(r)
+    ex.execute([("r1", rig.item(2, 1))])  # 64 B main, 128 B deepstack: staged at once
+    ex.execute([("r2", rig.item(2, 2))])  # the arena is full: deferred
+    assert ex.has_deferred()
+    both = ex.ring.extent_cost(64, 128)
+    assert both > ex.ring.extent_cost(64)
+    first = rig.extent_of(1)
+    assert first.cost == both and first.share.held == both
+    t.complete(t.held[0])
+    ex.poll()
+    ex.poll()  # room 1 concluded and its extent is free: room 2 is served from the deferred queue
+    assert rig.manager.room_status(1) == "success"
+    assert not ex.has_deferred()
+    second = rig.extent_of(2)
+    assert second.cost == both and second.share.held == both
+
+
+@pytest.mark.parametrize("lost", ["encoded", "encoded_deepstack"])
+def test_a_deferred_item_that_lost_its_tensors_fails_only_its_room_and_serving_goes_on(lost):
+    # The caller owns the item until it is staged: one that drops an attribute while deferred is
+    # refused when served (kind `item`), and the sends behind it are still served.
+    class Item:
+        def __init__(self, seed: float):
+            self.encoded = torch.full((2, 8), seed)
+            self.encoded_deepstack = None
+
+    rig = make_rig(extents=1, extent_bytes=64)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    t.inject("hold", session="p1")
+    for r in (1, 2, 3):
+        rig.open_room(r)
+    ex.execute([("r1", rig.item(2, 1))])
+    broken, fine = Item(2.0), Item(3.0)
+    ex.send_item("r2", broken)
+    ex.send_item("r3", fine)
+    assert ex.deferred_requests() == ["r2", "r3"]
+    delattr(broken, lost)
+    t.complete(t.held[0])
+    ex.poll()
+    ex.poll()
+    assert reason_kind(m, 2) is ReasonKind.ITEM
+    assert m.room_status(3) == "success" and not ex.has_deferred()
+    assert torch.equal(rig.buffers[(3, "p3")][0], torch.full((2, 8), 3.0))
+
+
+def test_an_item_with_neither_n_tokens_nor_offsets_has_no_token_count():
+    # A public helper for engines: no count is a ValueError, whatever the item lacks.
+    class Uncounted:
+        modality = "image"
+
+    with pytest.raises(ValueError):
+        item_token_count(Uncounted())
