@@ -59,7 +59,9 @@ CONTROL_PORT = 5555  # the encoder's, on its own host: known before it starts, s
 # while a peer recovers, a room that parked past its deadline.
 FAILED_KINDS = {"write_deadline", "write_failed", "peer_down"}
 # The control plane's heartbeat, short so a cut outlasts it within seconds (3 intervals end a silent
-# connection); the receivers' own, and how long they keep a region of an ended encoder incarnation.
+# connection); the receivers' own, and how long they keep a region of an ended encoder incarnation:
+# 1 s, less than a dead kernel may go on sending after a heal; safe because such a region also waits
+# for the connections the dead process had into the receiver's engine to close (orphans.py).
 HEARTBEAT_S = 1.0
 RECEIVER_OPTIONS = ["--heartbeat", "1", "--reclaim", "1"]
 RECOVERING_KINDS = FAILED_KINDS | {"park_timeout"}
@@ -592,7 +594,7 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
     finally:
         hosts.heal("b")
     assert world.encoder.ask(cmd="state")["incarnation"] != old
-    back = {}
+    back, waited = {}, {}
     for host in ("b", "c"):
         mine = [r for r in made if host in world.plans[r][0]]
         deadline = time.monotonic() + 120
@@ -601,6 +603,7 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
             still = {r for r in mine if report["open_regions"].get(str(r)) not in (None, "written")}
             if not still:
                 back[host] = time.monotonic()
+                waited[host] = len(report["lingered"])
                 break
             assert time.monotonic() < deadline, (host, still, report)
         assert report["protocol_errors"] == [] and report["incarnation"]
@@ -614,7 +617,9 @@ def test_an_encoder_killed_with_writes_in_flight_and_started_again_gives_every_r
                    for room in mine)
     figure("an encoder restarted (kill -9, B cut with writes in flight): its new incarnation up to every "
            "region back", ", ".join(f"{host.upper()} {back[host] - t_new:.2f} s" for host in back) +
-           f" (the kill to the new incarnation up: {t_new - t_kill:.2f} s)")
+           f" (the kill to the new incarnation up: {t_new - t_kill:.2f} s); regions that waited past the "
+           f"reclaim delay for a connection of the dead process to close: "
+           + ", ".join(f"{host.upper()} {waited[host]}" for host in waited))
     # The memory is reused: new rooms through the new encoder, every byte checked.
     first_success(world, ("b", "c"))
     res = world.run(("b",), ("c",), ("b", "c"), each=3)

@@ -79,8 +79,8 @@ def test_frames_and_withdraws_lost_with_a_connection_go_out_again_once_it_is_bac
     assert len(r.push.lost) == 2
     r.push = push
     assert cut_the_one_connection(s.control.guard)  # the encoder ends the connection (its heartbeat, in a cut)
-    s.pump(lambda: 1 not in r.regions and m.room_status(2) == "announced", timeout=30,
-           poll=lambda: both(s.manager.poll, r))
+    s.pump(lambda: 1 not in r.regions and m.room_status(2) == "announced" and m.stats["duplicate_frames"],
+           timeout=30, poll=lambda: both(s.manager.poll, r))  # room 3's frame goes out after room 2's
     assert m.failure_reason(1).kind == ReasonKind.WITHDRAWN
     assert r.notices[1] == ["failed", "withdrawn"]
     # Room 3's frame went out again too: the encoder had it already, and takes it once.
@@ -172,3 +172,116 @@ def test_a_receiver_that_loses_its_encoder_past_its_bound_fails_its_rooms_and_ta
     now[0] += 5.0
     r.poll()
     assert r.regions == {} and r._extents.free == [(0, CAPACITY)] and r.protocol_errors == []
+
+
+class _Connections:
+    """An `Inbound` whose open connections the test sets: what the receiver's engine holds."""
+
+    def __init__(self, *open_now) -> None:
+        self.now = set(open_now)
+
+    def open(self) -> frozenset:
+        return frozenset(self.now)
+
+    def exclude(self, port: int) -> None:
+        pass
+
+    def probe(self, connections) -> None:
+        self.probed = set(connections)
+
+
+def _lose_the_encoder(s, r, room: int) -> None:
+    r.expect(room, span=4, hidden=8)
+    r.register(room)
+    s.pump(lambda: s.manager.room_status(room) == "announced", timeout=30, poll=lambda: both(s.manager.poll, r))
+    s.control.close()  # the encoder is gone (closed again, harmlessly, at teardown)
+    s.pump(lambda: r._lost_since is not None, timeout=30, poll=lambda: r.poll(5))
+
+
+def test_an_orphaned_region_waits_for_the_connections_its_dead_encoder_had_into_the_engine(receiver):
+    # Stop 39's CI: a kill -9 with writes on a cut link; the dead process's kernel delivered them after
+    # the heal, into a region reclaimed at `reclaim_s` and reused by the new incarnation's room.
+    s, r, now = receiver
+    dead, new = ("10.0.0.2:3A98", "10.0.0.1:C350", 11), ("10.0.0.2:3A98", "10.0.0.1:C351", 12)
+    conns = _Connections(dead)
+    r.reclaim.inbound = conns
+    _lose_the_encoder(s, r, 9)
+    conns.now.add(new)  # made after we lost the encoder: not the dead one's
+    now[0] += 60.0
+    r.poll()
+    assert r.status == {9: ["failed"]}
+    now[0] += 5.0 + 60.0  # past `reclaim_s`: the dead connection is still open, so are its writes
+    r.poll()
+    assert set(r.regions) == {9} and r.reclaim.waited == {9} and conns.probed == {dead}
+    conns.now.discard(dead)
+    now[0] += 1.0
+    r.poll()
+    assert r.regions == {} and r._extents.free == [(0, CAPACITY)] and r.reclaim.overdue == 0
+    assert r.protocol_errors == []
+
+
+def test_an_orphaned_region_waits_for_a_dead_connection_at_most_reclaim_max_s(receiver):
+    # A connection whose peer's kernel gave up stays open here with nothing more to deliver.
+    s, r, now = receiver
+    r.reclaim.inbound = _Connections(("10.0.0.2:3A98", "10.0.0.1:C350", 11))
+    _lose_the_encoder(s, r, 9)
+    now[0] += 60.0
+    r.poll()
+    held_until = r.regions[9].reclaim_by
+    assert held_until == now[0] + 300.0  # the default bound
+    now[0] = held_until - 1.0
+    r.poll()
+    assert set(r.regions) == {9}
+    now[0] = held_until
+    r.poll()
+    assert r.regions == {} and r.reclaim.overdue == 1 and r._extents.free == [(0, CAPACITY)]
+
+
+def test_a_receiver_refuses_a_reclaim_bound_that_is_not_seconds(side):
+    s = side()
+    for bad in (-1.0, float("nan"), "30"):
+        with pytest.raises(ValueError, match="reclaim_max_s"):
+            ReferenceReceiver(s.control.endpoint, capacity=CAPACITY, keypair=generate_keypair(),
+                              encoder_key=s.keys[0], reclaim_max_s=bad)
+
+
+class _Unread:
+    """A status socket with nothing to read: the receiver takes its connection events first."""
+
+    def poll(self, *args) -> int:
+        return 0
+
+
+def test_an_answer_to_an_earlier_hello_read_after_a_reconnection_is_not_the_new_encoders(receiver):
+    # Found in the multi-host suite: a receiver that did not poll across a restart read its old
+    # encoder's answer to a hello of the connection before after it had connected to the new one.
+    # Taken as the same encoder answering, it sent its frames again to the new one (or, read after
+    # the new one's, it took the dead one for current). Each hello is numbered now, and the answer
+    # repeats the number.
+    s, r, _ = receiver
+    old = s.control
+    r.expect(5, span=4, hidden=8)
+    r.register(5)
+    s.pump(lambda: s.manager.room_status(5) == "announced", timeout=30, poll=lambda: both(s.manager.poll, r))
+    r.push.send_multipart(r._hello())  # answered, and not read before the restart
+    s.pump(lambda: r.status_sock.poll(0), timeout=30, poll=s.manager.poll)
+    endpoint = old.endpoint
+    old.close()
+    clock = FakeClock()
+    manager = drive(EncodeManager(LoopbackTransport(clock), clock))
+    new = ZmqControlPlane(manager.pump, bind=endpoint, keypair=s.keys, allowed_keys=[r.keys[0]])
+    status_sock, r.status_sock = r.status_sock, _Unread()
+    try:
+        manager.pump.transport.notify = new.push_status
+        s.pump(lambda: r.handshakes == 2, timeout=30, poll=lambda: both(manager.poll, r))
+        r.status_sock = status_sock
+        s.pump(lambda: r.incarnation == new.incarnation and r.regions[5].acked, timeout=30,
+               poll=lambda: both(manager.poll, r))
+        for _ in range(20):  # whatever else was queued is read too
+            both(manager.poll, r)
+        assert new.stats["frames"] == 0  # room 5 was the dead one's: withdrawn, never offered again
+        assert r.status == {5: ["failed"]} and r.concluded_here == {5} and r.notices[5] == ["withdrawn"]
+        assert r.incarnation == new.incarnation and r.stale_answers >= 1
+    finally:
+        r.status_sock = status_sock
+        new.close()

@@ -58,9 +58,10 @@ ENV_ENCODER = "EPD_RING_ENCODER_KEY"  # a receiver's view: the encoder's public 
 # What a receiver sends as it connects: it binds the connection to the receiver's key at once, so the
 # guard never counts it among connections that completed a handshake and said nothing.
 HELLO = b"epd-ring/hello/1"
-# The answer to a hello that names its status endpoint (`[HELLO, endpoint]`): this control plane's
-# incarnation, drawn at start. A receiver that hears a new one knows the encoder it offered its
-# regions to is gone, with every room it held (docs/mooncake.md, "Encoder incarnations").
+# The answer to a hello that names its status endpoint (`[HELLO, endpoint, number]`): this control
+# plane's incarnation, drawn at start, and the hello's number (at most 20 digits), if it had one. A
+# receiver that hears a new one knows the encoder it offered its regions to is gone, with every room
+# it held (docs/mooncake.md, "Encoder incarnations").
 INCARNATION = b"epd-ring/incarnation/1"
 
 
@@ -487,11 +488,12 @@ class ZmqControlPlane:
 
     # frames in ---------------------------------------------------------------------------
     def _handle(self, identity: str, parts: list[bytes]) -> None:
-        if parts and parts[0] == HELLO and len(parts) <= 2:
+        if parts and parts[0] == HELLO and len(parts) <= 3:
             self.stats["hellos"] += 1  # it bound its connection to its key (the guard)
-            if len(parts) == 2:  # and asks who we are, at its status endpoint
-                self.statuses.send(parts[1].decode("ascii", "replace"), identity, [INCARNATION, self.incarnation],
-                                   sent="incarnations_told")
+            if len(parts) >= 2:  # and asks who we are, at its status endpoint (repeating its number)
+                number = parts[2:] if parts[2:] and len(parts[2]) <= 20 and parts[2].isdigit() else []
+                self.statuses.send(parts[1].decode("ascii", "replace"), identity,
+                                   [INCARNATION, self.incarnation, *number], sent="incarnations_told")
             return
         if parts and parts[0] == WITHDRAW_MAGIC:
             self._withdraw(identity, parts)

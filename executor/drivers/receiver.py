@@ -60,6 +60,7 @@ from .control import (
     load_public_keys,
 )
 from .mooncake import load_engine, owner_page
+from .orphans import Inbound, Reclaim
 from .transports import TRANSPORTS
 
 _ALIGN = 64
@@ -68,15 +69,19 @@ _ALIGN = 64
 class Region:
     """One room's receive region at this receiver: its extents and its region-machine state."""
 
-    __slots__ = ("room", "state", "extents", "ptr", "resent", "reclaim_at", "needs_ack", "acked")
+    __slots__ = ("room", "state", "extents", "ptr", "resent", "reclaim_at", "reclaim_by", "lingering", "needs_ack",
+                 "acked")
 
     def __init__(self, room: int, extents: list[tuple[int, int]], ptr: int = 0):
         self.room, self.state, self.extents = room, REGION.initial, extents
         self.ptr = ptr  # its frame's dst_ptr: what the encoder's notices name it by
         self.resent = False  # its frame went out again: the encoder may tell its outcome again
-        # Orphaned (its encoder's incarnation ended): reclaimed here once `reclaim_at` passed and, where
-        # the new incarnation was asked to forget it (`needs_ack`), it acknowledged.
+        # Orphaned (its encoder's incarnation ended): reclaimed here once `reclaim_at` passed, the dead
+        # process's connections (`lingering`) closed or `reclaim_by` passed (orphans.py) and, where the
+        # new incarnation was asked to forget it (`needs_ack`), it acknowledged.
         self.reclaim_at: float | None = None
+        self.reclaim_by = 0.0
+        self.lingering: frozenset = frozenset()
         self.needs_ack = self.acked = False
 
     def __repr__(self) -> str:
@@ -108,6 +113,20 @@ class Extents:
             else:
                 merged.append((s, n))
         self.free = merged
+
+
+def _status_address(status_address: Any, hostname: str) -> tuple[str, str]:
+    """(numeric host, port or "") the status socket binds to and advertises."""
+    if status_address is not None and not isinstance(status_address, str):
+        raise TypeError(f"status_address must be a str HOST or HOST:PORT, got {status_address!r}")
+    host, _, port = (status_address or hostname).partition(":")
+    # Checked before the engine starts: libzmq would refuse a bad port only at bind, with
+    # "Invalid argument" and no word of which setting.
+    if port and not (port.isdecimal() and port.isascii() and 0 < int(port) < 65536):
+        raise ValueError(f"status_address: the port must be a number from 1 to 65535, got {port!r}")
+    # The encoder dials our status endpoint and refuses host names (a lookup would block its I/O
+    # thread): resolved here, once, at start-up.
+    return numeric_host(host), port
 
 
 def _check_args(encode_endpoint: Any, capacity: Any, hostname: Any, dtype: Any, transport: Any) -> None:
@@ -206,7 +225,8 @@ class ReferenceReceiver:
                  dtype: torch.dtype = torch.float32, encoder_key: Any = None,
                  keypair: tuple[bytes, bytes] | None = None, insecure: bool = False,
                  status_address: str | None = None, heartbeat_s: float = 10.0, give_up_s: float = 600.0,
-                 reclaim_s: float = 30.0, clock: Any = time.monotonic, transport: str = "mooncake"):
+                 reclaim_s: float = 30.0, clock: Any = time.monotonic, transport: str = "mooncake",
+                 reclaim_max_s: float = 300.0):
         """`hostname`: the address this receiver's session advertises (the engine's local
         hostname; the encoder's writes come to it). `status_address`: HOST or HOST:PORT the
         status socket binds to and advertises (`hostname` and a random port by default).
@@ -214,26 +234,16 @@ class ReferenceReceiver:
         `heartbeat_s`: ZMTP heartbeats on the frame socket (a silent connection ends after 3).
         `give_up_s`: how long it keeps its rooms with no connection to its encoder; then they fail
         here. It must exceed what the encoder may still do for a room (announce or park deadline,
-        write deadline, quarantine): a cut shorter than it loses nothing. `reclaim_s`: how long an
-        orphaned region (its encoder's incarnation ended) is kept after that, for writes the dead
-        process's kernel may still deliver. `clock`: seconds, for those two. `transport`: the
-        engine the encoder writes with, "mooncake" or "nixl" (docs/transports.md)."""
+        write deadline, quarantine): a cut shorter than it loses nothing. `reclaim_s`, `reclaim_max_s`:
+        how long a region of an ended encoder incarnation is kept, for writes the dead process's kernel
+        may still deliver (orphans.py). `clock`: seconds, for those. `transport`: the engine the
+        encoder writes with, "mooncake" or "nixl" (docs/transports.md)."""
         _check_args(encode_endpoint, capacity, hostname, dtype, transport)
         if keypair is not None:
             keypair = check_keypair(keypair)
         heartbeat_s = settings.seconds("heartbeat_s", heartbeat_s)
         give_up_s = settings.seconds("give_up_s", give_up_s)
-        reclaim_s = settings.seconds("reclaim_s", reclaim_s)
-        if status_address is not None and not isinstance(status_address, str):
-            raise TypeError(f"status_address must be a str HOST or HOST:PORT, got {status_address!r}")
-        # The encoder dials our status endpoint and refuses host names (a lookup would block its I/O
-        # thread): resolved here, once, at start-up.
-        status_host, _, status_port = (status_address or hostname).partition(":")
-        # Checked before the engine starts: libzmq would refuse a bad port only at bind, with
-        # "Invalid argument" and no word of which setting.
-        if status_port and not (status_port.isdecimal() and status_port.isascii() and 0 < int(status_port) < 65536):
-            raise ValueError(f"status_address: the port must be a number from 1 to 65535, got {status_port!r}")
-        status_host = numeric_host(status_host)
+        status_host, status_port = _status_address(status_address, hostname)
         import zmq  # the mooncake extra; imported here so `--help` works without it
         self._zmq = zmq
 
@@ -247,6 +257,7 @@ class ReferenceReceiver:
         self.owner_page = torch.tensor(list(owner_page("" if insecure else keypair[0].decode())),
                                        dtype=torch.uint8)
         self.buffer = torch.zeros(capacity, dtype=torch.uint8)
+        reclaim = Reclaim(reclaim_s, reclaim_max_s, Inbound())  # before the engine: what listens now is not its
         self.target = target(transport, hostname, self.owner_page, self.buffer)
         self.session = self.target.session
         self._extents = Extents(capacity)
@@ -269,9 +280,10 @@ class ReferenceReceiver:
                                                     (secret, self.public_key, encoder))
         self.status_sock, status_port = _status_socket(self.ctx, status_host, status_port, secret)
         self.status_endpoint = f"tcp://{status_host}:{status_port}"
-        self.clock, self.give_up_s, self.reclaim_s = clock, give_up_s, reclaim_s
+        reclaim.inbound.exclude(int(status_port))
+        self.clock, self.give_up_s, self.reclaim = clock, give_up_s, reclaim
         self.incarnation: bytes | None = None  # the encoder's, as it last answered a hello
-        self.handshakes = 0
+        self.handshakes = self.stale_answers = 0
         self._resend = False  # connected again: send again what may have been lost, once it answers
         self._lost_since: float | None = None  # no connection to the encoder since then
         self.repeated_notices: list[tuple[int, str]] = []  # outcomes told again after a frame went out again
@@ -320,7 +332,10 @@ class ReferenceReceiver:
         self.push.send_multipart(parts)
 
     def _hello(self) -> list[bytes]:
-        return [HELLO, self.status_endpoint.encode()]
+        # Numbered by the connection it goes out on (the first is sent before it is made), and the
+        # answer repeats it: an answer to a connection before, read late (a receiver that did not
+        # poll across a restart), is told from this one's.
+        return [HELLO, self.status_endpoint.encode(), b"%d" % max(self.handshakes, 1)]
 
     def poll(self, timeout_ms: int = 0) -> int:
         from zmq.utils.monitor import parse_monitor_message
@@ -330,6 +345,7 @@ class ReferenceReceiver:
             if event == self._zmq.EVENT_DISCONNECTED:
                 if self._lost_since is None:
                     self._lost_since = self.clock()
+                    self.reclaim.lost()
                 continue
             self._lost_since = None
             self.handshakes += 1
@@ -341,8 +357,11 @@ class ReferenceReceiver:
         while self.status_sock.poll(timeout_ms if n == 0 else 0):
             parts = self.status_sock.recv_multipart()
             n += 1
-            if parts[0] == INCARNATION and len(parts) == 2:
-                self.on_incarnation(parts[1])
+            if parts[0] == INCARNATION and len(parts) in (2, 3):
+                if len(parts) == 2 or (parts[2].isdigit() and int(parts[2]) >= self.handshakes):
+                    self.on_incarnation(parts[1])
+                else:
+                    self.stale_answers += 1
                 continue
             # [room, status, session, reason] and, from an encoder that names regions, the region's dst_ptr
             region = int(parts[4]) if len(parts) > 4 else None
@@ -363,7 +382,9 @@ class ReferenceReceiver:
         if known is not None and known != incarnation:
             self._resend = False
             self._orphan(self.clock(), ask=True)
-        elif self._resend:
+            return
+        self.reclaim.kept()
+        if self._resend:
             self._resend = False
             self.resend()
 
@@ -381,10 +402,11 @@ class ReferenceReceiver:
 
     def _orphan(self, now: float, ask: bool) -> None:
         """The encoder that was offered our open regions is gone (a new incarnation answered, `ask`, or
-        none for `give_up_s`): its rooms failed here, once, and each region comes back after
-        `reclaim_s`. A region its frame may have offered to the new incarnation too (still `offered`, or
-        withdrawing) is withdrawn there first, and comes back only once that one acknowledged: it never
-        writes into memory reused here. A `failed` one waited only for the dead one's release."""
+        none for `give_up_s`): its rooms failed here, once, and each region comes back once no write of
+        the dead one can land (`Reclaim`). A region its frame may have offered to the new incarnation too
+        (`offered`, or withdrawing) is withdrawn there first, and comes back only once that one
+        acknowledged. A `failed` one waited only for the dead one's release."""
+        dead = self.reclaim.dead()
         for room, region in sorted(self.regions.items()):
             if region.state == "written" or region.reclaim_at is not None:
                 continue  # told success: its bytes are the room's; or already orphaned
@@ -393,19 +415,13 @@ class ReferenceReceiver:
             if room not in self.status:
                 self.status[room] = ["failed"]
                 self.concluded_here.add(room)
-            region.reclaim_at = now + self.reclaim_s
+            self.reclaim.hold(region, now, dead)
             region.needs_ack = ask and region.state == "withdrawing"
             if region.needs_ack:
                 self.push.send_multipart(withdraw_to_parts(room, self.session, self.status_endpoint))
 
     def _reclaim(self, now: float) -> None:
-        for region in [g for g in self.regions.values() if g.reclaim_at is not None and now >= g.reclaim_at]:
-            if region.state == "failed":
-                REGION.step(region, "release")
-            elif not region.needs_ack or region.acked:
-                REGION.step(region, "ack")
-            else:
-                continue
+        for region in self.reclaim.release(list(self.regions.values()), now):
             self._free(region)
 
     def on_notice(self, room: int, status: str, region_ptr: int | None = None, session: str | None = None) -> None:
@@ -591,6 +607,7 @@ def serve(encode_endpoint: str, insecure: bool = False, **kw: Any) -> None:
                               "protocol_errors": r.protocol_errors,
                               "repeated_notices": r.repeated_notices, "concluded_here": sorted(r.concluded_here),
                               "incarnation": (r.incarnation or b"").decode(),
+                              "lingered": sorted(r.reclaim.waited), "reclaimed_overdue": r.reclaim.overdue,
                               "digest": {str(k): r.digest(k) for k in r.views}}), flush=True)
         elif kind == "withdraw":
             for room in cmd["rooms"]:
@@ -631,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reclaim", type=float, default=30.0, metavar="S",
                         help="how long a region of an ended encoder incarnation is kept before its memory is "
                              "reused (default 30)")
+    parser.add_argument("--reclaim-max", type=float, default=300.0, metavar="S",
+                        help="after --reclaim, such a region also waits for the connections the dead process had "
+                             "into this receiver's engine to close, at most this long (default 300)")
     parser.add_argument("--transport", choices=TRANSPORTS, default="mooncake",
                         help="the engine the encoder writes with (default mooncake; docs/transports.md)")
     parser.add_argument("--insecure", action="store_true",
@@ -665,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         serve(args.endpoint, insecure=args.insecure, hostname=args.hostname, status_address=args.status_address,
-              heartbeat_s=args.heartbeat, give_up_s=args.give_up, reclaim_s=args.reclaim, transport=args.transport)
+              heartbeat_s=args.heartbeat, give_up_s=args.give_up, reclaim_s=args.reclaim,
+              reclaim_max_s=args.reclaim_max, transport=args.transport)
     except TransportError as exc:
         parser.exit(3, f"{parser.prog}: error: {exc}\n")
     except ValueError as exc:  # malformed keys in the environment, a host that does not resolve
