@@ -437,6 +437,13 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         rooms, warm, stopped = rooms_with_b_stopped(enc, a, b, items)
         assert enc.manager.room_status(warm) == "success"
         enc.run(stopped)
+        # a's peer is up before the clock moves: its contact's deadline is on the same clock, and
+        # only the stopped receiver's rooms may meet a deadline here.
+        deadline = time.monotonic() + 60  # only keeps a broken build from hanging
+        while enc.manager.peers.by_session[a.session].state != "up" and time.monotonic() < deadline:
+            enc.executor.poll()
+            time.sleep(0.01)
+        assert enc.manager.peers.by_session[a.session].state == "up"
         # Our own write deadline fails them, whenever the engine gives up (14-78 s seen under load).
         enc.clock.skip(write_timeout)
         enc.settle([r for r, _ in stopped], timeout=40)
@@ -454,11 +461,14 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
 
         deferred = enc.executor.stats["deferred"]
 
-        def quarantine_ends(_):
+        def quarantine_ends(batch):
             if enc.clock.skipped == write_timeout:  # once: the first batch waits for an extent
                 # The quarantined bytes are not reused: some of the batch waited (whether any still
                 # waits after the batch's poll depends on the writes' pace), the quarantines hold.
-                assert enc.executor.stats["deferred"] > deferred
+                assert enc.executor.stats["deferred"] > deferred, (
+                    enc.executor.ring.counts(), {r: enc.manager.room_status(r) for r in batch},
+                    {r: repr(enc.manager.failure_reason(r)) for r in batch if enc.manager.room_status(r) == "failed"},
+                    {s: p.state for s, p in enc.manager.peers.by_session.items()})
                 assert enc.executor.ring.counts()["quarantined"] == len(stopped)
                 enc.clock.skip(quarantine_s)
 
