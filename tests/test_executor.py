@@ -569,6 +569,31 @@ def test_async_copy_gates_the_write_until_the_fence_completes():
     assert manager.room_status(1) == "success" and torch.equal(buf, tower.expected(item))
 
 
+def test_the_cores_poll_counts_the_copies_it_finished_and_the_deadlines_it_fired():
+    # A caller without a pump reads the core's poll (the seed's loop did): its count is both.
+    class Fence:
+        done = False
+
+        def query(self):
+            return Fence.done
+
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    ex = EncodeExecutor(EncodeManager(transport, clock, announce_timeout=5.0), TableTower(), "cpu", ring_slots=2,
+                        ring_bytes=1024, copy_fence=Fence)
+    manager = ex.manager
+    from epd_ring.executor import ReceiverFrame
+    manager.register_receiver(ReceiverFrame(2, "q", 4096, 0, 2, 0, 2, 8, "torch.float32", False, 1))  # no sender
+    ex.register("r", "h", 1, 1)
+    assert ex.poll() == 0  # no copy, nothing due
+    ex.execute([("r", EncodeItem("image", 2, meta={"seed": 3}))])
+    assert ex.poll() == 0  # the copy is under way, nothing is due
+    Fence.done = True
+    clock.advance(6.0)  # room 2's announce deadline passes
+    assert ex.poll() == 2  # one copy handed on, one deadline fired
+    assert manager.room_status(2) == "failed"
+
+
 # ------------------------------------------------------------- under load ---
 
 def test_bytes_match_tower_output_under_ring_pressure_and_faults():
