@@ -539,13 +539,20 @@ def test_completion_for_a_concluded_room_is_dropped():
     assert rig.receiver("a").statuses(1) == ["failed"]  # never told success
 
 
-def test_async_copy_gates_the_write_until_the_fence_completes():
+def _fence() -> type:
+    """A copy fence: every copy it stands for finishes once the class's `done` is set."""
+
     class Fence:
         done = False
 
         def query(self):
             return Fence.done
 
+    return Fence
+
+
+def test_async_copy_gates_the_write_until_the_fence_completes():
+    Fence = _fence()
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     tower = TableTower()
@@ -571,12 +578,7 @@ def test_async_copy_gates_the_write_until_the_fence_completes():
 
 def test_the_cores_poll_counts_the_copies_it_finished_and_the_deadlines_it_fired():
     # A caller without a pump reads the core's poll (the seed's loop did): its count is both.
-    class Fence:
-        done = False
-
-        def query(self):
-            return Fence.done
-
+    Fence = _fence()
     clock = FakeClock()
     transport = LoopbackTransport(clock)
     ex = EncodeExecutor(EncodeManager(transport, clock, announce_timeout=5.0), TableTower(), "cpu", ring_slots=2,
