@@ -421,7 +421,8 @@ class ReferenceReceiver:
                 self.push.send_multipart(withdraw_to_parts(room, self.session, self.status_endpoint))
 
     def _reclaim(self, now: float) -> None:
-        for region in self.reclaim.release(list(self.regions.values()), now):
+        # `release` walks the regions and returns a list: freeing from it leaves the walk alone.
+        for region in self.reclaim.release(self.regions.values(), now):
             self._free(region)
 
     def on_notice(self, room: int, status: str, region_ptr: int | None = None, session: str | None = None) -> None:
