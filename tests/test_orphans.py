@@ -122,41 +122,40 @@ def test_inbound_sees_a_real_accepted_connection_until_this_process_closes_it():
             s.close()
 
 
+@pytest.fixture
+def accepted():
+    """(an `Inbound` made first, a connection our server accepted from another process, that process)."""
+    inbound = Inbound()
+    server = socket.create_server(("127.0.0.1", 0))
+    peer = Peer(server.getsockname()[1])
+    conn, _ = server.accept()
+    try:
+        yield inbound, conn, peer
+    finally:
+        peer.end()
+        conn.close()
+        server.close()
+
+
 @linux
-def test_inbound_drops_a_connection_its_peer_closed_once_all_it_sent_is_read():
+def test_inbound_drops_a_connection_its_peer_closed_once_all_it_sent_is_read(accepted):
     # As UCX does with a dead peer's socket: kept open here, with nothing more to come.
-    inbound = Inbound()
-    server = socket.create_server(("127.0.0.1", 0))
-    peer = Peer(server.getsockname()[1])
-    conn, _ = server.accept()
+    inbound, conn, peer = accepted
     inode = os.fstat(conn.fileno()).st_ino
-    try:
-        peer.ask("send")
-        peer.ask("close")  # its FIN follows its bytes
-        assert conn.recv(4, socket.MSG_PEEK) == b"late"
-        assert inode in _inodes(inbound)  # closed by the peer, 4 bytes unread
-        assert conn.recv(4) == b"late" and conn.recv(4) == b""  # the bytes, then the FIN
-        assert inode not in _inodes(inbound)
-    finally:
-        peer.end()
-        conn.close()
-        server.close()
+    peer.ask("send")
+    peer.ask("close")  # its FIN follows its bytes
+    assert conn.recv(4, socket.MSG_PEEK) == b"late"
+    assert inode in _inodes(inbound)  # closed by the peer, 4 bytes unread
+    assert conn.recv(4) == b"late" and conn.recv(4) == b""  # the bytes, then the FIN
+    assert inode not in _inodes(inbound)
 
 
 @linux
-def test_a_probed_connection_gets_keepalive_and_stays_the_engines():
-    inbound = Inbound()
-    server = socket.create_server(("127.0.0.1", 0))
-    peer = Peer(server.getsockname()[1])
-    conn, _ = server.accept()
-    try:
-        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
-        inbound.probe(inbound.open())
-        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
-        peer.ask("send")  # the engine's socket is open and its own
-        assert conn.recv(4) == b"late"
-    finally:
-        peer.end()
-        conn.close()
-        server.close()
+def test_a_probed_connection_gets_keepalive_and_stays_the_engines(accepted):
+    inbound, conn, peer = accepted
+    assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+    inbound.probe(inbound.open())
+    assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
+    peer.ask("send")  # the engine's socket is open and its own
+    assert conn.recv(4) == b"late"
