@@ -152,3 +152,96 @@ def test_a_fake_clock_starts_at_zero_and_moves_only_forward_by_what_it_is_told()
     with pytest.raises(ValueError, match=r"-0\.5"):
         clock.advance(-0.5)
     assert clock.now() == 0.75
+
+
+# ------------------------------------------------------------------ the pump ---
+
+class _Core:
+    """The least a pump drives: an outbox, stats, and the contact answers it reports back."""
+
+    def __init__(self, transport) -> None:
+        from collections import Counter
+
+        self.transport = transport
+        self.stats: Counter[str] = Counter()
+        self.outbox: list = []
+        self.reported: list = []
+
+    def contacts_reported(self, answers) -> int:
+        from epd_ring.executor.core.effects import Concluded
+
+        if not self.reported:  # doing an effect may decide more: the first answer concludes a room
+            self.outbox.append(Concluded(7, "failed"))
+        self.reported += answers
+        return len(answers)
+
+
+class _Edge:
+    """A transport that records how the pump calls `connect` and answers from a table."""
+
+    def __init__(self, answers) -> None:
+        self.answers = answers
+        self.calls: list = []
+
+    def connect(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        answer = self.answers[args[0]]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_the_pump_hands_each_contact_its_identity_and_probe_flag_and_reports_every_answer():
+    from epd_ring.executor.core.effects import Contact
+    from epd_ring.executor.core.pump import Pump
+
+    edge = _Edge({"a": True, "b": False, "c": True, "d": None, "e": OSError("unreachable")})
+    core = _Core(edge)
+    concluded = []
+    pump = Pump(core, edge)
+    pump.on_conclude.append(lambda room, state: concluded.append((room, state)))
+    core.outbox += [Contact("a", 1), Contact("b", 2, "key-b"), Contact("c", 3, "key-c", probe=True), Contact("d", 4),
+                    Contact("e", 5, "key-e")]
+    # every effect counts, those that doing the first ones decided (the concluded room) too
+    assert pump.flush() == 6
+    assert concluded == [(7, "failed")]
+    # A transport written before identities takes two arguments: it gets two where there is none.
+    assert edge.calls == [(("a", 1), {}), (("b", 2, "key-b"), {}), (("c", 3, "key-c"), {"probe": True}),
+                          (("d", 4), {}), (("e", 5, "key-e"), {})]
+    # an answer now is reported at once; None (answered later) is not; a raise is a refusal
+    assert [(s, a, ok) for s, a, ok, _ in core.reported] == [("a", 1, True), ("b", 2, False), ("c", 3, True),
+                                                            ("e", 5, False)]
+    # a refusal carries a reason for the peer's record, whatever refused it
+    assert all(isinstance(why, str) and why for s, _, ok, why in core.reported if not ok)
+
+
+def test_a_rate_limited_warning_says_how_many_it_held_back_per_key():
+    import logging
+
+    from epd_ring.executor.core.ratelog import RateLimitedLog
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("test_ratelog")  # outside "epd_ring", which the suite quiets
+    logger.propagate = False
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(Keep())
+    clock = FakeClock()
+    log = RateLimitedLog(logger, clock.now, interval=1.0)
+    assert log.suppressed == 0
+    log.warning("k", "frame %s", 1)
+    log.warning("k", "frame %s", 2)
+    log.warning("k", "frame %s", 3)
+    log.warning("j", "other %s", 1)  # another key is not held back by this one
+    assert [r.args for r in records] == [(1,), (1,)]
+    assert log.suppressed == 2
+    clock.advance(1.0)
+    log.warning("k", "frame %s", 4)  # the next line carries the count held back since the last
+    clock.advance(1.0)
+    log.warning("k", "frame %s", 5)  # and the count starts again
+    assert [r.args for r in records[2:]] == [(4, 2), (5,)]
+    assert log.suppressed == 2

@@ -18,6 +18,7 @@ from epd_ring.executor import (
     FakeClock,
     LoopbackTransport,
     Outcome,
+    Pump,
     RoomConflict,
     TransportError,
     assign_encoded_embeddings,
@@ -594,6 +595,29 @@ def test_the_cores_poll_counts_the_copies_it_finished_and_the_deadlines_it_fired
     clock.advance(6.0)  # room 2's announce deadline passes
     assert ex.poll() == 2  # one copy handed on, one deadline fired
     assert manager.room_status(2) == "failed"
+
+
+def test_a_ticks_count_adds_its_sources_the_copies_it_finished_and_the_outcomes_it_took():
+    # A driver's loop reads the tick's count to know whether anything moved: every part of it counts.
+    Fence = _fence()
+    clock = FakeClock()
+    transport = LoopbackTransport(clock)
+    ex = EncodeExecutor(EncodeManager(transport, clock), TableTower(), "cpu", ring_slots=2, ring_bytes=1024,
+                        copy_fence=Fence)
+    pump = Pump(ex)
+    pump.sources.append(lambda: 3)  # a control plane that handled three frames
+    rcv = transport.add_receiver("p")
+    buf = torch.zeros(2, 8)
+    rcv.register(buf)
+    from epd_ring.executor import ReceiverFrame
+    ex.manager.register_receiver(ReceiverFrame(1, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
+    ex.register("r", "h", 1, 1)
+    ex.execute([("r", EncodeItem("image", 2, meta={"seed": 3}))])
+    pump.flush()
+    assert pump.tick() == 3  # the sources' only: the copy is under way
+    Fence.done = True
+    assert pump.tick() == 3 + 1 + 1  # the sources', the copy handed on, and its write's outcome
+    assert ex.manager.room_status(1) == "success"
 
 
 # ------------------------------------------------------------- under load ---

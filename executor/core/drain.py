@@ -94,11 +94,8 @@ class Drain:
 
     def report(self) -> DrainReport:
         ex = self.executor
-        busy: dict[str, int] = {}
-        if not self.done:
-            for state, n in ex.ring.counts().items():
-                if state != "free":
-                    busy[state] = n
+        # The ring counts live extents only: a free one has left it.
+        busy: dict[str, int] = {} if self.done else dict(ex.ring.counts())
         return DrainReport(self.done, self.rooms_failed, self.rooms_finished, busy,
                            ex.manager.writes_in_flight, len(ex.manager.rooms))
 

@@ -6,6 +6,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+# Appended to the first line after a run held back: the count is the line's last argument.
+_HELD_BACK = " (and %d more like it)"
+
 
 class RateLimitedLog:
     """At most one line per key per `interval` seconds of `now()`; the next line says how many
@@ -27,7 +30,7 @@ class RateLimitedLog:
             return
         self._last[key] = (now, 0)
         if held:
-            self.logger.warning(msg + " (and %d more like it)", *args, held)
+            self.logger.warning(msg + _HELD_BACK, *args, held)
         else:
             self.logger.warning(msg, *args)
 
