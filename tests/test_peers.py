@@ -1086,3 +1086,94 @@ def test_a_down_peer_with_work_pending_is_never_probed():
     peers.report("r", outbox[-1].attempt, False, "refused")
     assert peers.probe_due(peer) == 0
     assert peer.state == "down" and len(outbox) == 1 and not peers.stats["probes"]
+
+
+# -- a wait's start is its own: a room that passed its bound and waits again is timed afresh -------
+
+def _frame(room: int, session: str, n: int = 1) -> ReceiverFrame:
+    return ReceiverFrame(room, session, 4096, 0, 2, 0, 2, 8, "torch.float32", False, n)
+
+
+def _bounded(**kw):
+    """A bare manager whose peers may hold 100 B each, with rooms 1 and 2 on peer a and room 3 on b."""
+    clock, t, m = managed(max_peer_bytes=100, write_timeout=10.0, **kw)
+    for room, session in ((1, "a"), (2, "a"), (3, "b")):
+        m.register_receiver(_frame(room, session))
+    return clock, m, m.holds
+
+
+def test_a_room_that_passed_its_peers_bound_and_is_held_back_again_waits_from_then():
+    clock, m, holds = _bounded()
+    a = m.peers.get("a")
+    m.peers.hold(2, 60, ["a"])
+    assert holds.held_back(1, 50)
+    assert not holds.held_back(3, 40)  # another room passes while room 1 waits (every peer together: 100)
+    m.peers.hold(2, 40, ["a"])  # room 2's write holds a's whole bound
+    assert holds.held_back(1, 50)
+    clock.advance(6.0)
+    m.peers.let_go(a, 2)
+    assert not holds.held_back(1, 50)  # a's bytes are back: room 1 may lease (and, say, defers for bytes)
+    m.peers.hold(2, 100, ["a"])
+    clock.advance(6.0)  # 12 s after the first wait began, 6 s into this one
+    assert holds.held_back(1, 50)
+    assert m.room_status(1) == "announced"  # not failed (no sender yet: announced)
+    clock.advance(4.0)
+    assert holds.held_back(1, 50)  # 16 s after the first wait began, still within this one
+    clock.advance(6.0)  # this wait's whole write timeout
+    assert not holds.held_back(1, 50)
+    assert reason_kind(m, 1) is ReasonKind.CAPACITY
+
+
+def test_a_room_whose_own_peers_are_under_their_bound_passes_and_keeps_no_wait():
+    # Every peer together holds more than one bound, but not room 3's: it passes, whenever asked.
+    clock, m, holds = _bounded()
+    m.peers.hold(1, 100, ["a"])
+    m.peers.hold(9, 30, ["b"])
+    assert not holds.held_back(3, 50)
+    m.peers.hold(8, 60, ["b"])  # now b holds its bound too
+    assert holds.held_back(3, 50)
+    clock.advance(6.0)
+    m.peers.let_go(m.peers.get("b"), 8)
+    assert not holds.held_back(3, 50)
+    m.peers.hold(8, 60, ["b"])
+    clock.advance(6.0)
+    assert holds.held_back(3, 50)  # timed from this wait, not the first
+    assert m.room_status(3) == "announced"
+
+
+def test_a_peer_at_exactly_its_bound_holds_a_room_back_and_one_byte_under_does_not():
+    clock, m, holds = _bounded()
+    m.peers.hold(2, 60, ["a"])
+    m.peers.hold(9, 40, ["b"])  # every peer together at 100: the slow path decides
+    assert not holds.held_back(1, 40)  # a would hold exactly its bound
+    assert holds.held_back(1, 41)
+
+
+def test_a_room_that_passed_the_parked_bound_and_is_held_back_again_waits_from_then():
+    clock, t, m = managed(max_parked_bytes=100, park_timeout=10.0)
+    holds = m.holds
+    for room in (1, 2, 3):  # two receivers declared, one registered, the sender bound: the chunks would park
+        m.register_receiver(_frame(room, "a", n=2))
+        m.bind_sender(room)
+    holds.hold(2, 80)  # room 2's chunk parks
+    assert holds.held_back(1, 50)
+    assert not holds.held_back(3, 20)  # another room passes while room 1 waits
+    clock.advance(6.0)
+    holds.unpark(m.rooms[2])
+    assert not holds.held_back(1, 50)
+    holds.hold(2, 80)
+    clock.advance(6.0)
+    assert holds.held_back(1, 50)  # 12 s after the first wait began, 6 s into this one
+    assert m.room_status(1) == "registered"
+    clock.advance(10.0)
+    assert not holds.held_back(1, 50)
+    assert reason_kind(m, 1) is ReasonKind.PARK_TIMEOUT
+
+
+def test_identity_shares_without_a_peer_bound_deliver():
+    # Shares by identity alone (every peer may hold the whole ring): the bound checks skip the peers'.
+    rig = make_rig(arena_bytes=8 * ITEM_COST, identity_ring_share=0.5, peer_ring_share=1.0)
+    assert rig.manager.peers.max_bytes is None and rig.executor.shares.cap is not None
+    rig.receiver("a")
+    run(rig, room_for(rig, 1, "a"))
+    assert rig.manager.room_status(1) == "success"

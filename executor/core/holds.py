@@ -145,7 +145,7 @@ class Holds:
         park_timeout = self.steps.park_timeout
         if now - since < park_timeout:
             return True
-        got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
+        got = f"only {len(room.frames)} of {room.n}" if room.n else "no"  # pragma: no mutate (reason wording)
         self.steps.fail(room, Reason(ReasonKind.PARK_TIMEOUT,
                                      f"{got} receivers registered within {park_timeout} s while the chunks parked "
                                      f"for unregistered receivers held their bound ({share.parked} B of "

@@ -127,7 +127,7 @@ class Lifecycle:
 
     def _expire(self, room: Room, kind: str) -> None:
         if kind == "park":
-            got = f"only {len(room.frames)} of {room.n}" if room.n else "no"
+            got = f"only {len(room.frames)} of {room.n}" if room.n else "no"  # pragma: no mutate (reason wording)
             detail = f"{got} receivers registered within {self.park_timeout} s of parking"
         else:
             detail = f"sender never registered within {self.announce_timeout} s"
