@@ -1096,7 +1096,7 @@ def _frame(room: int, session: str, n: int = 1) -> ReceiverFrame:
 
 def _bounded(**kw):
     """A bare manager whose peers may hold 100 B each, with rooms 1 and 2 on peer a and room 3 on b."""
-    clock, t, m = managed(max_peer_bytes=100, write_timeout=10.0, **kw)
+    clock, _t, m = managed(max_peer_bytes=100, write_timeout=10.0, **kw)
     for room, session in ((1, "a"), (2, "a"), (3, "b")):
         m.register_receiver(_frame(room, session))
     return clock, m, m.holds
@@ -1142,7 +1142,7 @@ def test_a_room_whose_own_peers_are_under_their_bound_passes_and_keeps_no_wait()
 
 
 def test_a_peer_at_exactly_its_bound_holds_a_room_back_and_one_byte_under_does_not():
-    clock, m, holds = _bounded()
+    _clock, m, holds = _bounded()
     m.peers.hold(2, 60, ["a"])
     m.peers.hold(9, 40, ["b"])  # every peer together at 100: the slow path decides
     assert not holds.held_back(1, 40)  # a would hold exactly its bound
@@ -1150,7 +1150,7 @@ def test_a_peer_at_exactly_its_bound_holds_a_room_back_and_one_byte_under_does_n
 
 
 def test_a_room_that_passed_the_parked_bound_and_is_held_back_again_waits_from_then():
-    clock, t, m = managed(max_parked_bytes=100, park_timeout=10.0)
+    clock, _t, m = managed(max_parked_bytes=100, park_timeout=10.0)
     holds = m.holds
     for room in (1, 2, 3):  # two receivers declared, one registered, the sender bound: the chunks would park
         m.register_receiver(_frame(room, "a", n=2))
