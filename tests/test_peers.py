@@ -465,6 +465,15 @@ def test_a_refusal_reported_without_detail_reads_refused():
     assert peer.state == "down" and peer.reason == "contact failed (refused)"
 
 
+def test_the_manager_counts_every_contact_answer_it_takes():
+    _, t, m = managed()
+    for s in ("x", "y"):
+        t.inject_contact("hang", session=s)
+        m.peers.contact(s)
+    assert m.contacts_reported([("x", 1, True, ""), ("y", 1, False, "refused")]) == 2
+    assert m.peers.get("x").state == "up" and m.peers.get("y").state == "down"
+
+
 def test_one_contact_at_a_time_each_attempt_numbered_and_one_deadline_armed():
     clock, t, m = managed(connect_timeout=2.0, peer_backoff=1.0)
     peers = m.peers
@@ -979,6 +988,7 @@ def test_each_identity_has_256_peers_by_default_and_each_refusal_is_counted():
     assert peers.contact("a:256", "a") is None and peers.contact("a:257", "a") is None
     assert peers.stats["peers_refused_identity"] == 2
     assert peers.contact("b:0", "b") is not None  # the share is a's alone
+    assert managed()[2].peers.max_peers_per_identity == 256  # a manager's default is the same
     _, _, peers, _ = bare(max_peers_per_identity=1)
     assert peers.contact("a:0", "a") is not None and peers.contact("a:1", "a") is None
     with pytest.raises(ValueError):
