@@ -16,7 +16,7 @@ import re
 import pytest
 
 from epd_ring.fsm import EXTENT, ROOM, couplings
-from epd_ring.models import promela, promela_events, promela_peers
+from epd_ring.models import liveness, promela, promela_events, promela_peers
 from epd_ring.models.explore import canonical, explore
 from epd_ring.models.promela import (
     EXTENT_STATES,
@@ -32,8 +32,10 @@ from epd_ring.models.promela import (
     parse_trail,
     rebuild,
 )
-from epd_ring.models.spec import Config, Spec
+from epd_ring.models.spec import PEER_VARIANTS, VARIANTS, Config, Spec
 from epd_ring.models.state import (
+    _PEER_RANK,
+    _REGION_RANK,
     CH_HELD,
     CH_SENT,
     CHAN_CAP,
@@ -435,3 +437,52 @@ def test_the_model_holds_an_extent_for_a_room_exactly_when_the_spec_does(cfg):
         r = _room(infl=infl, ghost=ghost, rcv=rcv)
         room = [_Obj(infl=infl, ghost=ghost, rw=list(writes))]
         assert _promela_value("HOLDS(0)", defs, room=room) == spec._holds_extent(r), (infl, ghost, writes)
+
+
+def _namespace(cfg, state, defs) -> dict:
+    """SPIN's variables for a canonical spec state (models/promela.py's encoding, as _show_state prints it)."""
+    f_rooms = [_Obj(rs=ROOM_STATES.index(r[0]), snd=r[1], ch=r[2], reg=r[3], told=r[4], ok=r[5], infl=r[6],
+                    ghost=r[7], sz=r[9], sl=NONE if r[10] < 0 else r[10],
+                    rg=[REGION_STATES.index(x[0]) + 1 for x in r[8]] + [0] * (cfg.receivers - len(r[8])),
+                    rw=[x[1] for x in r[8]] + [0] * (cfg.receivers - len(r[8])),
+                    rt=[TOLD_VALUES.index(x[2]) for x in r[8]] + [0] * (cfg.receivers - len(r[8])),
+                    rc=[x[3] if len(x) > 3 else 0 for x in r[8]] + [0] * (cfg.receivers - len(r[8])),
+                    rd=[x[4] if len(x) > 3 else 0 for x in r[8]] + [0] * (cfg.receivers - len(r[8])),
+                    rr=[int(x[5]) if len(x) > 3 else 0 for x in r[8]] + [0] * (cfg.receivers - len(r[8])))
+               for r in state[0]]
+    cells = [_Obj(ss=EXTENT_STATES.index(s[0]) + 1, content=NONE if s[1] < 0 else s[1], unsure=int(s[2]),
+                  span=s[3]) for s in state[1]]
+    peers = [promela_peers.PEER_STATES.index(p) for p in state[5]] or [0] * cfg.receivers
+    told = {int(defs[f"R_{s}"][1]): int(defs[f"T_{s.upper()}"][1]) for s in ("success", "failed")}
+    return dict(room=f_rooms, cell=cells, peer=peers, hlt={v: k for k, v in HALTS.items()}[state[4]],
+                dlen=len(state[2]), faults=state[3],
+                TOLD_OF=lambda rs: told.get(rs, int(defs["T_NONE"][1])),
+                REGRANK=lambda g: _REGION_RANK[REGION_STATES[g - 1]] if g else 0,
+                PEERRANK=lambda p: _PEER_RANK[promela_peers.PEER_STATES[p]])
+
+
+@pytest.mark.parametrize("cfg", [C(2, 2, 2, 1), C(1, 1, 2, 1, channels=True), C(2, 1, 1, 1, channels=True),
+                                 C(1, 2, 2, 1, peers=True, sizes=(1,)), C(1, 2, 1, 1, regions=False),
+                                 C(1, 2, 1, 1, late_landing=True), C(1, 2, 1, 1, variant="seed")], ids=str)
+def test_the_models_final_states_liveness_judge_and_rank_are_the_specs(cfg):
+    spec = Spec(cfg)
+    defs = {k: v for k, v in _defines(generate(cfg)).items() if k not in ("TOLD_OF", "REGRANK", "PEERRANK")}
+    for state in _some_states(cfg, 250):
+        ns = _namespace(cfg, state, defs)
+        assert _promela_value("FINAL", defs, **ns) == spec.is_final(state), state
+        done = [_promela_value(d, defs, **ns) for d in ("ROOMS_DONE", "REGIONS_DONE", "SENDERS_DONE")]
+        kinds = (*(k for k, ok in zip(liveness.KINDS, done) if not ok), None)
+        assert kinds[0] == (liveness.judge(state) or (None,))[0], state
+        rank = eval(compile(_expand("RANK", defs).replace("&&", " and ").replace("||", " or "), "RANK", "eval"),
+                    {}, ns)
+        assert rank == spec.rank(state), state
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - PEER_VARIANTS))
+def test_the_models_variant_switches_are_on_exactly_where_the_specs_rules_take_that_variant(variant):
+    cfg = C(1, 1, 1, 1, variant=variant)
+    spec, defs = Spec(cfg), _defines(generate(cfg))
+    switches = {"SEED": type(spec).__name__ == "SeedSpec", "NO_PARKED_CHECK": spec.ring.no_parked_check,
+                "BUSY_WAIT": spec.busy_wait, "REAP_CRASH": spec.ring.reap_crash,
+                "NO_WRITE_DEADLINE": spec.peer_events.no_write_deadline}
+    assert {name: _promela_value(name, defs) for name in switches} == switches
