@@ -486,3 +486,35 @@ def test_the_models_variant_switches_are_on_exactly_where_the_specs_rules_take_t
                 "BUSY_WAIT": spec.busy_wait, "REAP_CRASH": spec.ring.reap_crash,
                 "NO_WRITE_DEADLINE": spec.peer_events.no_write_deadline}
     assert {name: _promela_value(name, defs) for name in switches} == switches
+
+
+@pytest.mark.parametrize("variant", ["project", "seed"])
+def test_the_model_arms_a_deadline_in_exactly_the_states_the_spec_does(variant):
+    cfg = C(1, 1, 1, 1, variant=variant)
+    spec, defs = Spec(cfg), _defines(generate(cfg))
+    for machine, states, prefix in (("room", ROOM_STATES, "R"), ("extent", EXTENT_STATES, "S")):
+        armed = {s for s in states if _promela_value(f"ARMED_{machine.upper()}({prefix}_{s})", defs)}
+        assert armed == set(spec._armed[machine]), machine
+    assert spec._armed["room"] != Spec(C(1, 1, 1, 1, variant="project" if variant == "seed" else "seed"))._armed["room"]
+
+
+@pytest.mark.parametrize("cfg", [C(1, 2, 2, 1, peers=True, sizes=(1,)), C(1, 2, 1, 1, variant="no-write-deadline"),
+                                 C(1, 2, 2, 1, channels=True)], ids=str)
+def test_the_models_liveness_arm_assumes_fair_exactly_the_events_the_spec_does(cfg):
+    text = generate(cfg)
+    fair_events = liveness.fair_events(cfg.variant)
+    enabled, fair = [], []
+    for line in text[text.index("active proctype"):].splitlines():
+        if not re.match(r"    :: .*\bev = \d+;", line):
+            continue
+        if line.startswith("    :: if :: "):
+            picks = line[len("    :: if :: "):line.index(" fi; ev = ")].split(" :: ")
+            guards = [g.rsplit(" -> x = ", 1)[0] for g in picks]
+        else:
+            guards = ["(" + line[len("    :: "):line.index(" -> ev = ")] + ")"]
+        event = promela.EVENTS[int(re.search(r"ev = (\d+);", line).group(1))]
+        enabled += guards
+        fair += guards if event in fair_events else []
+    assert fair and len(fair) < len(enabled)
+    assert "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step" in text
+    assert "  :: atomic { LIVE && !(" + " || ".join(fair) + ") && (" + " || ".join(enabled) + ")" in text
