@@ -286,6 +286,10 @@ def test_a_spin_step_whose_state_the_event_does_not_reach_is_a_disagreement():
     bad = [steps[0], (event, arg, steps[0][2])]  # the right event, a state it does not reach
     with pytest.raises(Disagreement):
         rebuild(Spec(cfg), bad, "deadlock")
+    misnamed = [("withdraw", 0, steps[0][2]), *steps[1:]]  # a state the spec reaches, by another event
+    assert steps[0][0] != "withdraw"
+    with pytest.raises(Disagreement):
+        rebuild(Spec(cfg), misnamed, "deadlock")
 
 
 # -- models/promela*.py: the generator ----------------------------------------------------------------------
