@@ -503,7 +503,7 @@ def test_the_model_arms_a_deadline_in_exactly_the_states_the_spec_does(variant):
 
 
 @pytest.mark.parametrize("cfg", [C(1, 2, 2, 1, peers=True, sizes=(1,)), C(1, 2, 1, 1, variant="no-write-deadline"),
-                                 C(1, 2, 2, 1, channels=True)], ids=str)
+                                 C(1, 2, 2, 1, channels=True), C(2, 2, 1, 1)], ids=str)
 def test_the_models_liveness_arm_assumes_fair_exactly_the_events_the_spec_does(cfg):
     text = generate(cfg)
     fair_events = liveness.fair_events(cfg.variant)
@@ -522,3 +522,41 @@ def test_the_models_liveness_arm_assumes_fair_exactly_the_events_the_spec_does(c
     assert fair and len(fair) < len(enabled)
     assert "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step" in text
     assert "  :: atomic { LIVE && !(" + " || ".join(fair) + ") && (" + " || ".join(enabled) + ")" in text
+
+
+@pytest.mark.parametrize("cfg", [C(2, 2, 2, 1), C(1, 2, 1, 1, late_landing=True), C(1, 1, 2, 1, channels=True),
+                                 C(1, 2, 1, 1, regions=False), C(1, 2, 2, 1, late_landing=True)], ids=str)
+def test_each_room_arms_guard_holds_exactly_where_the_spec_offers_its_event(cfg):
+    """The guards SPIN's room events are taken under, evaluated on spec states: for each room the events whose
+    guard holds are the events the spec offers it, and for an event about one receiver, the kinds of receiver
+    it may be about are the spec's (which takes one receiver of each kind)."""
+    spec = Spec(cfg)
+    defs = {k: v for k, v in _defines(generate(cfg)).items() if k not in ("TOLD_OF", "REGRANK", "PEERRANK")}
+    names = {name for name, *_ in promela_events.room_arms("0", "0", cfg)}
+    receivers = range(cfg.receivers) if cfg.regions else [0]
+    for state in _some_states(cfg, 150):
+        ns = {**_namespace(cfg, state, defs), "stop": 0}
+        steps = [s.event for s in spec.successors(state) if len(s.event) > 1 and s.event[0] in names]
+        for i, r in enumerate(state[0]):
+            held = {(name, j) for j in receivers for name, guard, _, _ in promela_events.room_arms(str(i), str(j), cfg)
+                    if _promela_value(guard, defs, **ns)}
+            assert {name for name, _ in held} == {e[0] for e in steps if e[1] == i}, (state, i)
+            if cfg.regions:
+                per = {name for name, *_, about_one in promela_events.room_arms("0", "0", cfg) if about_one}
+                assert ({(name, r[8][j]) for name, j in held if name in per}
+                        == {(e[0], r[8][e[2]]) for e in steps if e[1] == i and e[0] in per}), (state, i)
+
+
+@pytest.mark.parametrize("cfg", [C(2, 2, 2, 1), C(1, 2, 1, 1, regions=False)], ids=str)
+def test_each_room_events_arm_picks_each_room_and_receiver_once_and_chooses_a_place_outside_its_d_step(cfg):
+    text = generate(cfg)
+    arms = [line for line in text[text.index("active proctype"):].splitlines() if line.startswith("    :: if :: ")]
+    for n, (name, _, act, about_one) in enumerate(promela_events.room_arms("x", "y", cfg)):
+        line = arms[n]
+        assert f"; ev = {promela.EVENTS.index(name)}; " in line, (name, line)
+        picks = re.findall(r" -> (x = \d+(?:; y = \d+)?)(?= ::| fi)", line)
+        one = about_one and cfg.regions
+        assert picks == [f"x = {i}" + (f"; y = {j}" if one else "") for i in range(cfg.rooms)
+                         for j in (range(cfg.receivers) if one else [None])], (name, picks)
+        chooses = "ev_tower(" in act  # the tower's item picks its place inside: no d_step around that choice
+        assert line.endswith(f"d_step {{ pre() }}; {act}" if chooses else f"d_step {{ pre(); {act} }}"), line
