@@ -412,9 +412,12 @@ def _rings(cfg):
                 yield [list(c) for c in cells], [(rs0, 1, ch), (rs1, 1, CH_SENT)]
 
 
-@pytest.mark.parametrize("variant", ["project", "no-parked-check", "reuse-when-terminal", "seed"])
-def test_where_the_model_may_lease_an_extent_is_where_the_spec_may(variant):
-    cfg = C(cells=3, rooms=2, variant=variant, sizes=(1, 2, 3))
+@pytest.mark.parametrize("variant, sizes", [("project", (1, 2, 3)), ("no-parked-check", (1, 2, 3)),
+                                           ("reuse-when-terminal", (1, 2, 3)), ("seed", (1, 2, 3)),
+                                           ("project", (2, 3))])
+def test_where_the_model_may_lease_an_extent_is_where_the_spec_may(variant, sizes):
+    # sizes (2, 3): no extent may start at the last cell, whatever is free
+    cfg = C(cells=3, rooms=2, variant=variant, sizes=sizes)
     spec = Spec(cfg)
     defs = _defines(generate(cfg))
     code = {name: n for name, n in ((s, int(defs[f"S_{s}"][1])) for s in EXTENT_STATES)}
