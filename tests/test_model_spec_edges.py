@@ -563,3 +563,34 @@ def test_each_room_events_arm_picks_each_room_and_receiver_once_and_chooses_a_pl
                          for j in (range(cfg.receivers) if one else [None])], (name, picks)
         chooses = "ev_tower(" in act  # the tower's item picks its place inside: no d_step around that choice
         assert line.endswith(f"d_step {{ pre() }}; {act}" if chooses else f"d_step {{ pre(); {act} }}"), line
+
+
+def test_the_seeds_extent_moves_in_the_model_are_the_seed_specs():
+    """The seed's extents have no machine: each move sets the state SeedSpec names (and a lease clears unsure);
+    a move the seed does not make is a model bug in both engines."""
+    cfg = C(1, 1, 1, 1, variant="seed")
+    spec, text = Spec(cfg), generate(cfg)
+    defs = _defines(text)
+    for event in sorted({ev for _, ev in EXTENT.table}):
+        body = _inlines(text)[f"move_extent_{event}"]
+        seed = body[body.index("if :: SEED -> ") + len("if :: SEED -> "):body.index(" :: else -> extent_")]
+        extent = ["sending", 0, True, 1]
+        if event not in type(spec).EXTENT_MOVES:
+            assert "MODELBUG" in seed
+            with pytest.raises(KeyError):
+                spec._extent_step(extent, event)
+            continue
+        cell = [_Obj(ss=int(defs["S_sending"][1]), unsure=1)]
+        for assignment in seed.split("; "):
+            target, value = assignment.split(" = ")
+            setattr(cell[0], target.removeprefix("cell[sx]."), int(_expand(value, defs).strip("()")))
+        spec._extent_step(extent, event)
+        assert (EXTENT_STATES[cell[0].ss - 1], bool(cell[0].unsure)) == (extent[0], extent[2]), event
+
+
+def test_all_up_holds_exactly_when_every_peer_is_up():
+    cfg = C(1, 1, 2, 1, peers=True, sizes=(1,))
+    defs = _defines(generate(cfg))
+    states = promela_peers.PEER_STATES
+    for peers in itertools.product(range(len(states)), repeat=cfg.receivers):
+        assert _promela_value("ALL_UP", defs, peer=list(peers)) == all(states[p] == "up" for p in peers)
