@@ -594,3 +594,18 @@ def test_all_up_holds_exactly_when_every_peer_is_up():
     states = promela_peers.PEER_STATES
     for peers in itertools.product(range(len(states)), repeat=cfg.receivers):
         assert _promela_value("ALL_UP", defs, peer=list(peers)) == all(states[p] == "up" for p in peers)
+
+
+def test_staging_may_start_an_extent_at_every_cell_where_it_fits_and_nowhere_else():
+    cfg = C(3, 1, 1, 1)
+    stage = _inlines(generate(cfg))["stage"]
+    choice = stage[stage.index(":: else ->\n     if\n") + len(":: else ->\n     if\n"):stage.index("\n     fi;")]
+    picks = [re.fullmatch(r"\s*:: FITS_(\d+)\(room\[gx\]\.sz\) -> ls = (\d+)", line) for line in choice.split("\n")]
+    assert all(picks) and [(int(m.group(1)), int(m.group(2))) for m in picks] == [(s, s) for s in range(cfg.cells)]
+
+
+def test_without_regions_a_write_late_landing_or_withdraw_is_about_receiver_zero():
+    plain = promela_events.room_arms("x", "y", C(2, 2, 2, 1, regions=False))
+    with_regions = {(name, act) for name, _, act, _ in promela_events.room_arms("x", "0", C(2, 2, 2, 1))}
+    about_one = [(name, act) for name, _, act, per in plain if per]
+    assert about_one and set(about_one) <= with_regions
