@@ -609,3 +609,31 @@ def test_without_regions_a_write_late_landing_or_withdraw_is_about_receiver_zero
     with_regions = {(name, act) for name, _, act, _ in promela_events.room_arms("x", "0", C(2, 2, 2, 1))}
     about_one = [(name, act) for name, _, act, per in plain if per]
     assert about_one and set(about_one) <= with_regions
+
+
+def _key_fields(text: str) -> list[list[tuple[int, str]]]:
+    """Each KEYcOF int of the canonical key: its fields, most significant first, as (bits, expression)."""
+    out = []
+    for line in text.splitlines():
+        if re.match(r"#define KEY\d+OF\(", line):
+            out.append([(int(b), e) for b, e in re.findall(r"\) << (\d+)\) \| \((.+?)\)(?=\) << |\)$)", line)])
+    return out
+
+
+@pytest.mark.parametrize("cfg", [C(2, 2, 2, 1), C(1, 1, 2, 1), C(1, 1, 2, 1, channels=True)], ids=str)
+def test_each_field_of_the_models_canonical_key_holds_every_value_it_takes_and_each_key_int_fits(cfg):
+    text = generate(cfg)
+    defs = {k: v for k, v in _defines(text).items() if k not in ("TOLD_OF", "REGRANK", "PEERRANK")}
+    chunks = _key_fields(text)
+    assert chunks and all(0 < sum(b for b, _ in chunk) <= 31 for chunk in chunks)  # a signed int, compared as one
+    params = {"KPOS": cfg.cells, "KSAME": 1, "KDPOS": cfg.rooms}  # the largest value each argument takes
+    spaces = [_namespace(cfg, state, defs) for state in _some_states(cfg, 300)]
+    for b, expr in (field for chunk in chunks for field in chunk):
+        if expr in params:
+            assert params[expr] < 2 ** b, expr
+            continue
+        code = [compile(_expand(expr.replace("KI", str(i)), defs), expr, "eval") for i in range(cfg.rooms)]
+        for ns in spaces:
+            for c in code:
+                value = eval(c, {}, ns)
+                assert 0 <= value < 2 ** b, (expr, value, b)
