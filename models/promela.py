@@ -538,7 +538,8 @@ def _proctype(cfg: Config) -> str:
     starved = shares.starved_arms(cfg, enabled, fair_by, fair_all) if liveness.checks_shares(cfg) else ""
     reset = "; " + shares.RESET if cfg.identities > 1 else ""
     return ("active proctype model() {\n"
-            "  /* per-step scratch that must survive backtracking: zero between steps */\n"
+            # a comment in the generated model: not mutated (the pragma below)
+            "  /* per-step scratch that must survive backtracking: zero between steps */\n"  # pragma: no mutate
             "  byte ev, x, y, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n"
             + (shares.LOCALS if cfg.identities > 1 else "") + "  do\n"
             "  :: atomic {\n    if\n" + "\n".join(arms) + f"\n    fi;\n    post(); ev = 0; x = 0; y = 0{reset}\n  }}\n"
@@ -670,7 +671,7 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
     """Follow SPIN's steps on the Python spec: a concrete trace, and proof SPIN's path is the spec's."""
     state = spec.initial()
     trace = [(("init",), state)]
-    for n, (event, _arg, target) in enumerate(steps, 1):
+    for n, (event, _arg, target) in enumerate(steps, 1):  # pragma: no mutate (n numbers the message)
         if spec.cfg.identities > 1:  # SPIN reads a room's owner from its index (promela_shares.py)
             target = (tuple((*r, v) for r, v in zip(target[0], spec.owners())), *target[1:])
         for step in spec.successors(state):
@@ -680,7 +681,7 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
                 break
         else:
             raise Disagreement(f"SPIN step {n} ({event}) reaches a state the spec cannot reach from "
-                               f"{spec.describe(state)}: {spec.describe(target)}")
+                               f"{spec.describe(state)}: {spec.describe(target)}")  # pragma: no mutate (message text)
     if kind == "deadlock":
         got = "deadlock" if not spec.successors(state) and not spec.is_final(state) else None
     elif kind in liveness.SHARE_KINDS:

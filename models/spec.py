@@ -214,8 +214,9 @@ def _channel_mark(x: tuple) -> str:
     """With channels: the notices on the way (<...), the withdraw's place and whether a release was sent."""
     if len(x) == 3:
         return ""
-    way = "".join("+-RA"[NOTICE_CODE[n] - 1] for n in chan_notices(x[CHAN]))
-    return (f"<{way}" if way else "") + ("", "w>", "w", "wA")[x[WD]] + ("r" if x[REL] else "")
+    way = "".join("+-RA"[NOTICE_CODE[n] - 1] for n in chan_notices(x[CHAN]))  # pragma: no mutate (trace text)
+    # trace text: not mutated (the pragma below)
+    return (f"<{way}" if way else "") + ("", "w>", "w", "wA")[x[WD]] + ("r" if x[REL] else "")  # pragma: no mutate
 
 
 class Spec(Events):
@@ -299,7 +300,8 @@ class Spec(Events):
                 else:
                     kind = None
                 if kind:
-                    cells = f"cell {s}" if r[SIZE] == 1 else f"cells {s}-{s + r[SIZE] - 1}"
+                    # message text: not mutated (the pragma below)
+                    cells = f"cell {s}" if r[SIZE] == 1 else f"cells {s}-{s + r[SIZE] - 1}"  # pragma: no mutate
                     return kind, (f"an allocation for room {other} overlaps room {i}'s extent ({cells}) "
                                   f"while {who}")
             if r[RS] in CONCLUDED and r[TOLD] < r[REG]:
@@ -375,7 +377,8 @@ class Spec(Events):
         for i, r in enumerate(rooms):
             s, z = r[EXTENTI], r[SIZE]
             extra = f" size{z}" if z else ""
-            extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"
+            # trace text: not mutated (the pragma below)
+            extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"  # pragma: no mutate
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
             rx = ",".join(REGION_MARK[x[0]] + W_MARK[x[1]] + TOLD_MARK[x[2]] + _channel_mark(x) for x in r[RCV])
@@ -388,12 +391,12 @@ class Spec(Events):
         for s, sl in enumerate(extents):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else f"<@{-2 - sl[CONTENT]}" if sl[CONTENT] < -1 else ""
             if sl[LEN]:
-                where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"
+                where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"  # pragma: no mutate (trace text)
                 parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
             elif sl[CONTENT] != extents[s - 1][CONTENT]:  # past an extent whose first cell was overwritten
-                parts.append(f"cell{s}=+{sl[SS]}{c}")
+                parts.append(f"cell{s}=+{sl[SS]}{c}")  # pragma: no mutate (trace text)
         if deferred:
-            parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))
+            parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))  # pragma: no mutate (trace text)
         for k, ps in enumerate(peers):
             parts.append(f"peer{k}={ps}")
         if self.restarts and state[6] < self.cfg.restarts:
