@@ -278,3 +278,31 @@ def test_constructor_defaults_and_smallest_sizes():
     assert (ex.ring.arena_bytes, ex.ring.deep_bytes, ex.max_deferred) == (64, 3 * 64, 0)
     ex = EncodeExecutor(manager, TableTower(n_deep=3), "cpu", arena_bytes=64, deep_arena_bytes=128)
     assert ex.ring.deep_bytes == 128  # a deepstack arena of its own size
+
+
+def test_a_public_call_refusing_an_argument_names_the_call_and_the_argument():
+    m = EncodeManager(LoopbackTransport(FakeClock()))
+    for call, name in ((lambda: m.fail_room("7", "why"), "fail_room: room_id"),
+                       (lambda: m.withdraw(-1, "s"), "withdraw: room_id"),
+                       (lambda: m.withdraw(1, 5), "withdraw: session"),
+                       (lambda: m.withdraw(1, "s", 5), "withdraw: status_endpoint"),
+                       (lambda: m.withdraw(1, "s", "", 5), "withdraw: identity")):
+        with pytest.raises((TypeError, ValueError)) as err:
+            call()
+        assert str(err.value).startswith(f"{name} "), name
+
+
+def test_a_port_is_0_to_65535_and_a_refusal_names_it():
+    assert settings.port("bootstrap_port", 65535) == 65535 and settings.port("bootstrap_port", 0) == 0
+    with pytest.raises(ValueError) as err:
+        settings.port("bootstrap_port", 65536)
+    assert refusal(err, "bootstrap_port", 65536, "0 to 65535")
+    with pytest.raises(ValueError) as err:
+        settings.port("bootstrap_port", "80")
+    assert refusal(err, "bootstrap_port", "80", "integer")
+
+
+def test_the_old_fixed_extent_settings_default_to_the_seeds_64_extents_of_256_mib():
+    # The seed's ring: `ring_slots` extents of `ring_bytes`; either alone takes the seed's other default.
+    assert settings.arena(None, None, 8, None) == (8 * (256 << 20), 256 << 20, 8)
+    assert settings.arena(None, None, None, 4096) == (64 * 4096, 4096, 64)

@@ -268,7 +268,7 @@ class EncodeManager:
 
     def fail_room(self, room_id: int, reason: str) -> bool:
         """Conclude a room Failed (a plain string is the engine's own reason); True if this call failed it."""
-        settings.room_id("fail_room: room_id", room_id)  # pragma: no mutate (names the argument in its error)
+        settings.room_id("fail_room: room_id", room_id)
         room = self.rooms.get(room_id)
         if room is None:
             tomb = self.tombs.failed(room_id)
@@ -292,11 +292,10 @@ class EncodeManager:
     def withdraw(self, room_id: int, session: str, status_endpoint: str = "", identity: str = "") -> str:
         """A receiver withdrew its region of `room_id`: "failed", "deferred" (ack later), "acked" or
         "refused" (see `Admission.withdraw`)."""
-        # each names the argument in its error (wording)
-        settings.room_id("withdraw: room_id", room_id)  # pragma: no mutate
-        settings.text("withdraw: session", session)  # pragma: no mutate
-        settings.text("withdraw: status_endpoint", status_endpoint)  # pragma: no mutate
-        settings.text("withdraw: identity", identity)  # pragma: no mutate
+        settings.room_id("withdraw: room_id", room_id)
+        settings.text("withdraw: session", session)
+        settings.text("withdraw: status_endpoint", status_endpoint)
+        settings.text("withdraw: identity", identity)
         return self.admission.withdraw(room_id, session, status_endpoint, identity)
 
     # what the edge reports -----------------------------------------------------

@@ -129,7 +129,7 @@ def withdraw_from_parts(parts: list[bytes]) -> Reply:
     room, session, endpoint = (bytes(p) for p in parts[1:])
     if not 0 < len(room) <= 20 or not room.isdigit():
         raise WithdrawError(f"room must be a decimal integer, got {room[:24]!r}")
-    for name, part in (("session", session), ("status_endpoint", endpoint)):  # pragma: no mutate (names in its error)
+    for name, part in (("session", session), ("status_endpoint", endpoint)):
         if len(part) > 256 or not part.isascii():
             raise WithdrawError(f"{name} must be ASCII of at most 256 bytes")
     if not session:
