@@ -127,8 +127,8 @@ class CompiledMachine:
         if options is None:
             raise InvalidTransition(self.name, state, event, obj)
         dest = options(obj)
-        if dest is None:
-            raise InvalidTransition(self.name, state, event, obj, "no declared guard holds")
+        if dest is None:  # the detail below: wording, not mutated
+            raise InvalidTransition(self.name, state, event, obj, "no declared guard holds")  # pragma: no mutate
         obj.state = dest
         return dest
 

@@ -39,8 +39,7 @@ def machine_dot(machine: CompiledMachine) -> str:
 
     model = Model()
     gm = cast(GraphMachine, build_machine(machine.declaration, cls=TaggedGraphMachine, model=model,
-                                          graph_engine="graphviz", show_conditions=True,
-                                          title=f"epd-ring {machine.name} machine"))
+                                          graph_engine="graphviz", show_conditions=True))
     # A copy: the class-level styles are shared by every GraphMachine.
     styles: dict[str, Any] = copy.deepcopy(gm.style_attributes)
     for kind, style in KIND_STYLE.items():

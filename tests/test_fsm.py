@@ -459,3 +459,10 @@ def test_step_moves_along_guarded_and_bare_edges():
     assert LAMP.step(lamp, "switch") == "on" == lamp.state  # guard holds
     assert LAMP.step(lamp, "switch") == "off" == lamp.state  # single unguarded edge
     assert LAMP.step(lamp, "smash") == "broken" == lamp.state
+
+
+def test_sources_are_the_states_an_event_is_declared_from():
+    assert ROOM.sources("stage") == {"registered", "ready"}
+    assert ROOM.sources("expire") == {"announced", "parked"}
+    assert PEER.sources("connected") == {"connecting", "suspect", "up"}
+    assert ROOM.sources("no such event") == frozenset()

@@ -321,6 +321,18 @@ def test_a_session_belongs_to_the_first_peer_that_names_it():
     assert t.claim("bob", "b:1") == "" and t.session_owner("b:1") == "bob" and len(t) == 2
 
 
+def test_a_proven_owner_takes_one_session_and_the_first_claimant_keeps_its_others():
+    t = Tenancy(max_sessions_per_identity=2)
+    assert t.claim("alice", "a:1") == "" and t.claim("alice", "a:2") == ""
+    assert t.claim("bob", "a:1", take=True) == ""  # a:1's memory proved it is bob's
+    assert [t.session_owner(s) for s in ("a:1", "a:2")] == ["bob", "alice"] and len(t) == 2
+    assert t.claim("alice", "a:2") == ""  # still hers, named again
+    assert t.claim("alice", "a:3") == ""  # under her cap again: nothing of hers given up
+    assert [t.session_owner(s) for s in ("a:1", "a:2", "a:3")] == ["bob", "alice", "alice"]
+    assert t.claim("bob", "a:2", take=True) == "" and t.claim("bob", "a:3", take=True) == ""
+    assert t.claim("alice", "a:4") == "" and t.session_owner("a:4") == "alice"  # her last one went: a fresh start
+
+
 def test_a_peer_at_its_session_cap_gives_up_its_own_least_recently_named_session():
     t = Tenancy(max_sessions_per_identity=2)
     assert t.claim("alice", "a:1") == "" and t.claim("alice", "a:2") == "" and t.claim("bob", "b:1") == ""

@@ -25,7 +25,7 @@ class Tombstone:
     __slots__ = ("room", "state", "reason", "at", "sessions", "pins", "owner", "sender")
 
     def __init__(self, room: int, state: str, reason: Reason | str, at: float, sessions: frozenset[str],
-                 pins: int, owner: str | None = None, sender: bool = False):
+                 pins: int, owner: str | None, sender: bool):
         self.room, self.state, self.reason, self.at, self.sessions = room, state, reason, at, sessions
         self.pins = pins
         self.owner = owner
