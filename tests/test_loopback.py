@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import loopback_setup
 
-from epd_ring.executor import LoopbackTransport, Outcome, TransportError
+from epd_ring.executor import FakeClock, LoopbackTransport, Outcome, TransportError
 from epd_ring.executor.core.loopback import CONTACT_FAULTS, FAULT_KINDS, Fault, Notice, Regions
 
 setup = loopback_setup
@@ -144,6 +144,18 @@ def test_removing_an_owner_drops_exactly_its_regions():
     assert regions.remove_owner(object()) == 0
     assert regions.remove_owner(b) == 1 and len(regions) == 1
     assert regions.covers(0x1000, 0x100) and not regions.covers(0x2000, 1)
+
+
+def test_regions_may_touch_but_not_overlap():
+    regions = Regions()
+    regions.add(0x2000, 0x100)
+    regions.add(0x2100, 0x100)  # starts where the first ends
+    regions.add(0x1f00, 0x100)  # ends where the first starts
+    assert len(regions) == 3 and regions.covers(0x1f00, 0x100) and regions.covers(0x2100, 0x100)
+    for ptr, n in ((0x1f80, 0x100), (0x20ff, 2), (0x1e00, 0x101)):
+        with pytest.raises(TransportError):
+            regions.add(ptr, n)
+    assert len(regions) == 3
 
 
 # -- the data path and its faults --------------------------------------------------------------
@@ -383,3 +395,20 @@ def test_a_transport_not_made_to_record_keeps_nothing_per_write():
     for _ in range(3):
         t.submit_write("r", [(src.data_ptr(), dst.data_ptr(), 64)])
     assert t.bytes_landed == 3 * 64 and rcv.submitted == [] and rcv.landed == []
+    assert LoopbackTransport(FakeClock()).record is False  # and not recording is the default
+
+
+def test_a_recording_receiver_names_each_write_that_landed_at_once_late_or_as_a_ghost():
+    clock, t, src, dst, rcv = setup(record=True)
+    bufs = [(src.data_ptr(), dst.data_ptr(), 64)]
+    now = t.submit_write("r", bufs)
+    t.inject("delay", delay=1.0)
+    late = t.submit_write("r", bufs)
+    t.inject("timeout_land_later", delay=1.0, land_after=2.0)
+    ghost = t.submit_write("r", bufs)
+    assert rcv.landed == [(now, 0)]
+    clock.advance(1.0)
+    assert sorted(t.poll()) == sorted([(now, Outcome.DONE), (late, Outcome.DONE), (ghost, Outcome.TIMED_OUT)])
+    clock.advance(1.0)
+    t.poll()
+    assert rcv.landed == [(now, 0), (late, 0), (ghost, 0)]

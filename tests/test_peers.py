@@ -1187,3 +1187,32 @@ def test_identity_shares_without_a_peer_bound_deliver():
     rig.receiver("a")
     run(rig, room_for(rig, 1, "a"))
     assert rig.manager.room_status(1) == "success"
+
+
+def test_a_room_that_ends_while_waiting_on_a_bound_leaves_no_wait_behind():
+    # Rooms failed by the engine while held back: their waits end with them (nothing grows per room).
+    clock, m, holds = _bounded()
+    m.peers.hold(2, 100, ["a"])
+    assert holds.held_back(1, 50)
+    assert m.fail_room(1, "the engine gave up")
+    assert holds.held_since == {}
+    clock, t, m = managed(max_parked_bytes=100)
+    for room in (1, 2):
+        m.register_receiver(_frame(room, "a", n=2))
+        m.bind_sender(room)
+    m.holds.hold(2, 80)
+    assert m.holds.held_back(1, 50)
+    assert m.fail_room(1, "the engine gave up")
+    assert m.holds.parked_since == {}
+
+
+def test_a_room_that_fails_while_its_chunk_waits_for_its_peer_gives_the_peer_its_bytes_back():
+    rig = make_rig(write_timeout=30.0)
+    m, t = rig.manager, rig.transport
+    t.inject_contact("hang", session="slow")
+    m.register_receiver(rig.frame(1, "slow", 2))
+    rig.send(1)
+    peer = m.peers.get("slow")
+    assert m.room_status(1) == "transferring" and peer.held > 0  # held for it, no write yet
+    assert m.fail_room(1, "the engine gave up")
+    assert peer.held == 0 and m.peers.held_total == 0
