@@ -1196,7 +1196,7 @@ def test_a_room_that_ends_while_waiting_on_a_bound_leaves_no_wait_behind():
     assert holds.held_back(1, 50)
     assert m.fail_room(1, "the engine gave up")
     assert holds.held_since == {}
-    clock, t, m = managed(max_parked_bytes=100)
+    _clock, _t, m = managed(max_parked_bytes=100)
     for room in (1, 2):
         m.register_receiver(_frame(room, "a", n=2))
         m.bind_sender(room)
