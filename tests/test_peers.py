@@ -1191,7 +1191,7 @@ def test_identity_shares_without_a_peer_bound_deliver():
 
 def test_a_room_that_ends_while_waiting_on_a_bound_leaves_no_wait_behind():
     # Rooms failed by the engine while held back: their waits end with them (nothing grows per room).
-    clock, m, holds = _bounded()
+    _, m, holds = _bounded()
     m.peers.hold(2, 100, ["a"])
     assert holds.held_back(1, 50)
     assert m.fail_room(1, "the engine gave up")
