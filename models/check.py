@@ -28,9 +28,11 @@ def count_at_least(low: int, what: str = ""):  # pragma: no mutate (message word
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            # message wording: not mutated (the pragma below)
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None  # pragma: no mutate
         if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}{what}, got {value}")
+            # message wording: not mutated (the pragma below)
+            raise argparse.ArgumentTypeError(f"must be >= {low}{what}, got {value}")  # pragma: no mutate
         return value
 
     parse.__name__ = f"integer >= {low}"
@@ -43,7 +45,9 @@ def cell_sizes(text: str) -> tuple[int, ...]:
         sizes = tuple(int(x) for x in text.split(","))
         Config(sizes=sizes)
     except ValueError as exc:
+        # pragma: no mutate start (message wording)
         raise argparse.ArgumentTypeError(f"expected ascending cell counts like 1,2: {exc}") from None
+        # pragma: no mutate end
     return sizes
 
 
