@@ -21,6 +21,11 @@ SMALL = ["--cells", "1", "--rooms", "2", "--receivers", "1", "--faults", "1"]
 TINY = ["--cells", "1", "--rooms", "1", "--receivers", "1", "--faults", "0"]
 
 
+def named(flag: str, refused: pytest.ExceptionInfo) -> bool:
+    """Whether a refusal names `flag` (the flag itself, not a word that contains it)."""
+    return flag.split("=")[0] in str(refused.value).replace(",", " ").split()
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     check.add_arguments(parser)
@@ -64,10 +69,12 @@ def test_check_flags_left_out_are_unset_so_replay_can_tell_them_from_given_ones(
                         "replay") if getattr(args, k) is not None] == []
     assert not (args.peers or args.channels or args.late_landing or args.spin_collapse or args.spin_no_regions)
     assert (args.restarts, args.identities, args.engine) == (0, 1, "explorer")
+    assert parse(["--engine", "explorer"]).engine == "explorer"
 
 
 @pytest.mark.parametrize("argv", [["--variant", "no-such-variant"], ["--spin-hash", "0"], ["--spin-memlim", "0"],
-                                  ["--cells", "0"], ["--faults", "-1"], ["--peers", "x"]], ids=str)
+                                  ["--cells", "0"], ["--faults", "-1"], ["--peers", "x"], ["--engine", "other"]],
+                         ids=str)
 def test_check_refuses_a_bad_value_in_its_parser(argv):
     with pytest.raises(SystemExit):
         parse(argv)
@@ -101,7 +108,7 @@ def test_a_replay_namespace_gets_no_size_defaults():
 def test_spin_refuses_each_explorer_flag_and_names_it(flag):
     with pytest.raises(CheckInputError) as refused:
         check.apply_defaults(parse(["--engine", "spin", *flag]))
-    assert flag[0] in str(refused.value)
+    assert named(flag[0], refused)
 
 
 @pytest.mark.parametrize("flag", [["--spin-opt=-O2"], ["--spin-collapse"], ["--spin-hash", "2"],
@@ -109,7 +116,7 @@ def test_spin_refuses_each_explorer_flag_and_names_it(flag):
 def test_the_explorer_refuses_each_spin_flag_and_names_it(flag):
     with pytest.raises(CheckInputError) as refused:
         check.apply_defaults(parse(flag))
-    assert flag[0].split("=")[0] in str(refused.value)
+    assert named(flag[0], refused)
 
 
 def test_the_gone_slots_flag_is_refused():
@@ -126,7 +133,7 @@ def test_the_gone_slots_flag_is_refused():
 def test_replay_refuses_each_flag_the_trace_fixes_and_names_it(flag):
     with pytest.raises(CheckInputError) as refused:
         run_check(parse(["--replay", str(TRACE), *flag]))
-    assert flag[0] in str(refused.value)
+    assert named(flag[0], refused)
 
 
 def test_replay_reports_the_trace_its_config_its_steps_and_the_violations_kind_and_detail():
