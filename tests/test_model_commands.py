@@ -314,41 +314,33 @@ def test_an_edge_whose_deadline_is_not_the_clocks_next_is_counted_and_the_rest_i
     assert w.states > 1 and w.edges > 0
 
 
-def test_the_walk_reports_progress_on_its_clock(monkeypatch, quiet_log):
+class _Clock:
+    """A stand-in for the walk's `time`: each reading is `step` seconds after the last."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 1e6, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_the_walk_reports_its_progress_every_5_seconds_of_its_clock(monkeypatch, quiet_log):
     from epd_ring.models import walk as walk_module
 
-    now = [1e6]
-
-    def ticking():
-        now[0] += 5.0
-        return now[0]
-
-    seen = []
-    monkeypatch.setattr(walk_module.time, "perf_counter", ticking)
-    w = walk_module.walk(Config(2, 1, 1, 0, sizes=(1,)), progress=lambda x: seen.append((x.states, x.seconds)))
-    assert len(seen) >= 2 and all(0 < seconds < 1e5 and states >= 1 for states, seconds in seen)
+    cfg = Config(2, 1, 1, 0, sizes=(1,))
+    seen: list = []
+    monkeypatch.setattr(walk_module, "time", _Clock(5.0))  # 5 s between two readings: a report each node
+    w = walk_module.walk(cfg, progress=lambda x: seen.append((x, x.states, x.nodes, x.seconds)))
+    assert len(seen) == w.nodes and all(x is w and 0 < seconds < 1e5 and states >= 1 and nodes >= 1
+                                        for x, states, nodes, seconds in seen)
     assert w.seconds < 1e5
-    monkeypatch.setattr(walk_module.time, "perf_counter", lambda: 1e6)  # a clock that stands still: no report
     seen.clear()
-    walk_module.walk(Config(2, 1, 1, 0, sizes=(1,)), progress=lambda x: seen.append(x))
+    monkeypatch.setattr(walk_module, "time", _Clock(0.0))  # a clock that stands still: no report
+    walk_module.walk(cfg, progress=seen.append)
     assert seen == []
-    monkeypatch.setattr(walk_module.time, "perf_counter", ticking)
-    assert walk_module.walk(Config(2, 1, 1, 0, sizes=(1,))).failures == []  # no progress callable: none called
-
-
-def test_the_walk_hands_its_progress_callable_the_walk(monkeypatch, quiet_log):
-    from epd_ring.models import walk as walk_module
-
-    now = [1e6]
-
-    def ticking():
-        now[0] += 5.0
-        return now[0]
-
-    monkeypatch.setattr(walk_module.time, "perf_counter", ticking)
-    seen = []
-    walk_module.walk(Config(2, 1, 1, 0, sizes=(1,)), progress=seen.append)
-    assert seen and all(isinstance(x, walk_module.Walk) for x in seen)
+    monkeypatch.setattr(walk_module, "time", _Clock(5.0))
+    assert walk_module.walk(cfg).failures == []  # no progress callable: none called
 
 
 def test_a_replay_without_a_plan_follows_its_path(quiet_log):
@@ -394,14 +386,15 @@ def test_relabelling_cells_keeps_rooms_without_an_extent_and_is_the_same_for_mov
 
 
 def test_reading_the_arena_from_its_other_end_twice_gives_the_state_back():
-    from epd_ring.models.spec import LEN
+    from epd_ring.models.spec import EXTENTI, LEN
     from epd_ring.models.walk import canonical_mirror, reflect
 
-    states = _reachable(Config(3, 2, 1, 0), 3000)
+    states = _reachable(Config(3, 2, 1, 0), 3000) + _reachable(Config(2, 2, 1, 0, identities=2), 300)
     assert any(max(cell[LEN] for cell in s[1]) == 2 for s in states)  # some extent of two cells is in there
     for state in states:
         assert reflect(reflect(state)) == state
         assert canonical_mirror(reflect(state)) == canonical_mirror(state)
+        assert [r[EXTENTI] < 0 for r in reflect(state)[0]] == [r[EXTENTI] < 0 for r in state[0]]
 
 
 def test_the_walk_command_exits_0_at_full_coverage_and_1_on_a_nonconforming_edge(monkeypatch, capsys, quiet_log):
@@ -489,12 +482,18 @@ def test_the_state_graph_draws_each_broken_check_in_red_where_it_breaks(quiet_lo
     assert red and all("fillcolor" in nodes[b] and nodes[b]["fillcolor"] == "#f4b6b6" for _, b, _, _ in red)
 
 
-def test_a_room_never_sees_its_extent_overlapped_where_the_design_holds():
+def test_a_room_sees_its_extents_state_and_whether_another_room_overlaps_it():
     from epd_ring.models.graphs import room_view
+    from epd_ring.models.spec import EXTENTI, SS
 
     for state in _reachable(Config(2, 2, 1, 0, sizes=(1,)), 2000):
-        for i in range(2):
-            assert room_view(state, i)[7][1] is True
+        for i, r in enumerate(state[0]):
+            s = r[EXTENTI]
+            # where the design holds, a room's extent is never overlapped
+            assert room_view(state, i)[7] == ((state[1][s][SS], True) if s >= 0 else ("", True))
+    overlapped = [room_view(st, i)[7] for st in _reachable(Config(2, 2, 1, 1, variant="seed", sizes=(1,)), 3000)
+                  for i in range(2)]
+    assert any(mine is False for _, mine in overlapped)  # the seed's hazard: an extent reused under a chunk
 
 
 def test_the_room_view_marks_the_quiescent_views_and_draws_a_halted_loop():
@@ -507,6 +506,19 @@ def test_the_room_view_marks_the_quiescent_views_and_draws_a_halted_loop():
                        for _, _, label, _ in edges for ev in label.split(" | "))
 
 
+def test_the_room_view_marks_as_quiescent_exactly_the_views_of_quiescent_states():
+    from epd_ring.fsm.diagrams import KIND_STYLE
+    from epd_ring.models.graphs import room_view, room_view_dot
+    from epd_ring.models.spec import Spec
+
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,))
+    spec = Spec(cfg)
+    nodes, _ = _dot(room_view_dot(cfg))
+    quiescent = {room_view(s) for s in _reachable(cfg, 100_000) if not spec.successors(s) and spec.is_final(s)}
+    green = [n for n, a in nodes.items() if a.get("fillcolor") == KIND_STYLE["free"]["fillcolor"]]
+    assert len(green) == len(quiescent) >= 1
+
+
 def test_a_hazard_trace_without_a_hazard_name_is_drawn():
     from epd_ring.models.graphs import trace_dot
 
@@ -514,3 +526,19 @@ def test_a_hazard_trace_without_a_hazard_name_is_drawn():
     data.pop("hazard", None)
     nodes, edges = _dot(trace_dot("t", data))
     assert len(nodes) == len(data["events"]) + 1 and len(edges) == len(data["events"])
+
+
+def test_the_walk_commands_floor_is_none_unless_given_and_peers_is_a_switch(monkeypatch, capsys, quiet_log):
+    from epd_ring.models import walk as walk_command
+
+    seen = []
+
+    def half(cfg, progress=None):
+        seen.append(cfg)
+        return walk_command.Walk(cfg, spec_states=2, spec_edges=2, states=1, edges=1)
+
+    monkeypatch.setattr(walk_command, "walk", half)
+    assert walk_command.main(["1", "1", "1", "0"]) == 0  # half the edges, and no floor asked for
+    assert walk_command.main(["1", "1", "1", "0", "--min-coverage", "0.6"]) == 1
+    assert walk_command.main(["1", "1", "1", "0", "--peers", "--sizes", "1", "--identities", "1"]) == 0
+    assert [c.peers for c in seen] == [False, False, True] and seen[-1].sizes == (1,)
