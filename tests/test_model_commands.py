@@ -546,5 +546,8 @@ def test_the_walk_commands_floor_is_none_unless_given_and_peers_is_a_switch(monk
     monkeypatch.setattr(walk_command, "walk", half)
     assert walk_command.main(["1", "1", "1", "0"]) == 0  # half the edges, and no floor asked for
     assert walk_command.main(["1", "1", "1", "0", "--min-coverage", "0.6"]) == 1
-    assert walk_command.main(["1", "1", "1", "0", "--peers", "--sizes", "1", "--identities", "1"]) == 0
-    assert [c.peers for c in seen] == [False, False, True] and seen[-1].sizes == (1,)
+    assert walk_command.main(["1", "1", "1", "0", "--peers", "--sizes", "1"]) == 0
+    assert walk_command.main(["2", "2", "1", "0", "--sizes", "1", "--identities", "2"]) == 0
+    assert [c.peers for c in seen] == [False, False, True, False] and seen[2].sizes == (1,)
+    assert [(c.cells, c.rooms, c.receivers, c.faults, c.identities) for c in seen][2:] == [(1, 1, 1, 0, 1),
+                                                                                       (2, 2, 1, 0, 2)]
