@@ -260,6 +260,8 @@ def quiet_log():
 
 @pytest.mark.parametrize("cfg, figures", [
     (Config(2, 1, 1, 0, sizes=(1,)), (16, 20, 16, 18, 20, {"clock": 2, "not by clock": 0})),
+    # three cells: with one-cell items any cell is as good as another, not only the mirror image
+    (Config(3, 1, 1, 0, sizes=(1,)), (16, 20, 16, 18, 20, {"clock": 2, "not by clock": 0})),
     (Config(2, 1, 1, 0), (20, 28, 20, 22, 28, {"clock": 3, "not by clock": 0})),
     (Config(1, 1, 1, 1, sizes=(1,)), (37, 66, 37, 56, 66, {"clock": 6, "not by clock": 0}))], ids=str)
 def test_the_walk_covers_its_pinned_quotient_of_the_spec(quiet_log, cfg, figures):
@@ -512,12 +514,13 @@ def test_the_room_view_marks_the_quiescent_views_and_draws_a_halted_loop():
                        for _, _, label, _ in edges for ev in label.split(" | "))
 
 
-def test_the_room_view_marks_as_quiescent_exactly_the_views_of_quiescent_states():
+@pytest.mark.parametrize("variant", ["project", "busy-wait"])
+def test_the_room_view_marks_as_quiescent_exactly_the_views_of_quiescent_states(variant):
     from epd_ring.fsm.diagrams import KIND_STYLE
     from epd_ring.models.graphs import room_view, room_view_dot
     from epd_ring.models.spec import Spec
 
-    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,))
+    cfg = Config(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,), variant=variant)
     spec = Spec(cfg)
     nodes, _ = _dot(room_view_dot(cfg))
     quiescent = {room_view(s) for s in _reachable(cfg, 100_000) if not spec.successors(s) and spec.is_final(s)}
