@@ -5,6 +5,8 @@ and run chosen tests against each: triage without a new mutmut pass.
     python tests/mutation/survivors_today.py match epd_ring.models.check > /tmp/check.json
     # 2. with the project's venv: write each mutant into the source, run the tests, restore the source
     .venv/bin/python tests/mutation/survivors_today.py run /tmp/check.json -- tests/test_cli.py ...
+    # options of run, in this order: --timeout S, --tree DIR (a copy laid out as DIR/{fsm,executor,models},
+    # on PYTHONPATH as DIR/..), --warm torch,hypothesis (imported once before forking), --only REGEX (functions)
 
 `match` generates today's mutants of each function named in survivors.md with mutmut's own operators
 and keys each by its diff as score.py does (the changed lines, stripped, joined by " / ", cut at 100
