@@ -73,7 +73,8 @@ pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compi
                                       "tests/test_model.py", "tests/test_conformance.py",
                                       "tests/test_cli.py", "tests/test_spin.py", "tests/test_hostile_edges.py",
                                       "tests/test_shares.py", "tests/test_model_shares.py", "tests/test_model_restarts.py",
-                                      "tests/test_seed_surface.py", "tests/test_metrics.py", "tests/test_model_spec_edges.py"]
+                                      "tests/test_seed_surface.py", "tests/test_metrics.py", "tests/test_model_spec_edges.py",
+                                      "tests/test_model_commands.py"]
 # deselected: a subprocess demo (no mutant reaches it), the 10,000-room bound (2.5 s, and it runs
 # for every surviving mutant of the manager) and two graphviz renderings (the freshness check
 # below them catches a wrong diagram)
@@ -141,7 +142,7 @@ timeout_constant = 5.0
 # an exception that carries nothing else (its first argument a string, or on the next line); a matched
 # line's expressions are not mutated, the call around a help= still is (test_cli.py: every option has help)
 do_not_mutate_patterns = ["^\\s*(\\w+\\.)*log\\.(debug|info|warning|error)\\(", "^\\s*help=",
-                          "^\\s*raise \\w+\\((f?[\"']|$)"]
+                          "^\\s*raise (\\w+\\.)*\\w+\\((f?[\"']|$)"]
 # torch is not fork-safe after import in every setup
 process_isolation = "forkserver"
 use_git_change_detection = false
