@@ -300,9 +300,3 @@ def test_a_port_is_0_to_65535_and_a_refusal_names_it():
     with pytest.raises(ValueError) as err:
         settings.port("bootstrap_port", "80")
     assert refusal(err, "bootstrap_port", "80", "integer")
-
-
-def test_the_old_fixed_extent_settings_default_to_the_seeds_64_extents_of_256_mib():
-    # The seed's ring: `ring_slots` extents of `ring_bytes`; either alone takes the seed's other default.
-    assert settings.arena(None, None, 8, None) == (8 * (256 << 20), 256 << 20, 8)
-    assert settings.arena(None, None, None, 4096) == (64 * 4096, 4096, 64)
