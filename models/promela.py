@@ -681,7 +681,8 @@ def rebuild(spec: Spec, steps: list[tuple[str, int, tuple]], kind: str) -> list[
                 break
         else:
             raise Disagreement(f"SPIN step {n} ({event}) reaches a state the spec cannot reach from "
-                               f"{spec.describe(state)}: {spec.describe(target)}")  # pragma: no mutate (message text)
+                               f"{spec.describe(state)}: {spec.describe(target)}"  # pragma: no mutate (message text)
+                               )
     if kind == "deadlock":
         got = "deadlock" if not spec.successors(state) and not spec.is_final(state) else None
     elif kind in liveness.SHARE_KINDS:
