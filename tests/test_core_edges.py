@@ -19,12 +19,11 @@ class Timed:
 
 def test_pending_deadlines_are_listed_earliest_first_whatever_the_order_they_were_armed():
     d = Deadlines()
-    a, b, c = Timed(), Timed(), Timed()
-    d.arm(3.0, "quarantine", c)
-    d.arm(1.0, "park", a)
-    d.arm(2.0, "announce", b)
-    d.cancel(b)
-    assert d.pending() == [(1.0, "park", a), (3.0, "quarantine", c)]
+    timed = {kind: Timed() for kind in ("quarantine", "park", "announce")}
+    for due, kind in ((3.0, "quarantine"), (1.0, "park"), (2.0, "announce")):
+        d.arm(due, kind, timed[kind])
+    d.cancel(timed["announce"])
+    assert d.pending() == [(1.0, "park", timed["park"]), (3.0, "quarantine", timed["quarantine"])]
 
 
 def test_deadlines_count_only_live_ones_through_arm_cancel_and_due():
