@@ -24,9 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import sys
-import time
 from difflib import unified_diff
 from pathlib import Path
 
@@ -159,31 +157,15 @@ def run(rows: list[dict], tests: list[str], timeout: float) -> int:
     sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     os.environ.setdefault("EPD_RING_HYPOTHESIS", "mutmut")
-    import pytest
+    import pytest  # noqa: F401 - loaded once, before the forks
 
     originals = {r["path"]: Path(r["path"]).read_text() for r in rows}
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rescore import run_child  # the same forked run verify_kills uses (no mutant switched on here)
+
     def child() -> str:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                fd = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests])
-            except BaseException:
-                code = 99
-            os._exit(int(code))
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return "killed" if os.WIFSIGNALED(status) or os.WEXITSTATUS(status) else "survived"
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return "timeout"
-            time.sleep(0.01)
+        return run_child(tests, "", timeout)
 
     try:
         if child() != "survived":
