@@ -94,6 +94,9 @@ SPACES = {
     C(1, 1, 2, 1, peers=True, sizes=(1,)): (249, 661, 16, 18, []),
     C(1, 1, 2, 1, variant="blocking-contact", peers=True, sizes=(1,)): (176, 327, 16, 18, ["loop-waits-on-peer"]),
     C(1, 1, 2, 1, channels=True): (531, 1341, 10, 13, []),
+    # no write deadline with peers: the peers' part takes the variant too (no write_deadline event)
+    C(1, 1, 1, 1, variant="no-write-deadline", peers=True, sizes=(1,)): (69, 147, 8, 10, ["region-never-released",
+                                                                                          "room-never-concludes"]),
     C(1, 1, 2, 1, late_landing=True): (75, 148, 5, 11, ["write-into-released-region"]),
     C(1, 1, 2, 2, regions=False): (80, 159, 7, 7, []),
     C(1, 3, 1, 0, sizes=(1,)): (926, 3181, 4, 31, []),
