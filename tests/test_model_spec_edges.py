@@ -385,7 +385,9 @@ def _expand(expr: str, defs) -> str:
     raise AssertionError(f"no end to expanding {expr[:200]}")
 
 
-_COMPILED: dict[tuple[int, str], object] = {}
+# keyed by the defines' id, so each entry keeps its defines alive: a freed dict's id is reused by the next
+# test's, which then read the previous variant's macros (seen under mutmut's trampolines, where the heap differs)
+_COMPILED: dict[tuple[int, str], tuple[dict, object]] = {}
 
 
 def _promela_value(expr: str, defs, **arrays) -> int:
@@ -393,8 +395,8 @@ def _promela_value(expr: str, defs, **arrays) -> int:
     key = (id(defs), expr)
     if key not in _COMPILED:
         py = _expand(expr, defs).replace("&&", " and ").replace("||", " or ")
-        _COMPILED[key] = compile(re.sub(r"!(?!=)", " not ", py), expr, "eval")
-    return int(bool(eval(_COMPILED[key], {}, arrays)))  # our own generated text
+        _COMPILED[key] = (defs, compile(re.sub(r"!(?!=)", " not ", py), expr, "eval"))
+    return int(bool(eval(_COMPILED[key][1], {}, arrays)))  # our own generated text
 
 
 class _Obj:
