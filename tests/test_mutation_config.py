@@ -4,6 +4,7 @@ not behaviour. The pass itself takes hours and is not run here."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -107,3 +108,33 @@ def test_help_and_exception_messages_are_left_alone_and_nothing_else(config):
                  '    p.add_argument("--cells", type=count_at_least(1), default=None,',
                  '            self._close(key)', '        log = logging.getLogger("epd_ring")']:
         assert not skipped(line), line
+
+
+def _record_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_record", ROOT / "tests" / "mutation" / "record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit(tmp_path):
+    record = _record_module()
+    first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
+    meta = {"exit_code_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 1, "epd_ring.fsm.core.x_step__mutmut_2": None},
+            "hash_by_function_name": {"x_step": "abc"}, "type_check_error_by_key": {},
+            "durations_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 0.5}, "estimated_durations_by_key": {}}
+    (first / "mutants" / "src" / "epd_ring" / "fsm").mkdir(parents=True)
+    (first / "mutants" / "src" / "epd_ring" / "fsm" / "core.py.meta").write_text(json.dumps(meta))
+    for d, commit in ((first, "a" * 40), (second, "a" * 40), (other, "b" * 40)):
+        d.mkdir(exist_ok=True)
+        (d / "COMMIT").write_text(commit + "\n")
+    out = tmp_path / "record.json.gz"
+    assert record.main(["save", str(first), str(out)]) == 0
+    assert record.main(["restore", str(out), str(other)]) == 2  # another commit's pass: refused
+    assert not (other / "mutants").exists()
+    assert record.main(["restore", str(out), str(second)]) == 0
+    assert json.loads((second / "mutants" / "src" / "epd_ring" / "fsm" / "core.py.meta").read_text()) == meta
+    assert record.main(["restore", str(out), str(second)]) == 2  # verdicts there already: not overwritten
+    assert record.main(["save", str(other), str(out)]) == 2  # nothing decided to keep

@@ -4,6 +4,9 @@
 #   tests/mutation/run_mutmut.sh            # stage HEAD, run every mutant, print the survivors
 #   MUTMUT_COMMIT=<sha> tests/mutation/run_mutmut.sh   # resume the pass staged from <sha>
 #   MUTMUT_RESTAGE=1 tests/mutation/run_mutmut.sh      # drop the pass in $MUTMUT_WORK and stage HEAD
+#   MUTMUT_RECORD=tests/mutation/pass-record.json.gz MUTMUT_COMMIT=<its commit> tests/mutation/run_mutmut.sh
+#       # resume a pass another machine began: its verdicts are read from the record into an empty
+#       # $MUTMUT_WORK, and written back to it whenever the run stops (tests/mutation/record.py)
 #
 # A pass is over one commit: its files are staged from git (not the working tree), the commit is
 # kept in $MUTMUT_WORK/COMMIT, and a run over another commit is refused rather than mixed into it.
@@ -159,6 +162,11 @@ git -C "$ROOT" show "$COMMIT:pyproject.toml" | "$PY" -c '
 import json, sys, tomllib
 p = tomllib.loads(sys.stdin.read())["project"]
 print("\n[project]\nname = %s\nversion = %s" % (json.dumps(p["name"]), json.dumps(p["version"])))' >> "$WORK/pyproject.toml"
+if [ -n "${MUTMUT_RECORD:-}" ]; then
+    RECORD="$(realpath "$MUTMUT_RECORD")"
+    if [ -f "$RECORD" ]; then "$PY" "$ROOT/tests/mutation/record.py" restore "$RECORD" "$WORK" || true; fi
+    trap '"$PY" "$ROOT/tests/mutation/record.py" save "$WORK" "$RECORD"' EXIT
+fi
 cd "$WORK"
 # SPIN's verdict on a Promela text it has already checked is read back (executor/tools/spin.py): most
 # mutants of the generator leave its text as it was. Those that change it are checked with pan built
