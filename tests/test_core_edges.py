@@ -143,6 +143,7 @@ def test_an_effect_equals_only_an_effect_of_its_own_kind_with_equal_fields():
 
     assert Submit(1, "s:1", ()) == Submit(1, "s:1", ()) and hash(Submit(1, "s:1", ())) == hash(Submit(1, "s:1", ()))
     assert Submit(1, "s:1", ()) != Submit(2, "s:1", ())
+    assert (Submit(1, "s:1", ()) != Submit(1, "s:1", ())) is False  # `!=` is `==`'s negation, field by field
     assert Submit(1, "s:1", ()) != (1, "s:1", ())  # never a plain tuple
     assert Concluded(7, "success") != Release(7, "success")  # nor another kind with the same fields
     assert Notify("r", 7, "failed") == Notify("r", 7, "failed", "")

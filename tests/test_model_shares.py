@@ -107,3 +107,17 @@ def test_spin_stores_the_explorers_states_and_finds_the_same_starvation(mutant, 
     r, e = spin_tool.check(TWO), explore(TWO)
     assert r.states == e.states
     assert sorted(r.violations) == sorted(e.violations) == (["identity-starved"] if mutant else [])
+
+
+@needs_spin
+@pytest.mark.parametrize("mutant", [None, "uncharged"])
+def test_spins_count_and_verdict_on_two_identities_are_the_explorers_pinned_ones(mutant, monkeypatch):
+    # SPIN alone against the explorer's pinned count (the test above it runs both engines at full cost):
+    # the generator's shares (its deferred queues by identity, the starvation arms) in the mutation pass
+    if mutant:
+        monkeypatch.setattr(Shares, "uncharged", ("quarantined",))
+    r = spin_tool.check(TWO)
+    if mutant:
+        assert sorted(r.violations) == ["identity-starved"]
+    else:
+        assert (r.states, sorted(r.violations)) == (17_472, [])

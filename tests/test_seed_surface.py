@@ -74,6 +74,18 @@ def test_the_seed_file_has_no_public_call_beyond_these():
     assert all(callable(getattr(EncodeExecutor, name, None)) for name in SEED_CALLS)
 
 
+def test_the_deferred_queues_calls_on_the_class_take_the_executor_first_as_a_method_does():
+    rig = make_rig(extents=1, extent_bytes=64)
+    ex = rig.executor
+    rig.open_room(1)
+    rig.open_room(2)
+    rig.transport.inject("hold", session="p1")
+    ex.execute([("r1", rig.item(2, 1)), ("r2", rig.item(2, 2))])  # the second waits for the one extent
+    assert EncodeExecutor.has_deferred(ex) is True
+    assert EncodeExecutor.drop_deferred(ex) == 1
+    assert EncodeExecutor.has_deferred(ex) is False
+
+
 def test_a_loop_written_for_the_seed_runs_unchanged():
     # Two extents (the seed's ring_slots / ring_bytes), so parked chunks fill the ring and later items defer.
     rig = make_rig(extents=2, extent_bytes=64, parked_ring_share=1.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_rig, reason_kind
+from helpers import Calls, make_rig, reason_kind
 
 from epd_ring.executor import Outcome
 from epd_ring.executor.core.reasons import ReasonKind
@@ -155,6 +155,7 @@ def test_an_identity_parking_rooms_takes_neither_the_victims_parked_share_nor_it
 def test_an_identity_that_filled_the_queue_alone_gives_places_up_to_a_newcomer():
     rig = rig8(max_deferred=8, park_timeout=60.0)
     known(rig, "A")
+    obs = rig.manager.observer = Calls("undeferred")
     for k in range(12):
         run(rig, room(rig, k, "a", "A", frame=False))
     assert rig.executor.deferred_count == 8  # alone, all of it
@@ -168,6 +169,32 @@ def test_an_identity_that_filled_the_queue_alone_gives_places_up_to_a_newcomer()
     assert rig.executor.deferred_requests() == [f"req-{k}" for k in (4, 5, 6, 7, 104, 105, 106, 107)]
     assert rig.executor.stats["deferred_evicted"] == 4
     assert all(reason_kind(rig.manager, k) is ReasonKind.DEFERRED_FULL for k in range(8, 12))
+    # each evicted send left the queue as far as the observer knows (a metrics driver keeps each
+    # deferred room's start until then)
+    assert {("undeferred", k) for k in range(8, 12)} <= set(obs.calls)
+
+
+def test_with_every_identity_at_its_part_a_full_queue_fails_the_newcomers_send_and_evicts_none():
+    # a fixed part (half the queue each) and three identities: two fill the queue exactly to their parts
+    rig = rig8(max_deferred=8, park_timeout=60.0, identity_ring_share=0.5)
+    for key in ("A", "V"):
+        for k in range(8):  # half the ring parked, half the queue deferred
+            run(rig, room(rig, ord(key) * 100 + k, key.lower(), key, frame=False))
+    assert rig.executor.deferred_count == 8
+    assert [len(rig.manager.shares.of(key).queue) for key in ("A", "V")] == [4, 4]
+    run(rig, room(rig, 1, "c", "C", frame=False))
+    assert reason_kind(rig.manager, 1) is ReasonKind.DEFERRED_FULL  # nobody was past its part
+    assert rig.executor.stats["deferred_evicted"] == 0 and rig.executor.deferred_count == 8
+
+
+def test_no_deferred_place_at_all_fails_a_send_that_does_not_fit_whatever_the_identitys_part():
+    rig = rig8(max_deferred=0, identity_ring_share=0.5)
+    rig.receiver("a")
+    rig.transport.inject("hold", session="a", count=1 << 30)
+    for k in range(5):  # half the ring each identity: the fifth is held back, and nothing may wait
+        run(rig, room(rig, k, "a", "A"))
+    assert reason_kind(rig.manager, 4) is ReasonKind.DEFERRED_FULL
+    assert rig.executor.deferred_count == 0 and rig.executor.stats["deferred_evicted"] == 0
 
 
 def test_deferred_sends_are_served_round_robin_by_identity():

@@ -241,6 +241,20 @@ def test_the_pump_maps_transport_handles_to_the_cores_write_ids_until_each_repor
     assert pump.write_of(h1) is None and h1 not in pump.handles() and len(m.writes.by_handle) == 1
 
 
+def test_the_managers_own_report_calls_act_on_the_writes_they_name_and_count_what_they_did():
+    """`writes_reported` and `writes_overdue`, the calls a driver without the pump makes."""
+    rig = make_rig()
+    rig.transport.inject("hold", count=2)
+    rig.open_room(1), rig.open_room(2)
+    rig.executor.execute([("r1", rig.item(2, 1)), ("r2", rig.item(2, 2))])
+    m = rig.manager
+    w1, w2 = sorted(m.writes.by_handle)
+    assert m.writes_reported([(w1, Outcome.DONE)]) == 1
+    assert m.room_status(1) == "success" and m.room_status(2) == "transferring"
+    assert m.writes_overdue([w2, w2, 999]) == 1  # once for its write; an id not in flight is not counted
+    assert reason_kind(m, 2) is ReasonKind.WRITE_TIMED_OUT
+
+
 def test_an_outcome_for_a_write_the_core_never_issued_is_counted_and_changes_nothing():
     rig = make_rig()
     m = rig.manager

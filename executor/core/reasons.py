@@ -39,6 +39,8 @@ class Reason(str):
     kind: ReasonKind
 
     def __new__(cls, kind: ReasonKind, detail: str) -> Reason:
+        if not isinstance(detail, str):  # str() of anything would pass for an explanation ("None")
+            raise TypeError(f"a reason's detail is text, not {type(detail).__name__}")
         self = super().__new__(cls, detail)
         self.kind = ReasonKind(kind)
         return self

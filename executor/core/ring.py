@@ -204,7 +204,7 @@ class Ring:
         return self.main[extent.offset:extent.offset + nbytes]
 
     def deep_view(self, extent: Extent, nbytes: int) -> torch.Tensor:
-        assert self.deep is not None, "this ring has no deepstack half"
+        assert self.deep is not None, "this ring has no deepstack half"  # pragma: no mutate (wording)
         return self.deep[extent.deep_offset:extent.deep_offset + nbytes]
 
     # -- gauges -------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class TooLarge(StagingError):
 Checked = tuple[torch.Tensor, int, 'torch.Tensor | None', int]
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_EVICTED = "deferred queue full: this identity held more than its part of it"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -159,8 +160,7 @@ class Staging:
         self._undefer(over, len(over.queue) - 1, None if sender is None else sender.room)
         self.stats["deferred_evicted"] += 1
         if sender is not None:
-            self.manager.fail_room(sender.room, Reason(ReasonKind.DEFERRED_FULL, "deferred queue full: this "
-                                                       "identity held more than its part of it"))
+            self.manager.fail_room(sender.room, Reason(ReasonKind.DEFERRED_FULL, _EVICTED))
         return True
 
     def serve_deferred(self) -> None:
