@@ -163,7 +163,8 @@ def _compile_pick(options: tuple[tuple[str, Guards], ...]) -> Callable[[Any], st
     lines.append("    return None")
     namespace: dict[str, Any] = {}
     exec("\n".join(lines), namespace)  # the text is built above from the declaration alone
-    return cast(Callable[[Any], "str | None"], namespace["pick"])
+    pick: Callable[[Any], str | None] = namespace["pick"]
+    return pick
 
 
 def build_machine(declaration: dict[str, Any], cls: type[Machine] = TaggedMachine, **extra: Any) -> Machine:

@@ -255,3 +255,17 @@ def test_a_rate_limited_warning_says_how_many_it_held_back_per_key():
     log.warning("k", "frame %s", 5)  # and the count starts again
     assert [r.args for r in records[2:]] == [(4, 2), (5,)]
     assert log.suppressed == 2
+
+
+def test_take_effects_hands_over_everything_decided_once_and_in_order():
+    """The call a driver without the pump makes (the pump empties the outbox in place)."""
+    from helpers import make_rig
+
+    rig = make_rig()
+    m = rig.manager._core  # not driven: what the calls decide stays in the outbox
+    m.register_receiver(rig.frame(1, "a", 2))
+    m.fail_room(1, "aborted")
+    decided = list(m.outbox)
+    assert decided
+    assert m.take_effects() == decided
+    assert m.take_effects() == [] and m.outbox == []

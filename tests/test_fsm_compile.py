@@ -139,6 +139,22 @@ def test_a_declaration_without_docs_and_with_a_lone_guarded_edge():
     assert m.step(Subject("a", {"ok": False}), "go") == "b"
 
 
+def test_an_unguarded_edge_after_a_guarded_one_is_the_fallback_as_in_transitions():
+    decl = {"name": "tiny", "initial": "a", "states": [{"name": "a", "tags": []}, {"name": "b", "tags": []},
+                                                       {"name": "c", "tags": []}],
+            "transitions": [{"trigger": "go", "source": "a", "dest": "b", "conditions": ["ok"]},
+                            {"trigger": "go", "source": "a", "dest": "c"}]}
+    m = CompiledMachine("tiny", decl)
+    assert m.step(Subject("a", {"ok": True}), "go") == "b"
+    assert m.step(Subject("a", {"ok": False}), "go") == "c"
+    machine = build_machine(decl)
+    for ok, dest in ((True, "b"), (False, "c")):
+        subject = Subject("a", {"ok": ok})
+        machine.add_model(subject, initial="a")
+        subject.go()
+        assert subject.state == dest
+
+
 def test_the_compiled_plans_go_where_step_goes_and_run_the_actions_a_step_runs(compiled):
     _, compiled = compiled
     # Actions named after what they mark, so a plan that runs the wrong ones, or enters on a self-loop, shows.

@@ -83,7 +83,10 @@ def test_the_deferred_queues_calls_on_the_class_take_the_executor_first_as_a_met
     ex.execute([("r1", rig.item(2, 1)), ("r2", rig.item(2, 2))])  # the second waits for the one extent
     assert EncodeExecutor.has_deferred(ex) is True
     assert EncodeExecutor.drop_deferred(ex) == 1
-    assert EncodeExecutor.has_deferred(ex) is False
+    assert EncodeExecutor.has_deferred(ex) is False and ex.deferred_count == 0
+    rig.open_room(3)
+    ex.execute([("r3", rig.item(2, 3))])  # the emptied queue counts from zero again
+    assert ex.deferred_count == 1 and ex.deferred_requests() == ["r3"]
 
 
 def test_a_loop_written_for_the_seed_runs_unchanged():

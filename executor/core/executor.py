@@ -330,8 +330,8 @@ class EncodeExecutor:
     def _refuse_item(self, rid: Any, item: Any) -> None:
         self.stats["items_refused"] += 1
         modality = getattr(item, "modality", "<none>")  # pragma: no mutate (the refusal's wording)
-        self._fail_request(rid, Reason(ReasonKind.ITEM,
-                                       f"bad item {type(item).__name__}: unsupported modality {modality!r}"))
+        why = f"bad item {type(item).__name__}: unsupported modality {modality!r}"  # pragma: no mutate (wording)
+        self._fail_request(rid, Reason(ReasonKind.ITEM, why))
 
     def _sender_of(self, rid: Any) -> Sender | None:
         try:
@@ -470,12 +470,12 @@ def _text_dump(ring: Ring, deferred: int, rooms: dict[int, dict[str, Any]], peer
     lines = [f"ring: arena of {arena.capacity} B, {arena.in_use} B in {ring.live} extents, largest free "
              f"{arena.largest_free} B, {deferred} deferred"]
     for s in ring.extents.values():
-        extra = f" room={s.room}" if s.room is not None else ""
+        extra = f" room={s.room}" if s.room is not None else ""  # pragma: no mutate (a dump's wording)
         if s.writes_in_flight:
             extra += f" writes={s.writes_in_flight}"
         lines.append(f"  extent {s.index} @{s.offset}+{s.nbytes}: {s.state}{extra}")
     if ring.retired:
-        lines.append("  retired")
+        lines.append("  retired")  # pragma: no mutate (a dump's wording)
     for rid, info in sorted(rooms.items()):
         lines.append(f"  room {rid}: {info['state']} receivers={len(info['receivers'])}/{info['n'] or '?'}"
                      + (f" extent={info['extent']}" if info["extent"] is not None else ""))
