@@ -70,6 +70,7 @@ FAILED_BY = {"abort": ReasonKind.CALLER, "tower_error": ReasonKind.TOWER, "write
 
 # Events the harness maps onto the implementation through the spec state it is in (which receiver is meant).
 NEEDS_STATE = frozenset(("write_done", "write_unsure", "late_landing", "withdraw"))
+_NOT_PRESENT = "checked on the implementation: not present"  # a refused trace's verdict (wording)
 
 
 
@@ -462,7 +463,7 @@ def replay_on_implementation(trace: dict, config: Config | None = None) -> dict:
         # Same states all the way: the hazard lies in the last transition itself (e.g. a
         # re-armed deadline), which `Harness.apply` checks on the implementation and found absent.
         diverged_at = len(trace["events"])
-        refused.append((diverged_at, trace["violation"], "checked on the implementation: not present"))
+        refused.append((diverged_at, trace["violation"], _NOT_PRESENT))
     return {"diverged_at": diverged_at, "refused": refused, "final": h.spec.describe(h.state),
             "hazard_len": len(trace["events"])}
 
