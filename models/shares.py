@@ -40,8 +40,9 @@ class Shares:
         return rooms[content][OWNER] if content >= 0 else -2 - content
 
     def forgotten(self, rooms, content: int) -> int:
-        """What a busy cell no room covers keeps: the identity its extent is charged to."""
-        return -2 - rooms[content][OWNER] if content >= 0 else content
+        """What a busy cell no room covers keeps: the identity its extent is charged to (`content`, the
+        room whose bytes it held, is a room: a forgotten cell is never forgotten again)."""
+        return -2 - rooms[content][OWNER]
 
     def held(self, rooms, cells, v: int) -> int:
         """Cells charged to identity v: every cell of its rooms' extents that is not free."""

@@ -21,7 +21,7 @@ from epd_ring.executor.tools.cli import main as cli_main
 from epd_ring.models import liveness
 from epd_ring.models.events_restarts import Restarts
 from epd_ring.models.explore import explore, replay, trace_to_json
-from epd_ring.models.spec import RCV, RS, SND, Config, Spec
+from epd_ring.models.spec import EXTENTI, RCV, RS, SIZE, SND, Config, Spec
 from epd_ring.models.state import SND_DEAD, TOLD_NONE, TOLD_TWICE, W_GHOST, told_after
 
 C = Config
@@ -159,3 +159,26 @@ def test_a_saved_restart_trace_replays_with_its_switch():
     data["config"].pop("restarts")  # without the switch there is no restart to take
     with pytest.raises(ValueError):
         replay(data)
+
+
+def test_a_receivers_region_state_says_what_it_was_told():
+    # offered: nothing yet; written: success; failed, withdrawing or released: failed. The orphaning of a
+    # dead incarnation's rooms (events_restarts.py) relies on it: only an offered region has no outcome yet.
+    expected = {"offered": TOLD_NONE, "written": "success", "failed": "failed", "withdrawing": "failed",
+                "released": "failed"}
+    seen = set()
+    for st in reachable_states(C(1, 2, 1, 1, restarts=1)):
+        for room in st[0]:
+            for region, _, told, *_ in room[RCV]:
+                assert told == expected[region], (region, told)
+                seen.add(region)
+    assert seen == set(expected)
+
+
+def test_with_two_receivers_each_reclaims_its_own_region_and_an_orphan_holds_no_extent():
+    # the second receiver's region is reclaimed whatever the first one's is (one room, the smallest space)
+    cfg = C(1, 1, 2, 1, sizes=(1,), restarts=1)
+    r = explore(cfg)
+    assert (r.states, r.violations) == (107, {})
+    orphans = [o for st in reachable_states(cfg) for o in _orphans(st)]
+    assert orphans and all(o[EXTENTI] == -1 and o[SIZE] == 0 for o in orphans)
