@@ -254,7 +254,7 @@ class PeerTable:
 
     def expired(self, peer: Peer) -> None:
         """The connect deadline passed with no report."""
-        what = "a probe" if peer.state == "up" else "contact"
+        what = "a probe" if peer.state == "up" else "contact"  # pragma: no mutate (the reason's wording)
         self._down(peer, "connect_expired",
                    f"no answer to {what} within the connect deadline of {self.connect_timeout} s")
 
