@@ -379,9 +379,12 @@ def test_relabelling_cells_keeps_rooms_without_an_extent_and_is_the_same_for_mov
     from epd_ring.models.spec import EXTENTI
     from epd_ring.models.walk import canonical_cells
 
-    for state in _reachable(Config(2, 2, 1, 0, sizes=(1,))):
+    # with identities a room has a field after its extent's (its owner): relabelling keeps it
+    for state in _reachable(Config(2, 2, 1, 0, sizes=(1,))) + _reachable(Config(2, 2, 1, 0, sizes=(1,), identities=2)):
         c = canonical_cells(state)
         assert sorted(r[EXTENTI] < 0 for r in c[0]) == sorted(r[EXTENTI] < 0 for r in state[0])
+        assert sorted((*r[:EXTENTI], *r[EXTENTI + 1:]) for r in c[0]) == sorted(
+            (*r[:EXTENTI], *r[EXTENTI + 1:]) for r in state[0])  # only the extents' labels change
         swapped = (tuple(r if r[EXTENTI] < 0 else (*r[:EXTENTI], 1 - r[EXTENTI], *r[EXTENTI + 1:]) for r in state[0]),
                    (state[1][1], state[1][0]), *state[2:])
         assert canonical_cells(swapped) == c
