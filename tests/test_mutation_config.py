@@ -122,7 +122,8 @@ def _record_module():
 def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit(tmp_path):
     record = _record_module()
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
-    meta = {"exit_code_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 1, "epd_ring.fsm.core.x_step__mutmut_2": None},
+    meta = {"exit_code_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 1, "epd_ring.fsm.core.x_step__mutmut_2": 0,
+                                 "epd_ring.fsm.core.x_step__mutmut_3": None},
             "hash_by_function_name": {"x_step": "abc"}, "type_check_error_by_key": {},
             "durations_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 0.5}, "estimated_durations_by_key": {}}
     (first / "mutants" / "src" / "epd_ring" / "fsm").mkdir(parents=True)
@@ -130,6 +131,8 @@ def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit
     for d, commit in ((first, "a" * 40), (second, "a" * 40), (other, "b" * 40)):
         d.mkdir(exist_ok=True)
         (d / "COMMIT").write_text(commit + "\n")
+        (d / "pyproject.toml").write_text(_PYPROJECT.format(files='"tests/test_fsm.py", "tests/test_ring.py"',
+                                                             deselected='"--deselect", "tests/test_ring.py::slow"'))
     out = tmp_path / "record.json.gz"
     assert record.main(["save", str(first), str(out)]) == 0
     assert record.main(["restore", str(out), str(other)]) == 2  # another commit's pass: refused
@@ -137,4 +140,35 @@ def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit
     assert record.main(["restore", str(out), str(second)]) == 0
     assert json.loads((second / "mutants" / "src" / "epd_ring" / "fsm" / "core.py.meta").read_text()) == meta
     assert record.main(["restore", str(out), str(second)]) == 2  # verdicts there already: not overwritten
-    assert record.main(["save", str(other), str(out)]) == 2  # nothing decided to keep
+    assert record.main(["save", str(other), str(out.with_name("none.json.gz"))]) == 2  # nothing decided to keep
+
+
+_PYPROJECT = """[tool.mutmut]
+pytest_add_cli_args_test_selection = [{files}]
+pytest_add_cli_args = ["-p", "no:cacheprovider", {deselected}]
+"""
+
+
+def test_a_record_carried_onto_a_later_commit_keeps_only_its_kills_and_only_if_no_test_was_taken_away(tmp_path):
+    record = _record_module()
+    then, later, narrower = tmp_path / "then", tmp_path / "later", tmp_path / "narrower"
+    codes = {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": 33, "m.x_f__mutmut_4": 24}
+    (then / "mutants").mkdir(parents=True)
+    (then / "mutants" / "m.py.meta").write_text(json.dumps(
+        {"exit_code_by_key": codes, "hash_by_function_name": {"x_f": "h"}, "type_check_error_by_key": {},
+         "durations_by_key": {}, "estimated_durations_by_key": {}}))
+    selections = {then: ('"tests/a.py"', '"--deselect", "tests/a.py::slow"'),
+                  later: ('"tests/a.py", "tests/b.py"', '"--deselect", "tests/a.py::slow"'),  # a file more
+                  narrower: ('"tests/a.py"', '"--deselect", "tests/a.py::slow", "--deselect", "tests/a.py::t"')}
+    for d, (files, deselected) in selections.items():
+        d.mkdir(exist_ok=True)
+        (d / "COMMIT").write_text(("a" if d is then else "b") * 40)
+        (d / "pyproject.toml").write_text(_PYPROJECT.format(files=files, deselected=deselected))
+    out = tmp_path / "record.json.gz"
+    assert record.main(["save", str(then), str(out)]) == 0
+    assert record.main(["restore", str(out), str(narrower), "--carry"]) == 2  # a test that ran then does not now
+    assert not (narrower / "mutants").exists()
+    assert record.main(["restore", str(out), str(later), "--carry"]) == 0
+    carried = json.loads((later / "mutants" / "m.py.meta").read_text())["exit_code_by_key"]
+    # the kill and the timeout stand; the survivor and the one no test reached meet today's tests
+    assert carried == {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": None, "m.x_f__mutmut_3": None, "m.x_f__mutmut_4": 24}

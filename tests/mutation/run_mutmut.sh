@@ -7,6 +7,9 @@
 #   MUTMUT_RECORD=tests/mutation/pass-record.json.gz MUTMUT_COMMIT=<its commit> tests/mutation/run_mutmut.sh
 #       # resume a pass another machine began: its verdicts are read from the record into an empty
 #       # $MUTMUT_WORK, and written back to it whenever the run stops (tests/mutation/record.py)
+#   MUTMUT_RECORD=tests/mutation/pass-record.json.gz MUTMUT_CARRY=1 tests/mutation/run_mutmut.sh
+#       # a pass over HEAD that keeps the record's kills of functions unchanged since (and refuses if a
+#       # test that ran then no longer runs); every other mutant is run
 #
 # A pass is over one commit: its files are staged from git (not the working tree), the commit is
 # kept in $MUTMUT_WORK/COMMIT, and a run over another commit is refused rather than mixed into it.
@@ -173,7 +176,9 @@ p = tomllib.loads(sys.stdin.read())["project"]
 print("\n[project]\nname = %s\nversion = %s" % (json.dumps(p["name"]), json.dumps(p["version"])))' >> "$WORK/pyproject.toml"
 if [ -n "${MUTMUT_RECORD:-}" ]; then
     RECORD="$(realpath "$MUTMUT_RECORD")"
-    if [ -f "$RECORD" ]; then "$PY" "$ROOT/tests/mutation/record.py" restore "$RECORD" "$WORK" || true; fi
+    if [ -f "$RECORD" ]; then
+        "$PY" "$ROOT/tests/mutation/record.py" restore "$RECORD" "$WORK" ${MUTMUT_CARRY:+--carry} || true
+    fi
     trap '"$PY" "$ROOT/tests/mutation/record.py" save "$WORK" "$RECORD"' EXIT
 fi
 cd "$WORK"
