@@ -174,6 +174,32 @@ def test_an_identity_that_filled_the_queue_alone_gives_places_up_to_a_newcomer()
     assert {("undeferred", k) for k in range(8, 12)} <= set(obs.calls)
 
 
+def test_a_send_whose_sender_was_reaped_can_be_evicted_and_fails_no_room():
+    # W's large head waits for bytes, so the serving stops there and never reaches W's second send, whose
+    # room ended and whose sender was reaped; a third identity shrinks the parts and W is first past its own
+    rig = rig8(max_deferred=4, park_timeout=60.0)
+    known(rig, "A", "W")
+    ex, m = rig.executor, rig.manager
+    rig.receiver("a")
+    rig.transport.inject("hold", session="a", count=1 << 30)
+    for k in range(4):  # A's whole share: half the ring
+        run(rig, room(rig, k, "a", "A"))
+    rig.receiver("w")
+    ex.register("req-10", "prefill", 1, 10, receiver="W")
+    m.register_receiver(rig.frame(10, "w", 20, identity="W"))
+    ex.execute([("req-10", rig.item(20, 10))])  # more than the free half: it waits for bytes
+    run(rig, room(rig, 11, "w", "W"))
+    for k in (4, 5):  # past A's share: held back
+        run(rig, room(rig, k, "a", "A"))
+    assert ex.deferred_requests() == ["req-10", "req-11", "req-4", "req-5"] and ex.deferred_count == 4
+    m.fail_room(11, "aborted")
+    ex.reap_concluded_senders()
+    rig.receiver("v")
+    ex.execute([room(rig, 20, "v", "V")])
+    assert ex.stats["deferred_evicted"] == 1 and ex.deferred_requests() == ["req-10", "req-4", "req-5", "req-20"]
+    assert m.room_status(20) == "ready" and m.room_status(10) == "ready" and reason_kind(m, 11) is ReasonKind.CALLER
+
+
 def test_with_every_identity_at_its_part_a_full_queue_fails_the_newcomers_send_and_evicts_none():
     # a fixed part (half the queue each) and three identities: two fill the queue exactly to their parts
     rig = rig8(max_deferred=8, park_timeout=60.0, identity_ring_share=0.5)
