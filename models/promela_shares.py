@@ -188,7 +188,7 @@ def starved_arms(cfg, enabled: list[str], fair_by: dict, fair_all: list[str]) ->
     v's own or the encode loop's. Reports without changing the state (as the liveness arm)."""
     out = []
     for v in range(cfg.identities):
-        fair = fair_all + fair_by[v]  # every identity has a room (Config), and every room fair guards
+        fair = fair_all + fair_by[v]  # every identity has a room (Config), and every room has fair guards
         out.append(f"  :: atomic {{ LIVE && LEFT({v}) && !(" + " || ".join(fair) + ") && ("
                    + " || ".join(enabled) + ") -> d_step { kind = K_IDENTITY_STARVED;\n"
                    "       if :: (ASSERTED >> kind) & 1 -> report() :: else -> skip fi; kind = 0 } }\n")
