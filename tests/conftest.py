@@ -101,24 +101,22 @@ def pytest_collection_modifyitems(config, items):
     mutant = os.environ.get("MUTANT_UNDER_TEST")
     if mutant:
         models = mutant.startswith("epd_ring.models.")
-        took = _stats_durations()  # then the quickest first: a mutant is killed by its first failing test
+        # then the quickest first: a mutant is killed by its first failing test
         items.sort(key=lambda item: (not models and item.path.name in _MODEL_SUITES, "spin" in item.nodeid.lower(),
-                                     took.get(item.nodeid, 0.0)))
-
-
-_DURATIONS: dict[str, float] | None = None
+                                     _DURATIONS.get(item.nodeid, 0.0)))
 
 
 def _stats_durations() -> dict[str, float]:
-    """Each test's time in mutmut's stats run (mutmut runs the tests from its mutants/ folder, where the
-    stats are kept), read once: the fork server collects before it forks, so every mutant shares it."""
-    global _DURATIONS
-    if _DURATIONS is None:
-        try:
-            _DURATIONS = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-        except (OSError, ValueError, KeyError):
-            _DURATIONS = {}
-    return _DURATIONS
+    """Each test's time in mutmut's stats run: mutmut runs the tests from its mutants/ folder, where the
+    stats are kept (nowhere else is there such a file). Read when this file is imported, which mutmut's
+    fork server does before it forks: every mutant shares the one reading."""
+    try:
+        return json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+_DURATIONS = _stats_durations()
 
 
 _MODEL_SUITES = frozenset({"test_model.py", "test_model_pins.py", "test_model_channels.py", "test_model_invariants.py",
