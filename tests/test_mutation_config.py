@@ -110,17 +110,18 @@ def test_help_and_exception_messages_are_left_alone_and_nothing_else(config):
         assert not skipped(line), line
 
 
-def _record_module():
+def _mutation_module(name: str):
+    """A script of tests/mutation/ (not a package) loaded as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("mutation_record", ROOT / "tests" / "mutation" / "record.py")
+    spec = importlib.util.spec_from_file_location(f"mutation_{name}", ROOT / "tests" / "mutation" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit(tmp_path):
-    record = _record_module()
+    record = _mutation_module("record")
     first, second, other = tmp_path / "first", tmp_path / "second", tmp_path / "other"
     meta = {"exit_code_by_key": {"epd_ring.fsm.core.x_step__mutmut_1": 1, "epd_ring.fsm.core.x_step__mutmut_2": 0,
                                  "epd_ring.fsm.core.x_step__mutmut_3": None},
@@ -150,7 +151,7 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", {deselected}]
 
 
 def test_a_record_carried_onto_a_later_commit_keeps_only_its_kills_and_only_if_no_test_was_taken_away(tmp_path):
-    record = _record_module()
+    record = _mutation_module("record")
     then, later, narrower = tmp_path / "then", tmp_path / "later", tmp_path / "narrower"
     codes = {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": 33, "m.x_f__mutmut_4": 24}
     (then / "mutants").mkdir(parents=True)
@@ -172,3 +173,10 @@ def test_a_record_carried_onto_a_later_commit_keeps_only_its_kills_and_only_if_n
     carried = json.loads((later / "mutants" / "m.py.meta").read_text())["exit_code_by_key"]
     # the kill and the timeout stand; the survivor and the one no test reached meet today's tests
     assert carried == {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": None, "m.x_f__mutmut_3": None, "m.x_f__mutmut_4": 24}
+
+
+def test_the_records_killed_exit_codes_are_mutmuts_for_what_the_score_counts_killed():
+    stats = pytest.importorskip("mutmut.stats")
+    score = _mutation_module("score")
+    table = dict(stats.status_by_exit_code)
+    assert {code for code, status in table.items() if status in score.KILLED} == _mutation_module("record").KILLED
