@@ -69,7 +69,12 @@ def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict,
         rooms[room] = (item, rcv)
     for rcv in (a, b):
         rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
-    time.sleep(0.3)  # frames in flight to the encode side
+    # The frames are in flight to the encode side: wait until it has heard from both (each
+    # receiver's peer is made by its first frame), however loaded the machine.
+    deadline = time.monotonic() + 60  # only keeps a broken build from hanging
+    while any(enc.manager.peers.get(x.session) is None for x in (a, b)) and time.monotonic() < deadline:
+        enc.executor.poll()
+        time.sleep(0.01)
     to_b = [(r, item) for r, (item, x) in rooms.items() if x is b]
     enc.run(to_b[:1])
     enc.settle([to_b[0][0]])
@@ -440,10 +445,10 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         # a's peer is up before the clock moves: its contact's deadline is on the same clock, and
         # only the stopped receiver's rooms may meet a deadline here.
         deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.manager.peers.by_session[a.session].state != "up" and time.monotonic() < deadline:
+        while getattr(enc.manager.peers.get(a.session), "state", None) != "up" and time.monotonic() < deadline:
             enc.executor.poll()
             time.sleep(0.01)
-        assert enc.manager.peers.by_session[a.session].state == "up"
+        assert enc.manager.peers.get(a.session).state == "up"
         # Our own write deadline fails them, whenever the engine gives up (14-78 s seen under load).
         enc.clock.skip(write_timeout)
         enc.settle([r for r, _ in stopped], timeout=40)
