@@ -226,3 +226,23 @@ def test_a_core_without_shares_leaves_the_spec(case, mutant, monkeypatch):
     else:
         with pytest.raises(AssertionError, match="spec allows only"):
             h.step(path[-1])
+
+
+def test_with_two_identities_each_room_is_charged_and_withdrawn_as_its_own_identity():
+    """Identity 0's second item is held back by its share; identity 1's item, after it, is staged in the
+    other cell (its own share), and its receiver's withdraw, in its own identity's name, fails only its
+    room. A harness that named one identity for every room, or withdrew in no identity's name, leaves
+    the spec (the targeted part of the two identities' walk, which the mutation pass leaves out)."""
+    from epd_ring.executor.core.reasons import ReasonKind
+    from epd_ring.models.conformance import Harness
+
+    h = Harness(Config(2, 3, 1, 1, sizes=(1,), identities=2))
+    assert h.owner == (0, 0, 1) and len({h.key(i) for i in range(3)}) == 2
+    for event in [("register", 0), ("register", 1), ("register", 2), ("tower", 0, 1), ("tower", 1, 1)]:
+        h.step(event)
+    assert h.step(("tower", 2, 1))[2] == (1,)  # room 1 still deferred; room 2 staged past it
+    assert h.executor.ring.counts()["copying"] == 2
+    h.step(("frame", 2))
+    h.step(("withdraw", 2, 0))
+    assert [h.manager.room_status(h.room(i)) for i in range(3)] == ["registered", "registered", "failed"]
+    assert h.manager.failure_reason(h.room(2)).kind == ReasonKind.WITHDRAWN

@@ -142,6 +142,10 @@ def test_a_pass_record_brings_its_verdicts_to_another_machine_of_the_same_commit
     assert json.loads((second / "mutants" / "src" / "epd_ring" / "fsm" / "core.py.meta").read_text()) == meta
     assert record.main(["restore", str(out), str(second)]) == 2  # verdicts there already: not overwritten
     assert record.main(["save", str(other), str(out.with_name("none.json.gz"))]) == 2  # nothing decided to keep
+    # a carried pass has not run the record's survivors again yet: verify_kills reads them from the record
+    verify = _mutation_module("verify_kills")
+    assert verify.record_survivors(str(out), "epd_ring.fsm") == ["epd_ring.fsm.core.x_step__mutmut_2"]
+    assert verify.record_survivors(str(out), "epd_ring.models") == []
 
 
 _PYPROJECT = """[tool.mutmut]

@@ -2,6 +2,10 @@
 given test files (run in $MUTMUT_WORK).
 
     cd /tmp/epd-ring-mutmut && python tests/mutation/verify_kills.py PREFIX TEST_FILE...
+    ... verify_kills.py --record tests/mutation/pass-record.json.gz PREFIX TEST_FILE...
+
+With --record, the survivors are the record's (tests/mutation/record.py): a pass carried onto a later
+commit has not run them again yet, so mutmut's own results do not name them.
 
 Copies the test files into mutants/tests, checks they pass with no mutant active, then runs them
 once per such mutant whose name starts with PREFIX, with mutmut's MUTANT_UNDER_TEST set, and prints
@@ -19,15 +23,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rescore import copy_tests, run_child
 
 
-def main(prefix: str, files: list[str]) -> int:
+def record_survivors(record: str, prefix: str) -> list[str]:
+    import gzip
+    import json
+
+    metas = json.loads(gzip.decompress(Path(record).read_bytes()))["metas"].values()
+    return sorted(k for m in metas for k, v in m["exit_code_by_key"].items() if v == 0 and k.startswith(prefix))
+
+
+def main(prefix: str, files: list[str], record: str | None = None) -> int:
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.stats import status_by_exit_code
     from mutmut.utils.file_utils import walk_source_files
 
     os.environ.setdefault("EPD_RING_HYPOTHESIS", "mutmut")
     tests = copy_tests(files, Path("mutants/tests"))
-    targets = []
-    for path in walk_source_files():
+    targets = record_survivors(record, prefix) if record else []
+    for path in [] if record else walk_source_files():
         m = SourceFileMutationData(path=path)
         m.load()
         targets += [k for k, v in m.exit_code_by_key.items()
@@ -49,4 +61,8 @@ def main(prefix: str, files: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2:]))
+    args = sys.argv[1:]
+    rec = None
+    if args[:1] == ["--record"]:
+        rec, args = str(Path(args[1]).resolve()), args[2:]
+    sys.exit(main(args[0], args[1:], rec))
