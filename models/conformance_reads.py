@@ -63,7 +63,7 @@ class Readback:
 
     def cells(self) -> list[Any]:
         """The ring as the model's cells: the live extent covering each cell, or a free stand-in."""
-        out: list[Any] = [SimpleNamespace(state="free", room=None, unsure=False, timer=0,
+        out: list[Any] = [SimpleNamespace(state="free", room=None, unsure=False,
                                           offset=i * self.cell_bytes, nbytes=self.cell_bytes)
                           for i in range(self.cfg.cells)]
         for e in self.executor.ring.extents.values():
