@@ -4,6 +4,7 @@ not behaviour. The pass itself takes hours and is not run here."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -177,6 +178,22 @@ def test_a_record_carried_onto_a_later_commit_keeps_only_its_kills_and_only_if_n
     carried = json.loads((later / "mutants" / "m.py.meta").read_text())["exit_code_by_key"]
     # the kill and the timeout stand; the survivor and the one no test reached meet today's tests
     assert carried == {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": None, "m.x_f__mutmut_3": None, "m.x_f__mutmut_4": 24}
+    # a survivor whose diff (written by save where mutmut is) is claimed equivalent is not run again
+    claims = _mutation_module("claims")
+    func, before, after = sorted(claims.equivalents())[0]
+    rec = json.loads(gzip.decompress(out.read_bytes()))
+    rec["metas"]["m.py.meta"]["exit_code_by_key"][func + "__mutmut_9"] = 0
+    rec["survivor_diffs"] = {func + "__mutmut_9": [before, after], "m.x_f__mutmut_2": ["x = 1", "x = 2"]}
+    out.write_bytes(gzip.compress(json.dumps(rec).encode()))
+    for p in (later / "mutants").rglob("*.meta"):
+        p.unlink()
+    assert record.main(["restore", str(out), str(later), "--carry"]) == 0
+    carried = json.loads((later / "mutants" / "m.py.meta").read_text())["exit_code_by_key"]
+    assert carried[func + "__mutmut_9"] == 0 and carried["m.x_f__mutmut_2"] is None
+    # carried in place (the pass's directory still there): refused on the same grounds, before any verdict moves
+    meta_before = (then / "mutants" / "m.py.meta").read_text()
+    assert record.main(["carry", str(then), str(narrower / "pyproject.toml")]) == 2
+    assert (then / "mutants" / "m.py.meta").read_text() == meta_before
 
 
 def test_the_records_killed_exit_codes_are_mutmuts_for_what_the_score_counts_killed():

@@ -29,23 +29,18 @@ CHILDREN="${MUTMUT_CHILDREN:-2}"
 
 COMMIT="$(git -C "$ROOT" rev-parse "${MUTMUT_COMMIT:-HEAD}")"
 if [ -n "${MUTMUT_RESTAGE:-}" ]; then rm -rf "$WORK"; fi
+IN_PLACE=
 if [ -f "$WORK/COMMIT" ] && [ "$(cat "$WORK/COMMIT")" != "$COMMIT" ]; then
-    echo "$WORK holds a pass over $(cat "$WORK/COMMIT"): resume it with MUTMUT_COMMIT=$(cat "$WORK/COMMIT")," \
-         "or drop it with MUTMUT_RESTAGE=1" >&2
-    exit 2
+    if [ -n "${MUTMUT_CARRY:-}" ] && [ -f "$WORK/mutants/mutmut-stats.json" ]; then
+        IN_PLACE=1  # carry the pass that is here onto $COMMIT (record.py carry), keeping mutmut's stats
+    else
+        echo "$WORK holds a pass over $(cat "$WORK/COMMIT"): resume it with MUTMUT_COMMIT=$(cat "$WORK/COMMIT")," \
+             "carry it onto $COMMIT with MUTMUT_CARRY=1, or drop it with MUTMUT_RESTAGE=1" >&2
+        exit 2
+    fi
 fi
 mkdir -p "$WORK/src/epd_ring" "$WORK/stage"
-echo "$COMMIT" > "$WORK/COMMIT"
-# refresh sources and tests from the commit; keep mutants/ so an interrupted pass resumes
-rm -rf "$WORK/stage"/* "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" \
-       "$WORK/tests" "$WORK/diagrams"
-git -C "$ROOT" archive "$COMMIT" fsm executor models tests diagrams | tar -x -C "$WORK/stage"
-mv "$WORK/stage/fsm" "$WORK/stage/executor" "$WORK/stage/models" "$WORK/src/epd_ring/"
-mv "$WORK/stage/tests" "$WORK/tests"
-mv "$WORK/stage/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
-find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
-: > "$WORK/src/epd_ring/__init__.py"
-cat > "$WORK/pyproject.toml" <<'TOML'
+cat > "$WORK/pyproject.next" <<'TOML'
 [tool.mutmut]
 source_paths = ["src/epd_ring/fsm", "src/epd_ring/executor/core", "src/epd_ring/models"]
 also_copy = ["src/epd_ring/__init__.py", "src/epd_ring/executor/__init__.py", "src/epd_ring/executor/drivers",
@@ -173,10 +168,29 @@ TOML
 git -C "$ROOT" show "$COMMIT:pyproject.toml" | "$PY" -c '
 import json, sys, tomllib
 p = tomllib.loads(sys.stdin.read())["project"]
-print("\n[project]\nname = %s\nversion = %s" % (json.dumps(p["name"]), json.dumps(p["version"])))' >> "$WORK/pyproject.toml"
+print("\n[project]\nname = %s\nversion = %s" % (json.dumps(p["name"]), json.dumps(p["version"])))' >> "$WORK/pyproject.next"
+# before anything of the pass here changes: refused if a test that ran in it would no longer run
+if [ -n "$IN_PLACE" ] && ! (cd "$WORK" && "$PY" "$ROOT/tests/mutation/record.py" carry "$WORK" "$WORK/pyproject.next"); then
+    rm -f "$WORK/pyproject.next"
+    exit 2
+fi
+mv "$WORK/pyproject.next" "$WORK/pyproject.toml"
+echo "$COMMIT" > "$WORK/COMMIT"
+# refresh sources and tests from the commit; keep mutants/ so an interrupted pass resumes
+rm -rf "$WORK/stage"/* "$WORK/src/epd_ring/fsm" "$WORK/src/epd_ring/executor" "$WORK/src/epd_ring/models" \
+       "$WORK/tests" "$WORK/diagrams"
+git -C "$ROOT" archive "$COMMIT" fsm executor models tests diagrams | tar -x -C "$WORK/stage"
+mv "$WORK/stage/fsm" "$WORK/stage/executor" "$WORK/stage/models" "$WORK/src/epd_ring/"
+mv "$WORK/stage/tests" "$WORK/tests"
+mv "$WORK/stage/diagrams" "$WORK/diagrams"  # test_diagrams checks the committed ones
+find "$WORK/src" "$WORK/tests" -name __pycache__ -prune -exec rm -rf {} +
+: > "$WORK/src/epd_ring/__init__.py"
+# mutmut mutates a file again only if it is newer than its mutants, and tar gives each file its commit's
+# time: newer by now, so that every changed function is seen (mutmut keeps the verdicts of the others)
+if [ -n "$IN_PLACE" ]; then find "$WORK/src" -name '*.py' -exec touch {} +; fi
 if [ -n "${MUTMUT_RECORD:-}" ]; then
     RECORD="$(realpath "$MUTMUT_RECORD")"
-    if [ -f "$RECORD" ]; then
+    if [ -f "$RECORD" ] && [ -z "$IN_PLACE" ]; then
         "$PY" "$ROOT/tests/mutation/record.py" restore "$RECORD" "$WORK" ${MUTMUT_CARRY:+--carry} || true
     fi
     trap '"$PY" "$ROOT/tests/mutation/record.py" save "$WORK" "$RECORD"' EXIT

@@ -16,7 +16,6 @@ not passes of their own).
 from __future__ import annotations
 
 import collections
-import re
 import sys
 from pathlib import Path
 
@@ -25,26 +24,11 @@ from mutmut.mutation.diff_apply import get_diff_for_mutant
 from mutmut.stats import status_by_exit_code
 from mutmut.utils.file_utils import walk_source_files
 
-HERE = Path(__file__).resolve().parent
-LOG_LINE = re.compile(r"^\s*(?:\w+\.)*log\.(debug|info|warning|error)\(")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from claims import changed, equivalents, function_of, set_aside  # the script beside this one
+
 # A crash or a hang is a failed test; "suspicious" (an exit code mutmut does not know) counts alive.
 KILLED = {"killed", "segfault", "timeout"}
-
-
-def equivalents() -> set[tuple[str, str, str]]:
-    """(function, line before, line after) of each claimed equivalent: `- `func` | `before` | `after` | why`."""
-    claims = set()
-    for line in (HERE / "equivalent.md").read_text().splitlines():
-        m = re.match(r"- `([^`]+)` \| `(.*)` \| `(.*)` \| ", line)
-        if m:
-            claims.add((m.group(1), m.group(2), m.group(3)))
-    return claims
-
-
-def changed(diff: str) -> tuple[str, str]:
-    minus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-    plus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-    return " / ".join(minus), " / ".join(plus)
 
 
 def main(argv: list[str]) -> int:
@@ -65,14 +49,9 @@ def main(argv: list[str]) -> int:
                 verdict = status  # an unfinished run: reported, not scored
             else:
                 before, after = changed(get_diff_for_mutant(name, path=data.path))
-                func = re.sub(r"__mutmut_\d+$", "", name)
-                if LOG_LINE.match(before):
-                    verdict = "log line"
-                elif (func, before, after) in claims:
-                    verdict = "equivalent"
-                else:
-                    verdict = "alive"
-                    alive[func].append(f"{status}: `{before[:100]}` -> `{after[:100]}`")
+                verdict = set_aside(name, before, after, claims) or "alive"
+                if verdict == "alive":
+                    alive[function_of(name)].append(f"{status}: `{before[:100]}` -> `{after[:100]}`")
             counts[verdict] += 1
             by_package[package][verdict] += 1
     scored = counts["killed"] + counts["alive"]

@@ -28,6 +28,9 @@ import sys
 from difflib import unified_diff
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from claims import changed  # the script beside this one
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 SURVIVORS = ROOT / "tests" / "mutation" / "survivors.md"
 ITEM = re.compile(r"^- ([a-z ]+): `(.*)` -> `(.*)`$")
@@ -44,12 +47,6 @@ def survivors(prefix: str) -> dict[str, list[tuple[str, str, str]]]:
         elif func and (m := ITEM.match(line)):
             out.setdefault(func, []).append((m.group(1), m.group(2), m.group(3)))
     return out
-
-
-def changed(diff: str) -> tuple[str, str]:
-    minus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
-    plus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-    return " / ".join(minus), " / ".join(plus)
 
 
 def patterns() -> list[str]:
