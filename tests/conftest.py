@@ -8,6 +8,7 @@ explorations, each configuration explored once).
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import os
@@ -104,6 +105,15 @@ def pytest_collection_modifyitems(config, items):
         # then the quickest first: a mutant is killed by its first failing test
         items.sort(key=lambda item: (not models and item.path.name in _MODEL_SUITES, "spin" in item.nodeid.lower(),
                                      _DURATIONS.get(item.nodeid, 0.0)))
+
+
+def pytest_collection_finish(session):
+    """Under mutmut, whose fork server collects the tests once and forks a child for each mutant: every
+    object alive now leaves the cyclic collector's reach. A child's collections would otherwise walk the
+    whole warm heap (torch, the test modules), writing to every page of it; frozen, a child collected
+    its tests in a quarter of the time (0.25 s, not 0.9 s, for a core function's 210 tests)."""
+    if "mutmut" in sys.modules:
+        gc.freeze()
 
 
 def _stats_durations() -> dict[str, float]:

@@ -201,3 +201,22 @@ def test_the_records_killed_exit_codes_are_mutmuts_for_what_the_score_counts_kil
     score = _mutation_module("score")
     table = dict(stats.status_by_exit_code)
     assert {code for code, status in table.items() if status in score.KILLED} == _mutation_module("record").KILLED
+
+
+def test_under_mutmut_the_collected_heap_is_frozen_before_the_fork_server_forks(monkeypatch):
+    import gc
+    import sys
+    import types
+
+    from tests.conftest import pytest_collection_finish
+
+    monkeypatch.delitem(sys.modules, "mutmut", raising=False)
+    gc.unfreeze()
+    pytest_collection_finish(None)
+    assert gc.get_freeze_count() == 0  # an ordinary run is left alone
+    monkeypatch.setitem(sys.modules, "mutmut", types.ModuleType("mutmut"))
+    try:
+        pytest_collection_finish(None)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
