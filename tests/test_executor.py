@@ -138,6 +138,28 @@ def test_fail_rooms_deduplicates_and_counts_rooms_it_failed():
     assert rig.executor.fail_rooms(["a", "a", "b", "unknown"], ValueError("bad batch")) == 2
     assert rig.executor.fail_rooms(["a"], ValueError("again")) == 0  # already failed: sticky
     assert rig.manager.failure_reason(1) == "bad batch"
+    # an exception without a message: the reason names what was raised, not nothing
+    submit(rig, 3, 2, rid="c")
+    assert rig.executor.fail_rooms(["c"], TimeoutError()) == 1
+    assert rig.manager.failure_reason(3) == "TimeoutError"
+
+
+def test_a_cuda_copy_fence_is_an_event_recorded_on_the_current_stream(monkeypatch):
+    # the fence a CUDA executor takes by default: `done` is the event's query (no GPU here: torch's Event stood in)
+    from epd_ring.executor.core import executor as executor_module
+
+    recorded = []
+
+    class Event:
+        def record(self):
+            recorded.append(self)
+
+        def query(self):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    fence = executor_module._cuda_fence()
+    assert isinstance(fence, Event) and recorded == [fence]
 
 
 # ------------------------------------------------------------ ring and defer ---

@@ -459,3 +459,27 @@ def test_an_item_with_neither_n_tokens_nor_offsets_has_no_token_count():
 
     with pytest.raises(ValueError):
         item_token_count(Uncounted())
+
+
+@pytest.mark.parametrize("host_copy", [True, False], ids=["host", "device"])
+def test_the_device_copy_path_stages_the_same_bytes_as_the_host_path(host_copy):
+    # On a GPU the chunk is staged through a typed view of the extent (`copy_`), not `memmove`: the same
+    # path runs here on CPU tensors, for the main rows and the deepstack rows, from a plain tensor and
+    # from a lazily negated, non-contiguous one.
+    rig = make_rig(n_deep=2)
+    ex, m = rig.executor, rig.manager
+    ex.staging._host_copy = host_copy
+    rig.open_room(1, rows=4, rid="r1")
+    plain = rig.item(4, 1)
+    assert ex.execute([("r1", plain)]) == 1
+    ex.poll()
+    assert m.room_status(1) == "success" and rig.delivered_ok(1, "p1", plain)
+    rig.open_room(2, rows=3, rid="r2")
+    main = torch._neg_view(torch.arange(24.0).reshape(3, 8))  # negated: its storage holds the other sign
+    deep = torch.arange(3.0 * 16).reshape(16, 3).t()  # 3 x 16, not contiguous
+    assert main.is_neg() and not deep.is_contiguous()
+    ex.send_item("r2", EncodeItem("image", 3, encoded=main, encoded_deepstack=deep))
+    ex.poll()
+    assert m.room_status(2) == "success", m.failure_reason(2)
+    got_main, got_deep, _, rows = rig.buffers[(2, "p2")]
+    assert torch.equal(got_main[:rows], main.resolve_neg()) and torch.equal(got_deep[:rows], deep)

@@ -184,6 +184,25 @@ def test_check_runs_on_a_namespace_with_only_the_first_flags():
     assert (report["config"]["peers"], report["config"]["channels"], report["config"]["late_landing"]) == (
         False, False, False)
     assert report["config"]["variant"] == "project" and report["config"]["sizes"] == (1, 2)
+    assert "restarts" not in report["config"] and "identities" not in report["config"]  # none, one: left out
+
+
+@pytest.mark.parametrize("flag, key, value", [(["--restarts", "1"], "restarts", 1),
+                                              (["--identities", "2"], "identities", 2)], ids=str)
+def test_check_explores_restarts_and_identities_and_reports_them(monkeypatch, flag, key, value):
+    seen = []
+    real = check.explore
+    monkeypatch.setattr(check, "explore", lambda cfg, **kw: seen.append(cfg) or real(cfg, **kw))
+    _, report, _ = run_check(parse([*SMALL, *flag]))
+    assert getattr(seen[0], key) == value and report["config"][key] == value
+
+
+def test_a_configuration_the_model_cannot_take_is_refused_with_the_models_own_reason():
+    with pytest.raises(ValueError) as model:
+        Config(1, 1, 1, 0, identities=2)  # an identity without a room
+    with pytest.raises(CheckInputError) as refused:
+        run_check(parse([*TINY, "--identities", "2"]))
+    assert str(refused.value) == str(model.value)
 
 
 @pytest.mark.parametrize("flag, key, value", [(["--peers"], "peers", True), (["--channels"], "channels", True),

@@ -199,7 +199,8 @@ def test_without_a_progress_callback_a_long_exploration_runs_through(monkeypatch
 
 # -- traces: their configuration, their first step, the choices they name -----------------------------
 @pytest.mark.parametrize("cfg", [Config(1, 2, 1, 1, variant="seed", regions=False),
-                                 Config(1, 2, 1, 1, channels=True, late_landing=True)], ids=str)
+                                 Config(1, 2, 1, 1, channels=True, late_landing=True),
+                                 Config(1, 2, 1, 1, restarts=1), Config(1, 2, 1, 1, identities=2)], ids=str)
 def test_a_trace_carries_its_whole_configuration(cfg):
     data = json.loads(trace_to_json(cfg, ex.Violation("kind", "detail", [(("init",), Spec(cfg).initial())])))
     assert Config(**data["config"]) == cfg

@@ -75,6 +75,17 @@ def test_a_send_deferred_by_its_own_bound_does_not_close_the_loop_for_other_iden
     assert rig.executor.can_take()
 
 
+def test_the_gate_closes_when_the_deferred_queue_holds_all_it_may_though_every_send_is_passed_over():
+    rig = rig8(max_deferred=2)
+    rig.receiver("a")
+    rig.transport.inject("hold", session="a", count=1 << 30)
+    for k in range(5):  # past a's bound (half the ring) from the fifth on: passed over, nobody waits for bytes
+        run(rig, room(rig, k, "a", "A"))
+    assert rig.executor.deferred_count == 1 and rig.executor.can_take()
+    run(rig, room(rig, 5, "a", "A"))
+    assert rig.executor.deferred_count == 2 and not rig.executor.can_take()  # a third would find no place
+
+
 def test_the_gate_closes_while_a_send_within_every_bound_waits_for_bytes_and_opens_when_they_free():
     rig = rig8()
     sessions = [f"p{k}" for k in range(9)]
@@ -198,6 +209,42 @@ def test_a_send_whose_sender_was_reaped_can_be_evicted_and_fails_no_room():
     ex.execute([room(rig, 20, "v", "V")])
     assert ex.stats["deferred_evicted"] == 1 and ex.deferred_requests() == ["req-10", "req-4", "req-5", "req-20"]
     assert m.room_status(20) == "ready" and m.room_status(10) == "ready" and reason_kind(m, 11) is ReasonKind.CALLER
+
+
+@pytest.mark.parametrize("case", ["staged", "reaped", "concluded", "changed"])
+def test_a_send_behind_a_held_back_one_leaves_the_queue_and_the_held_back_one_keeps_its_place(case):
+    # One identity's queue: room 8's send, held back by its receiver's peer bound (a holds half the ring),
+    # then room 9's, within every bound, waiting for bytes. Bytes come free: room 9's send is the one that
+    # leaves the queue (staged, dropped with its reaped sender, dropped for its concluded room, or failed
+    # for an item changed since), never the held-back one ahead of it.
+    rig = rig8(max_deferred=8, park_timeout=60.0)
+    ex, m, t = rig.executor, rig.manager, rig.transport
+    obs = m.observer = Calls("undeferred")
+    for session in ("a", "b", "c"):
+        rig.receiver(session)
+        t.inject("hold", session=session, count=1 << 30)
+    for k in range(8):  # a at its peer's bound, then the ring full
+        run(rig, room(rig, k, "a" if k < 4 else "b" if k < 7 else "c", "A"))
+    run(rig, room(rig, 8, "a", "A"))
+    run(rig, room(rig, 9, "c", "A"))
+    assert ex.deferred_requests() == ["req-8", "req-9"] and ex.stats["held_back"] == 1
+    if case in ("reaped", "concluded"):
+        m.fail_room(9, "aborted")
+        if case == "reaped":
+            ex.reap_concluded_senders()
+    elif case == "changed":
+        m.shares.of("A").queue[1][1].encoded = None  # the caller dropped its embedding meanwhile
+    t.complete(t.held[4])  # one of b's writes: its extent comes free
+    ex.poll()
+    ex.poll()
+    assert ex.deferred_requests() == ["req-8"]
+    stat = {"staged": "told_success", "reaped": "deferred_dropped", "concluded": "items_for_concluded_rooms",
+            "changed": "failed"}[case]
+    assert ex.stats[stat] == 1
+    assert obs.calls == ([] if case == "reaped" else [("undeferred", 9)])
+    want = {"staged": None, "reaped": ReasonKind.CALLER, "concluded": ReasonKind.CALLER, "changed": ReasonKind.ITEM}
+    assert m.room_status(9) == ("transferring" if case == "staged" else "failed")
+    assert case == "staged" or reason_kind(m, 9) is want[case]
 
 
 def test_with_every_identity_at_its_part_a_full_queue_fails_the_newcomers_send_and_evicts_none():

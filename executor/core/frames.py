@@ -242,7 +242,7 @@ def check_tiling(frames: list[ReceiverFrame]) -> None:
     for prev, nxt in zip(shards, shards[1:]):
         end = prev.row_start + prev.n_tokens
         if nxt.row_start != end:
-            kind = "gap" if nxt.row_start > end else "overlap"
+            kind = "gap" if nxt.row_start > end else "overlap"  # pragma: no mutate (wording)
             raise FrameError(
                 f"room {prev.room}: shard {kind} between rows {end} and {nxt.row_start}"
             )
