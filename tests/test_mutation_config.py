@@ -206,11 +206,14 @@ def test_the_records_killed_exit_codes_are_mutmuts_for_what_the_score_counts_kil
 
 def test_under_mutmut_the_collected_heap_is_frozen_before_the_fork_server_forks(monkeypatch):
     import gc
+    import importlib.util
     import sys
     import types
 
-    from tests.conftest import pytest_collection_finish
-
+    spec = importlib.util.spec_from_file_location("conftest_again", ROOT / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    pytest_collection_finish = conftest.pytest_collection_finish
     monkeypatch.delitem(sys.modules, "mutmut", raising=False)
     gc.unfreeze()
     pytest_collection_finish(None)
