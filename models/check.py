@@ -78,10 +78,12 @@ def add_arguments(p) -> None:
     p.add_argument("--late-landing", action="store_true",
                    help="a failed write may land after its quarantine ended: shows the hazard the quarantine's "
                         "bound guards against (finds violations by design)")
-    p.add_argument("--restarts", type=count_at_least(0), default=0, metavar="N",
+    p.add_argument("--restarts", type=count_at_least(0), default=0,
+                   metavar="N",  # pragma: no mutate (presentation: the help's placeholder)
                    help="the encoder may restart up to N times (a new incarnation): its side is lost, the "
                         "receivers fail the rooms of the dead one and take every region back (default: 0)")
-    p.add_argument("--identities", type=count_at_least(1), default=1, metavar="K",
+    p.add_argument("--identities", type=count_at_least(1), default=1,
+                   metavar="K",  # pragma: no mutate (presentation: the help's placeholder)
                    help="the rooms are split among K identities; each identity's rooms hold at most 1/K of the "
                         "arena and its deferred sends wait in a FIFO of their own, served round-robin; checks that "
                         "an identity within its share is served whatever another does (default: 1, no shares)")
@@ -89,9 +91,11 @@ def add_arguments(p) -> None:
                    help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true",
                    help="run with and without symmetry reduction")
-    p.add_argument("--save-traces", metavar="DIR",
+    p.add_argument("--save-traces",
+                   metavar="DIR",  # pragma: no mutate (presentation: the help's placeholder)
                    help="write each violation's trace as JSON")
-    p.add_argument("--replay", metavar="FILE",
+    p.add_argument("--replay",
+                   metavar="FILE",  # pragma: no mutate (presentation: the help's placeholder)
                    help="replay a saved trace instead of exploring (its configuration comes from the file)")
     p.add_argument("--engine", choices=["explorer", "spin"], default="explorer",
                    help="the Python explorer, or SPIN on Promela generated from the same declarations and rules")
@@ -104,7 +108,8 @@ def add_arguments(p) -> None:
                    help="spin only: pan -w, log2 of the hash table size")
     p.add_argument("--spin-memlim", type=count_at_least(1), default=None,
                    help="spin only: pan -DMEMLIM, in MB (default: 8192)")
-    p.add_argument("--spin-keep", metavar="DIR",
+    p.add_argument("--spin-keep",
+                   metavar="DIR",  # pragma: no mutate (presentation: the help's placeholder)
                    help="spin only: keep the Promela model, pan.c and trails in DIR")
     p.add_argument("--spin-no-regions", action="store_true",
                    help="spin only: the encode side alone, without "

@@ -70,10 +70,13 @@ def test_check_flags_left_out_are_unset_so_replay_can_tell_them_from_given_ones(
     assert not (args.peers or args.channels or args.late_landing or args.spin_collapse or args.spin_no_regions)
     assert (args.restarts, args.identities, args.engine) == (0, 1, "explorer")
     assert parse(["--engine", "explorer"]).engine == "explorer"
+    # each count's floor is a value it takes: no restart, one identity
+    assert (parse(["--restarts", "0"]).restarts, parse(["--identities", "1"]).identities) == (0, 1)
 
 
 @pytest.mark.parametrize("argv", [["--variant", "no-such-variant"], ["--spin-hash", "0"], ["--spin-memlim", "0"],
-                                  ["--cells", "0"], ["--faults", "-1"], ["--peers", "x"], ["--engine", "other"]],
+                                  ["--cells", "0"], ["--faults", "-1"], ["--peers", "x"], ["--engine", "other"],
+                                  ["--restarts", "-1"], ["--identities", "0"]],
                          ids=str)
 def test_check_refuses_a_bad_value_in_its_parser(argv):
     with pytest.raises(SystemExit):

@@ -346,6 +346,21 @@ def test_an_identity_idle_for_idle_s_is_forgotten_and_the_others_shares_grow_bac
     assert shares.named == 2 and shares.cap == 4 * ITEM_COST
 
 
+def test_forgetting_counts_the_identities_forgotten_and_leaves_the_ones_idle_for_less():
+    rig = rig8()
+    shares = rig.manager.shares
+    assert not shares.idle_since and shares.forget_idle() == 0  # nobody at all
+    known(rig, "A", "B", "C", "V")
+    rig.clock.advance(10)
+    for k, key in enumerate(("C", "V")):  # C and V busy again: idle from now on
+        run(rig, room(rig, k, f"first-{key}", key))
+    assert shares.forget_idle() == 0 and shares.named == 4  # nobody idle for idle_s yet
+    rig.clock.advance(shares.idle_s - 10)
+    assert shares.forget_idle() == 2  # A and B, idle since before C and V
+    assert shares.named == 2 and set(shares.by_identity) == {"C", "V"} and shares.cap == 4 * ITEM_COST
+    assert shares.forget_idle() == 0
+
+
 def test_an_identity_that_holds_or_defers_is_never_forgotten():
     rig = rig8(park_timeout=1000.0)
     shares = rig.manager.shares

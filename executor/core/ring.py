@@ -120,7 +120,7 @@ class Ring:
             return f"embedding of {nbytes} B exceeds the whole ring arena of {self.main_arena.capacity} B"
         if deep_nbytes:
             if self.deep_arena is None:
-                return "item has deepstack rows but the ring has no deepstack arena"
+                return "item has deepstack rows but the ring has no deepstack arena"  # pragma: no mutate (wording)
             if not self.deep_arena.fits_ever(deep_nbytes):
                 return (f"deepstack embedding of {deep_nbytes} B exceeds the whole deepstack arena of "
                         f"{self.deep_arena.capacity} B")
