@@ -8,7 +8,8 @@ by no selected test), or set aside because its diff says it changes nothing the 
   log, `m.log.warning(`, escaped that pattern in this pass and are set aside by the same rule);
 - an entry of tests/mutation/equivalent.md, keyed by the function and the exact line before and
   after (never by mutmut's index, which changes whenever the code above it does).
-The score is killed / (killed + alive). `--list` prints what is alive, grouped by function;
+The score is killed / (killed + alive); the raw score is killed / every mutant decided, nothing set
+aside. `--list` prints what is alive, grouped by function;
 `--by-package` the same counts for fsm/, executor/core/ and models/ apart (parts of the one pass,
 not passes of their own).
 """
@@ -60,11 +61,15 @@ def main(argv: list[str]) -> int:
     scored = counts["killed"] + counts["alive"]
     print(f"mutants: {sum(counts.values())}; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"score: {counts['killed']} killed of {scored} = {100 * counts['killed'] / max(scored, 1):.1f}%")
+    decided = sum(counts.values()) - counts["not checked"]
+    print(f"raw: {counts['killed']} killed of {decided} = {100 * counts['killed'] / max(decided, 1):.1f}% "
+          f"(nothing set aside)")
     if "--by-package" in argv:
         for package, c in sorted(by_package.items()):
-            n = c["killed"] + c["alive"]
+            n, d = c["killed"] + c["alive"], sum(c.values()) - c["not checked"]
             print(f"{package}: {sum(c.values())} mutants, {c['killed']} killed of {n} = "
-                  f"{100 * c['killed'] / max(n, 1):.1f}% ({', '.join(f'{k} {v}' for k, v in sorted(c.items()))})")
+                  f"{100 * c['killed'] / max(n, 1):.1f}%, raw {100 * c['killed'] / max(d, 1):.1f}% "
+                  f"({', '.join(f'{k} {v}' for k, v in sorted(c.items()))})")
     if "--list" in argv:
         for func in sorted(alive):
             print(f"\n## {func} ({len(alive[func])})")
