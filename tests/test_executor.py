@@ -373,11 +373,16 @@ def test_receivers_without_a_sender_expire_and_are_told():
     (7, dict(), "expects 7 rows"),
     (5, dict(has_deepstack=True, dst_deep_ptr=0x1000, deep_levels=1), "deepstack"),
 ])
-def test_fanout_mismatch_fails_the_room_with_a_reason(span, override, reason):
+@pytest.mark.parametrize("frame_first", [False, True], ids=["chunk-first", "frame-first"])
+def test_fanout_mismatch_fails_the_room_with_a_reason(span, override, reason, frame_first):
+    # either order: the frame checked against a staged chunk, or the chunk against the frames it finds
     rig = make_rig()
     rid, item = submit(rig, 2, 5)
+    if frame_first:
+        rig.manager.register_receiver(rig.frame(2, "p2", span, **override))
     rig.executor.execute([(rid, item)])
-    rig.manager.register_receiver(rig.frame(2, "p2", span, **override))
+    if not frame_first:
+        rig.manager.register_receiver(rig.frame(2, "p2", span, **override))
     assert rig.manager.room_status(2) == "failed"
     assert reason in rig.manager.failure_reason(2)
     assert rig.receiver("p2").statuses(2) == ["failed"]

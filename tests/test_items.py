@@ -483,3 +483,17 @@ def test_the_device_copy_path_stages_the_same_bytes_as_the_host_path(host_copy):
     assert m.room_status(2) == "success", m.failure_reason(2)
     got_main, got_deep, _, rows = rig.buffers[(2, "p2")]
     assert torch.equal(got_main[:rows], main.resolve_neg()) and torch.equal(got_deep[:rows], deep)
+
+
+@pytest.mark.parametrize("n_deep", [0, 2])
+def test_a_write_carries_a_deepstack_buffer_only_for_an_item_with_deepstack_rows(n_deep):
+    # an empty buffer is no part of a write: an engine may refuse a zero-length segment
+    rig = make_rig(n_deep=n_deep)
+    seen = []
+    rig.transport.policy = lambda session, bufs: seen.append([n for _, _, n in bufs])  # sees every write, faults none
+    rig.open_room(1, rows=3, rid="r")
+    item = rig.item(3, 1)
+    assert rig.executor.execute([("r", item)]) == 1
+    rig.executor.poll()
+    assert rig.manager.room_status(1) == "success" and rig.delivered_ok(1, "p1", item)
+    assert seen == [[3 * 8 * 4] + ([3 * 8 * n_deep * 4] if n_deep else [])]

@@ -31,6 +31,19 @@ def test_out_of_bounds_or_dead_receiver_fails_without_writing():
     assert not dst.any()
 
 
+@pytest.mark.parametrize("where", ["past-its-end", "before-every-region", "unregistered-since"])
+def test_a_write_from_outside_the_registered_source_memory_fails_without_writing(where):
+    # the engine reads only memory registered with it: a source past the region's end, below the lowest
+    # region, or in a region taken back fails the write, and nothing lands
+    _, t, src, dst, _ = setup()
+    ptr, n = {"past-its-end": (src.data_ptr() + 8, 64), "before-every-region": (src.data_ptr() - 64, 8),
+              "unregistered-since": (src.data_ptr(), 64)}[where]
+    if where == "unregistered-since":
+        t.unregister_memory(src)
+    h = t.submit_write("r", [(ptr, dst.data_ptr(), n)])
+    assert t.poll() == [(h, Outcome.FAILED)] and not dst.any() and t.bytes_landed == 0
+
+
 def test_overlapping_or_empty_registration_is_refused():
     _, t, src, _, _ = setup()
     for ptr, n in ((src.data_ptr(), 64), (src.data_ptr() + 32, 64), (src.data_ptr() - 16, 32)):

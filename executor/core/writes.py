@@ -42,15 +42,16 @@ class Writes:
     def __len__(self) -> int:
         return len(self.by_handle)
 
-    def issue(self, room: int, extent: Extent, writes: Sequence[tuple[ReceiverFrame, Sequence[Buf]]]) -> None:
-        """One `Submit` per (frame, buffers) from `extent`, all due `timeout` from now."""
+    def issue(self, room: int, extent: Extent, writes: Sequence[tuple[ReceiverFrame, tuple[Buf, ...]]]) -> None:
+        """One `Submit` per (frame, buffers) from `extent`, all due `timeout` from now (the buffers a tuple,
+        as `Submit` carries them)."""
         due = self.clock.now() + self.timeout
         for frame, bufs in writes:
             extent.writes_in_flight += 1
             self._last_id += 1
             w = self.by_handle[self._last_id] = Write(self._last_id, room, extent, frame)
             self.deadlines.arm(due, "write", w)
-            self.outbox.append(Submit(w.handle, frame.session, bufs if type(bufs) is tuple else tuple(bufs)))
+            self.outbox.append(Submit(w.handle, frame.session, bufs))
 
     def reported(self, handle: int) -> Write | None:
         """The write a report answers (None if it is not ours); it leaves the table."""
