@@ -111,11 +111,12 @@ def test_help_and_exception_messages_are_left_alone_and_nothing_else(config):
         assert not skipped(line), line
 
 
-def _mutation_module(name: str):
-    """A script of tests/mutation/ (not a package) loaded as a module."""
+def _mutation_module(name: str, path: Path | None = None):
+    """A script of tests/mutation/ (not a package), or the file at `path`, loaded as a module of its own."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"mutation_{name}", ROOT / "tests" / "mutation" / f"{name}.py")
+    path = path or ROOT / "tests" / "mutation" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"mutation_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -206,14 +207,10 @@ def test_the_records_killed_exit_codes_are_mutmuts_for_what_the_score_counts_kil
 
 def test_under_mutmut_the_collected_heap_is_frozen_before_the_fork_server_forks(monkeypatch):
     import gc
-    import importlib.util
     import sys
     import types
 
-    spec = importlib.util.spec_from_file_location("conftest_again", ROOT / "tests" / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    pytest_collection_finish = conftest.pytest_collection_finish
+    pytest_collection_finish = _mutation_module("conftest", ROOT / "tests" / "conftest.py").pytest_collection_finish
     monkeypatch.delitem(sys.modules, "mutmut", raising=False)
     gc.unfreeze()
     pytest_collection_finish(None)

@@ -35,6 +35,9 @@ from pathlib import Path
 
 import tomllib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import claims  # the script beside this one (no mutmut needed)
+
 # mutmut's exit codes for the verdicts score.py counts killed (killed, timeout, segfault, and an abort): written
 # out, not read from mutmut, since CI checks this file without mutmut installed (test_mutation_config.py
 # compares them with mutmut's own table where it is)
@@ -59,9 +62,6 @@ def _survivor_diffs(work: Path, metas: dict) -> dict[str, list[str]] | None:
         from mutmut.mutation.diff_apply import get_diff_for_mutant
     except ImportError:
         return None
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from claims import changed
-
     here, out = os.getcwd(), {}
     os.chdir(work)  # mutmut reads the mutants from mutants/<path>
     try:
@@ -69,7 +69,7 @@ def _survivor_diffs(work: Path, metas: dict) -> dict[str, list[str]] | None:
             for name, code in meta["exit_code_by_key"].items():
                 if code is not None and code not in KILLED:
                     try:
-                        out[name] = list(changed(get_diff_for_mutant(name, path=Path(rel).with_suffix(""))))
+                        out[name] = list(claims.changed(get_diff_for_mutant(name, path=Path(rel).with_suffix(""))))
                     except Exception:  # no diff read (its file gone): run again when carried
                         continue
     finally:
@@ -111,12 +111,10 @@ def restore(src: Path, work: Path, carry: bool = False) -> int:
                   file=sys.stderr)
             return 2
     kept = 0
-    claims, diffs = _claims(), record.get("survivor_diffs", {})
+    keep = _carried(record.get("survivor_diffs", {}))
     for rel, meta in record["metas"].items():
         if carry:
-            codes = meta["exit_code_by_key"]
-            meta["exit_code_by_key"] = {k: (v if v in KILLED or _no_test_kills(k, diffs.get(k), claims) else None)
-                                        for k, v in codes.items()}
+            meta["exit_code_by_key"] = {k: (v if keep(k, v) else None) for k, v in meta["exit_code_by_key"].items()}
         kept += sum(v is not None for v in meta["exit_code_by_key"].values())
         path = work / "mutants" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,17 +128,18 @@ def _lost(then: dict, now: dict) -> list[str]:
     return sorted(set(then["files"]) - set(now["files"])) + sorted(set(now["deselected"]) - set(then["deselected"]))
 
 
-def _claims() -> set[tuple[str, str, str]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from claims import equivalents
+def _carried(diffs: dict[str, list[str]]):
+    """Whether a verdict stands when its pass is carried: a kill, or a survivor whose diff (`diffs`)
+    no test can kill (claimed equivalent, or a log line)."""
+    equivalent = claims.equivalents()
 
-    return equivalents()
+    def keep(name: str, code: int | None) -> bool:
+        if code is None or code in KILLED:
+            return code is not None
+        diff = diffs.get(name)
+        return diff is not None and claims.set_aside(name, diff[0], diff[1], equivalent) is not None
 
-
-def _no_test_kills(name: str, diff: list[str] | None, claims: set[tuple[str, str, str]]) -> bool:
-    from claims import set_aside
-
-    return diff is not None and set_aside(name, diff[0], diff[1], claims) is not None
+    return keep
 
 
 def carry_here(work: Path, next_pyproject: Path) -> int:
@@ -152,18 +151,17 @@ def carry_here(work: Path, next_pyproject: Path) -> int:
         return 2
     paths = sorted((work / "mutants").rglob("*.meta"))
     metas = {str(p.relative_to(work / "mutants")): json.loads(p.read_text()) for p in paths}
-    diffs, claims = _survivor_diffs(work, metas) or {}, _claims()
+    keep = _carried(_survivor_diffs(work, metas) or {})
     kept = reset = 0
     for path, meta in zip(paths, metas.values()):
         codes = meta["exit_code_by_key"]
         for name, code in codes.items():
-            if code is None or code in KILLED:
-                continue
-            if _no_test_kills(name, diffs.get(name), claims):
-                kept += 1
-            else:
-                codes[name] = None
-                reset += 1
+            if code is not None and code not in KILLED:
+                if keep(name, code):
+                    kept += 1
+                else:
+                    codes[name] = None
+                    reset += 1
         path.write_text(json.dumps(meta))
     print(f"carried the pass in {work}: {reset} verdicts to run again, {kept} survivors no test can kill kept")
     return 0

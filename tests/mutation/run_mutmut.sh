@@ -170,7 +170,7 @@ import json, sys, tomllib
 p = tomllib.loads(sys.stdin.read())["project"]
 print("\n[project]\nname = %s\nversion = %s" % (json.dumps(p["name"]), json.dumps(p["version"])))' >> "$WORK/pyproject.next"
 # before anything of the pass here changes: refused if a test that ran in it would no longer run
-if [ -n "$IN_PLACE" ] && ! (cd "$WORK" && "$PY" "$ROOT/tests/mutation/record.py" carry "$WORK" "$WORK/pyproject.next"); then
+if [ -n "$IN_PLACE" ] && ! "$PY" "$ROOT/tests/mutation/record.py" carry "$WORK" "$WORK/pyproject.next"; then
     rm -f "$WORK/pyproject.next"
     exit 2
 fi
