@@ -92,6 +92,14 @@ def test_spin_finds_the_seeds_receiver_side_region_reuse():
                                                                         regions=False)).violations
 
 
+def test_a_model_spin_cannot_parse_is_an_error_not_a_verdict(monkeypatch):
+    # SPIN prints its syntax error, exits 0 and writes a pan.c all the same: the check must not verify that
+    made = spin_tool.generate
+    monkeypatch.setattr(spin_tool, "generate", lambda *a, **kw: made(*a, **kw) + "\nnot_promela\n")
+    with pytest.raises(RuntimeError, match="spin -a"):
+        spin_tool.check(Config(cells=1, rooms=1, receivers=1, faults=1, regions=False, sizes=(1,)))
+
+
 def test_a_generator_with_a_dropped_guard_makes_the_engines_disagree(explored):
     """Drop `write_unsure` from the extent's `settle` edges: an unsure write frees its extent at once."""
     cfg = Config(cells=1, rooms=2, receivers=1, faults=1, regions=False)

@@ -34,6 +34,15 @@ def _run(cmd: list[str], cwd: Path, timeout: float | None) -> str:
     return p.stdout
 
 
+def _parse(work: Path, timeout: float | None) -> None:
+    """`spin -a`: pan.c from the model. SPIN reports a model it cannot parse on stdout ("spin:
+    model.pml:681, Error: syntax error"), exits 0 and writes a pan.c all the same, which compiles
+    and verifies what it did parse: that is an error here, not a verdict."""
+    out = _run(["spin", "-a", "model.pml"], work, timeout)
+    if re.search(r"^spin: .*\bError:", out, re.M):
+        raise RuntimeError(f"spin -a model.pml: the generated model does not parse: {out[-2000:]}")
+
+
 def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: int = 24, memlim_mb: int = 8192,
           depth: int = 200_000, drop_guard: tuple[str, str, str] | None = None, keep: str | None = None,
           timeout: float | None = None, progress=None, replay_on_spec: bool = True) -> SpinResult:
@@ -63,7 +72,7 @@ def check(cfg: Config, *, opt: str = "-O0", collapse: bool = False, hash_bits: i
             cached = _cache_read(text, flags, pan_args)
             if cached is None:
                 (work / "model.pml").write_text(text)
-                _run(["spin", "-a", "model.pml"], work, timeout)
+                _parse(work, timeout)
                 _run([_compiler(), *flags, "-o", "pan", "pan.c"], work, timeout)
                 before = _children_cpu()
                 out = _run(["./pan", *pan_args], work, timeout)
