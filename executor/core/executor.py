@@ -269,14 +269,14 @@ class EncodeExecutor:
             self._concluded.append(sender.request_id)
 
     # the tower -------------------------------------------------------------
-    def _feature_fn(self, modality: Any) -> Callable[[list[Any]], torch.Tensor]:
-        name = modality if type(modality) is str and modality in _TOWER_MODALITIES else _modality_name(modality)
+    def _feature_fn(self, name: str) -> Callable[[list[Any]], torch.Tensor]:
+        """The tower's seam for a modality `execute` has named (one of `_TOWER_MODALITIES`)."""
         # Images go through the `image_encoder` seam, which a CUDA-graph wrapper may replace.
         if name == "image":
             return self.model.image_encoder
         if name == "video":
             return self.model.get_video_feature
-        raise ValueError(f"unsupported modality for encode: {modality!r}")
+        raise ValueError(f"unsupported modality for encode: {name!r}")
 
     def execute(self, request_items: Sequence[tuple[Any, Any]]) -> int:
         """Run the tower on a batch and ship each item; return items encoded.

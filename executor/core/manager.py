@@ -257,9 +257,9 @@ class EncodeManager:
         try:
             for f in room.frames.values():
                 # The contract's fields compared in place; a frame that differs anywhere gets the
-                # check's own call, which raises naming the first difference.
-                if (f.span != n or f.hidden != hidden or f.dtype != dtype or f.deep_levels != levels
-                        or f.has_deepstack != (levels != 0)):
+                # check's own call, which raises naming the first difference. (`has_deepstack` needs
+                # no comparison of its own: a valid frame has it exactly when `deep_levels` is not 0.)
+                if f.span != n or f.hidden != hidden or f.dtype != dtype or f.deep_levels != levels:
                     check_against_chunk(f, n, hidden, dtype, levels)
         except FrameError as exc:
             extent.ring.fire(extent, "abandon")

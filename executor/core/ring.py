@@ -101,9 +101,10 @@ class Ring:
         # fsm/couplings.py's rows for the extent machine, looked up once (`fire` is the per-item path).
         self._on_enter = {s: ON_ENTER.get(("extent", s), ()) for s in EXTENT.states}
         self._on_event = {e: ON_EVENT.get(("extent", e), ()) for e in EXTENT.events}
-        self._after_lease = {s: self._on_enter[s] + self._on_event["lease"] for s in EXTENT.states}
         self._plans = EXTENT.plans(self._on_enter, self._on_event)  # `fire`'s success path, compiled
-        self._lease_plan = self._plans.get((EXTENT.initial, "lease"))
+        # `lease` takes the initial state's one unguarded `lease` edge without the machine's step: a
+        # declaration that guards it fails here (KeyError), not on the first lease.
+        self._lease_plan = self._plans[EXTENT.initial, "lease"]
         self.extents: dict[int, Extent] = {}  # live extents (not free), by index
         # Items up to this many bytes never need `too_large`'s checks (the per-item path).
         self.fits_bytes = min(self.main_arena.capacity, max_item_bytes if max_item_bytes is not None else arena_bytes)
@@ -153,12 +154,8 @@ class Ring:
         ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
         self.extents[ext.index] = ext
         # `fire(ext, "lease")`, written out: a fresh extent is in the initial state, whose lease
-        # is one unguarded edge (its compiled plan; the machine's step if the declaration changes)
-        plan = self._lease_plan
-        if plan is None:
-            actions = self._after_lease[EXTENT.step(ext, "lease")]
-        else:
-            ext.state, actions = plan
+        # is one unguarded edge (its compiled plan)
+        ext.state, actions = self._lease_plan
         for action in actions:
             self.actions[action](ext)
         return ext
