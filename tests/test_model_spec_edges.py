@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from epd_ring.fsm import EXTENT, ROOM, couplings
-from epd_ring.models import liveness, promela, promela_events, promela_peers
+from epd_ring.fsm import EXTENT, PEER, ROOM, couplings
+from epd_ring.models import liveness, promela, promela_events, promela_peers, promela_shares
 from epd_ring.models.explore import canonical, explore
 from epd_ring.models.promela import (
     EXTENT_STATES,
@@ -205,7 +205,9 @@ def _show_state(cfg, state) -> list[str]:
             if cfg.channels:
                 f += [int(v) for v in x[3:]] if x else [0, 0, 0]
         out.append(("RX" if cfg.channels else "RM") + "".join(f" {int(v)}" for v in f))
-    out += [f"SL {EXTENT_STATES.index(s[0]) + 1} {NONE if s[1] < 0 else s[1]} {int(s[2])} {s[3]}" for s in cells]
+    # a cell's content: NONE for no room, FORGOT + v for a busy cell of identity v no room covers (-2 - v)
+    content = {-1: NONE, **{-2 - v: promela_shares.FORGOT + v for v in range(8)}}
+    out += [f"SL {EXTENT_STATES.index(s[0]) + 1} {content.get(s[1], s[1])} {int(s[2])} {s[3]}" for s in cells]
     if cfg.peers:
         out.append("PE" + "".join(f" {promela_peers.PEER_STATES.index(p)}" for p in peers))
     return out
@@ -231,6 +233,14 @@ def test_every_state_spin_prints_reads_back_as_the_spec_state(cfg):
     assert any(r[8] for s in states for r in s[0]) and any(r[10] >= 0 for s in states for r in s[0])
     for state in states:
         assert _parse_state(_show_state(cfg, state)) == state
+
+
+def test_a_cell_no_room_covers_reads_back_charged_to_its_identity():
+    cfg = C(2, 2, 1, 1, regions=False, identities=2)
+    states = [s for s in _some_states(cfg, 2000) if any(c[1] < -1 for c in s[1])]
+    assert {c[1] for s in states for c in s[1] if c[1] < -1} == {-2, -3}  # each identity's
+    for state in states:  # SPIN prints no owner: a room's is its index's (promela_shares.py, rebuild)
+        assert _parse_state(_show_state(cfg, state)) == (tuple(r[:-1] for r in state[0]), *state[1:])
 
 
 def test_a_trail_reads_back_as_its_events_and_states_and_its_violation():
@@ -344,6 +354,30 @@ def test_the_generator_takes_each_bound_at_its_largest_and_refuses_one_more(kw):
     (name, largest), = kw.items()
     with pytest.raises(ValueError):
         generate(C(**{**small, name: largest + 1}))
+
+
+def test_identities_are_generated_only_where_the_shares_are_a_property_of_the_design():
+    assert generate(C(2, 3, 1, 1, sizes=(1,), identities=2)).startswith("#define")
+    for refused in (C(2, 3, 1, 1, identities=2), C(1, 3, 1, 1, sizes=(1,), identities=2)):  # liveness.checks_shares
+        with pytest.raises(ValueError):
+            generate(refused)
+
+
+def test_each_step_resets_the_shares_scratch_so_no_stale_value_splits_a_state():
+    step = re.compile(r"post\(\); ev = 0; x = 0; y = 0(.*)\n")
+    assert step.search(generate(C(2, 3, 1, 1, sizes=(1,)))).group(1) == ""  # one identity: the model as it was
+    assert step.search(generate(C(2, 3, 1, 1, sizes=(1,), identities=2))).group(1) == "; " + promela_shares.RESET
+
+
+def test_each_move_the_model_refuses_names_its_machine_and_event():
+    # parse_trail turns a MODELBUG line into a Disagreement that names the machine, state and event
+    machines = {"room": ROOM, "extent": EXTENT, "peer": PEER}
+    labels = [label.split() for label in re.findall(r'MODELBUG ([^\\"]*)', generate(C(2, 2, 2, 1, peers=True)))]
+    assert all(w[0] in (*machines, "region", "seed", "channel") for w in labels), labels
+    named = [w for w in labels if w[0] in machines]
+    assert {w[0] for w in named} == set(machines) and any(len(w) == 3 for w in named)
+    for w in named:
+        assert w[-1] in {ev for _, ev in machines[w[0]].table} and (len(w) == 2 or w[1] in machines[w[0]].states), w
 
 
 # -- the generated model's predicates, evaluated: the Promela macros against the spec's Python ----------------
@@ -620,6 +654,13 @@ def _key_fields(text: str) -> list[list[tuple[int, str]]]:
         if re.match(r"#define KEY\d+OF\(", line):
             out.append([(int(b), e) for b, e in re.findall(r"\) << (\d+)\) \| \((.+?)\)(?=\) << |\)$)", line)])
     return out
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_the_keys_owner_field_is_as_wide_as_the_identities_need_and_no_wider(k):
+    cfg = C(k, k, 1, 1, sizes=(1,), identities=k, regions=False)
+    (bits,) = [b for chunk in _key_fields(generate(cfg)) for b, e in chunk if e == "OWN(KI)"]
+    assert 2 ** (bits - 1) <= k - 1 < 2 ** bits
 
 
 @pytest.mark.parametrize("cfg", [C(2, 2, 2, 1), C(1, 1, 2, 1), C(1, 1, 2, 1, channels=True)], ids=str)

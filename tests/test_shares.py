@@ -372,3 +372,17 @@ def test_an_identity_that_holds_or_defers_is_never_forgotten():
     run(rig, room(rig, 100, "first-V", "V"))
     assert "A" in shares.by_identity and shares.of("A").held > 0  # V was idle too, but came back
     assert shares.named == 2
+
+
+def test_a_share_table_without_a_clock_charges_and_forgets_nobody():
+    # The table a worker builds before its executor gives it the clock (`Holds`), and a test's own:
+    # its shares hold and give back bytes like any, and nothing is marked idle or forgotten.
+    from epd_ring.executor.core.shares import Shares
+
+    shares = Shares(8 * ITEM_COST, 4)
+    a = shares.of("A")
+    a.charge(ITEM_COST)
+    assert a.held == ITEM_COST and not a.idle
+    a.charge(-ITEM_COST)
+    assert a.held == 0 and a.idle
+    assert not shares.idle_since and shares.forget_idle() == 0 and shares.of("A") is a
