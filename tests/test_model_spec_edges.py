@@ -243,6 +243,27 @@ def test_a_cell_no_room_covers_reads_back_charged_to_its_identity():
         assert _parse_state(_show_state(cfg, state)) == (tuple(r[:-1] for r in state[0]), *state[1:])
 
 
+@pytest.mark.parametrize("cfg", [C(2, 2, 1, 1, restarts=1), C(2, 2, 1, 1, regions=False, identities=2)], ids=str)
+def test_a_states_description_names_every_room_its_owner_and_whose_bytes_an_uncovered_cell_holds(cfg):
+    from epd_ring.models.state import CONTENT, LEN, OWNER, SND, SND_DEAD, SS, UNSURE
+
+    spec, seen = Spec(cfg), set()
+    for state in _some_states(cfg, 2000):
+        parts = spec.describe_parts(state)
+        rooms = [p for p in parts if p.startswith("room")]
+        assert len(rooms) == cfg.rooms, parts  # an orphan among them too
+        for i, r in enumerate(state[0]):
+            owner = f"@{r[OWNER]}" if r[SND] != SND_DEAD and len(r) > OWNER else ""
+            assert rooms[i].startswith(f"room{i}{owner}="), (i, parts)
+            seen.add("orphan" if r[SND] == SND_DEAD else "owner" if owner else "room")
+        for k, cell in enumerate(state[1]):
+            if cell[LEN] and cell[CONTENT] < -1:  # a busy cell no room covers: the identity it is charged to
+                where = f"cell{k}" if cell[LEN] == 1 else f"cells{k}-{k + cell[LEN] - 1}"
+                assert f"{where}={cell[SS]}<@{-2 - cell[CONTENT]}{'!' if cell[UNSURE] else ''}" in parts, parts
+                seen.add(cell[CONTENT])
+    assert seen >= ({"orphan", "room"} if cfg.restarts else {"owner", -2, -3})
+
+
 def test_a_trail_reads_back_as_its_events_and_states_and_its_violation():
     cfg = C(1, 1, 2, 1, channels=True)
     states = sorted(_some_states(cfg, 30), key=repr)[:3]
