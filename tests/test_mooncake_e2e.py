@@ -71,10 +71,7 @@ def rooms_with_b_stopped(enc, a, b, items: dict[int, EncodeItem]) -> tuple[dict,
         rcv.ask(cmd="register", rooms=[r for r, (_, x) in rooms.items() if x is rcv])
     # The frames are in flight to the encode side: wait until it has heard from both (each
     # receiver's peer is made by its first frame), however loaded the machine.
-    deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-    while any(enc.manager.peers.get(x.session) is None for x in (a, b)) and time.monotonic() < deadline:
-        enc.executor.poll()
-        time.sleep(0.01)
+    enc.poll_until(lambda: all(enc.manager.peers.get(x.session) is not None for x in (a, b)))
     to_b = [(r, item) for r, (item, x) in rooms.items() if x is b]
     enc.run(to_b[:1])
     enc.settle([to_b[0][0]])
@@ -164,6 +161,15 @@ class EncodeSide:
             self.control.allow(keypair[0])
         return ReceiverProcess(self.control.endpoint, encoder_key=self.keypair[0], keypair=keypair,
                                transport=self.engine)
+
+    def poll_until(self, condition, guard: float = 60.0) -> bool:
+        """Poll until `condition()` holds; whether it did. `guard` only keeps a broken build from
+        hanging: a loaded machine waits longer, and the caller asserts what it needed."""
+        deadline = time.monotonic() + guard
+        while not condition() and time.monotonic() < deadline:
+            self.executor.poll()
+            time.sleep(0.01)
+        return condition()
 
     def settle(self, rooms, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -317,11 +323,7 @@ def test_killed_receiver_fails_its_rooms_and_others_succeed(transport):
         assert enc.transport.stats["failed"] + enc.transport.stats["timed_out"] >= 1
         assert enc.transport.probe(b.session) is False  # dead peer, told apart at once
         assert enc.transport.probe(a.session) is True
-        deadline = time.monotonic() + 60  # the quarantines end (0.5 s); this only keeps a broken build from hanging
-        while enc.executor.ring.live and time.monotonic() < deadline:
-            enc.executor.poll()
-            time.sleep(0.01)
-        assert enc.executor.ring.live == 0
+        assert enc.poll_until(lambda: enc.executor.ring.live == 0)  # the quarantines end (0.5 s)
     finally:
         a.close()
         b.close()
@@ -353,11 +355,8 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
         for parts in junk:
             a.ask(cmd="raw", parts_hex=[p.hex() for p in parts])
         a.ask(cmd="register", rooms=list(good))
-        deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.control.stats["frames"] < len(good) and time.monotonic() < deadline:
-            enc.executor.poll()  # a's frames (and its session claim) are in before the attacker's
-            time.sleep(0.005)
-        assert enc.control.stats["frames"] >= len(good)
+        # a's frames (and its session claim) are in before the attacker's
+        assert enc.poll_until(lambda: enc.control.stats["frames"] >= len(good))
         first, second, third = list(good)[:3]
         # Another allow-listed identity: N = 0 for a's room (used to fail it), a full seat in it,
         # and a frame naming a's session (used to make the encoder overwrite a's rows).
@@ -372,10 +371,7 @@ def test_malformed_and_hostile_frames_disturb_nothing_else():
         outsider.ask(cmd="raw", parts_hex=[p.hex() for p in attacker_like])
         # The attacker's frames are read before a's rooms run (its socket's handshake may lag a's
         # on a loaded machine): they must find the rooms live.
-        deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.manager.stats["frames_foreign"] < 2 and time.monotonic() < deadline:
-            enc.executor.poll()
-            time.sleep(0.005)
+        enc.poll_until(lambda: enc.manager.stats["frames_foreign"] >= 2)
         assert all(enc.manager.room_status(r) not in ("success", "failed") for r in good)
         # A status forged to a's status socket, by a key that is not the encoder's, and in the clear.
         ctx = zmq.Context()
@@ -444,21 +440,14 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         enc.run(stopped)
         # a's peer is up before the clock moves: its contact's deadline is on the same clock, and
         # only the stopped receiver's rooms may meet a deadline here.
-        deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while getattr(enc.manager.peers.get(a.session), "state", None) != "up" and time.monotonic() < deadline:
-            enc.executor.poll()
-            time.sleep(0.01)
-        assert enc.manager.peers.get(a.session).state == "up"
+        assert enc.poll_until(lambda: getattr(enc.manager.peers.get(a.session), "state", None) == "up")
         # Our own write deadline fails them, whenever the engine gives up (14-78 s seen under load).
         enc.clock.skip(write_timeout)
         enc.settle([r for r, _ in stopped], timeout=40)
         assert {r: enc.manager.failure_reason(r).kind for r, _ in stopped} == {
             r: ReasonKind.WRITE_DEADLINE for r, _ in stopped}
         # Each extent stays `sending` until the engine reports its write, then serves a full quarantine.
-        deadline = time.monotonic() + 150  # only keeps a broken build from hanging
-        while enc.executor.ring.counts()["sending"] and time.monotonic() < deadline:
-            enc.executor.poll()
-            time.sleep(0.01)
+        enc.poll_until(lambda: not enc.executor.ring.counts()["sending"], guard=150)
         held = enc.executor.ring.counts()
         assert held["quarantined"] == len(stopped), held  # not free: those writes may still land
         b.proc.send_signal(signal.SIGCONT)
@@ -483,10 +472,8 @@ def test_stopped_receiver_times_out_quarantines_and_its_late_landing_corrupts_no
         for r, item in others:
             assert enc.manager.room_status(r) == "success", (r, repr(enc.manager.failure_reason(r)))
             assert report_a["digest"][str(r)] == enc.digest(r, 0, item.n_tokens)
+        enc.poll_until(lambda: enc.executor.ring.live == 0)  # the quarantines end: the release notices go out
         deadline = time.monotonic() + 60  # only keeps a broken build from hanging
-        while enc.executor.ring.live and time.monotonic() < deadline:
-            enc.executor.poll()  # the quarantines end: the release notices go out
-            time.sleep(0.01)
         while True:
             report_b = b.ask(cmd="report", wait_rooms=[r for r, _ in stopped], timeout=1)
             if all(len(report_b["notices"].get(str(r), [])) >= 2 for r, _ in stopped) or time.monotonic() > deadline:
@@ -521,10 +508,7 @@ def test_a_stopped_receiver_with_work_pending_is_found_by_the_heartbeat(transpor
         enc.run(stopped[:1])  # one write in flight to b: work pending, and it never reports
         stopped_at = time.monotonic()
         peer = enc.manager.peers.get(b.session)
-        deadline = stopped_at + 60  # only keeps a broken build from hanging
-        while peer.state == "up" and time.monotonic() < deadline:
-            enc.executor.poll()
-            time.sleep(0.01)
+        enc.poll_until(lambda: peer.state != "up")
         found = time.monotonic() - stopped_at
         assert peer.state == "down", peer.state
         assert reason_kind(enc.manager, stopped[0][0]) is ReasonKind.PEER_DOWN
