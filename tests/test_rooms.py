@@ -491,3 +491,21 @@ def test_every_notice_is_counted_and_an_unreachable_receiver_stops_no_other():
     counted = {k: v for k, v in m.stats.items() if k.startswith("told_") or k == "notify_errors"}
     assert counted == {"told_success": 2, "told_failed": 1, "told_released": 1, "told_withdrawn": 1,
                        "notify_errors": 2}
+
+
+def test_a_coupling_on_a_room_event_runs_on_a_guarded_step_as_on_a_compiled_one(monkeypatch):
+    # fsm/couplings.py may name actions on a room event (today only the extent's `release` has one):
+    # a guarded step (add_receiver, waiting for all receivers) must run them as an unguarded one does.
+    from epd_ring.executor.core.lifecycle import Lifecycle
+    from epd_ring.fsm import couplings
+
+    seen: list[tuple[int, str]] = []
+    actions = Lifecycle.coupling_actions
+    monkeypatch.setattr(Lifecycle, "coupling_actions",
+                        lambda self: {**actions(self), "noted": lambda room: seen.append((room.id, room.state))})
+    monkeypatch.setitem(couplings.ON_EVENT, ("room", "add_receiver"), ("noted",))
+    rig = make_rig()
+    rig.executor.register("req-1", "prefill-host", 8998, 1)
+    rig.manager.register_receiver(rig.frame(1, "rcv:0", 2, n_receivers=2, row_start=0, n_tokens=1))
+    rig.manager.register_receiver(rig.frame(1, "rcv:1", 2, n_receivers=2, row_start=1, n_tokens=1))
+    assert seen == [(1, "registered"), (1, "ready")]  # each add_receiver's, after its step

@@ -77,10 +77,11 @@ class Lifecycle:
         self.actions = self.coupling_actions()
         # fsm/couplings.py's rows for the room machine, looked up once (`step_room` is the per-item path).
         self._room_enter = {s: ON_ENTER.get(("room", s), ()) for s in ROOM.states}
+        self._room_on_event = {e: ON_EVENT.get(("room", e), ()) for e in ROOM.events}
         # `step_room`'s success path, compiled (`CompiledMachine.plans`): each unguarded step's
         # destination with its actions' implementations, in the order the couplings name them.
-        self._room_plans = {k: (dest, tuple(self.actions[a] for a in acts)) for k, (dest, acts) in ROOM.plans(
-            self._room_enter, {e: ON_EVENT.get(("room", e), ()) for e in ROOM.events}).items()}
+        self._room_plans = {k: (dest, tuple(self.actions[a] for a in acts))
+                            for k, (dest, acts) in ROOM.plans(self._room_enter, self._room_on_event).items()}
         self.peers = PeerTable(outbox, clock, deadlines, actions=self.actions, **peers)
         self.holds = Holds(self, self.peers, clock, stats, writes, max_parked_bytes)
 
@@ -101,9 +102,9 @@ class Lifecycle:
         if plan is None:  # a guarded or undeclared step: the machine checks the guards, or refuses it
             was = room.state
             now = ROOM.step(room, event)
-            if now != was:
-                for action in self._room_enter[now]:
-                    self.actions[action](room)
+            # the actions a plan would run: entering a new state's, then the event's (as `Ring.fire`)
+            for action in (self._room_enter[now] if now != was else ()) + self._room_on_event[event]:
+                self.actions[action](room)
             return now
         now, actions = plan
         room.state = now
