@@ -243,7 +243,7 @@ def test_a_cell_no_room_covers_reads_back_charged_to_its_identity():
         assert _parse_state(_show_state(cfg, state)) == (tuple(r[:-1] for r in state[0]), *state[1:])
 
 
-@pytest.mark.parametrize("cfg", [C(2, 2, 1, 1, restarts=1), C(2, 2, 1, 1, regions=False, identities=2)], ids=str)
+@pytest.mark.parametrize("cfg", [C(2, 2, 1, 1, restarts=2), C(2, 2, 1, 1, regions=False, identities=2)], ids=str)
 def test_a_states_description_names_every_room_its_owner_and_whose_bytes_an_uncovered_cell_holds(cfg):
     from epd_ring.models.state import CONTENT, LEN, OWNER, SND, SND_DEAD, SS, UNSURE
 
@@ -261,7 +261,11 @@ def test_a_states_description_names_every_room_its_owner_and_whose_bytes_an_unco
                 where = f"cell{k}" if cell[LEN] == 1 else f"cells{k}-{k + cell[LEN] - 1}"
                 assert f"{where}={cell[SS]}<@{-2 - cell[CONTENT]}{'!' if cell[UNSURE] else ''}" in parts, parts
                 seen.add(cell[CONTENT])
-    assert seen >= ({"orphan", "room"} if cfg.restarts else {"owner", -2, -3})
+        if cfg.restarts:  # state[6]: the restarts left; the incarnation is the count of those that happened
+            assert [p for p in parts if p.startswith("incarnation")] == (
+                [f"incarnation{cfg.restarts - state[6]}"] if state[6] < cfg.restarts else [])
+            seen.add(f"incarnation{cfg.restarts - state[6]}")
+    assert seen >= ({"orphan", "room", "incarnation1", "incarnation2"} if cfg.restarts else {"owner", -2, -3})
 
 
 def test_a_trail_reads_back_as_its_events_and_states_and_its_violation():
