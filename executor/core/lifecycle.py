@@ -99,10 +99,9 @@ class Lifecycle:
     # the room's one step ---------------------------------------------------
     def step_room(self, room: Room, event: str) -> str:
         plan = self._room_plans.get((room.state, event))
-        if plan is None:  # a guarded or undeclared step: the machine checks the guards, or refuses it
+        if plan is None:  # guarded or undeclared: the machine checks the guards (or refuses); a plan's actions
             was = room.state
             now = ROOM.step(room, event)
-            # the actions a plan would run: entering a new state's, then the event's (as `Ring.fire`)
             for action in (self._room_enter[now] if now != was else ()) + self._room_on_event[event]:
                 self.actions[action](room)
             return now
