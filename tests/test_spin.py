@@ -96,7 +96,7 @@ def test_a_model_spin_cannot_parse_is_an_error_not_a_verdict(monkeypatch):
     # SPIN prints its syntax error, exits 0 and writes a pan.c all the same: the check must not verify that
     made = spin_tool.generate
     monkeypatch.setattr(spin_tool, "generate", lambda *a, **kw: made(*a, **kw) + "\nnot_promela\n")
-    with pytest.raises(RuntimeError, match="spin -a"):
+    with pytest.raises(RuntimeError):
         spin_tool.check(Config(cells=1, rooms=1, receivers=1, faults=1, regions=False, sizes=(1,)))
 
 
