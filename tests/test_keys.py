@@ -22,8 +22,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_rig, reason_kind, run, untouched
 
 from epd_ring.executor import ReasonKind
+from epd_ring.executor.core.loopback import LoopbackTransport
 
 VICTIM, ATTACKER, HONEST = "key-victim", "key-attacker", "key-honest"
+
+
+class ProvingLoopback(LoopbackTransport):
+    proves_ownership = True  # read when the manager is built, as it reads Mooncake's
 
 
 class Proving:
@@ -31,11 +36,10 @@ class Proving:
     Mooncake transport does; `alias` makes a second spelling reach the same memory."""
 
     def __init__(self, rig, owners: dict[str, str]):
+        assert isinstance(rig.transport, ProvingLoopback), "build the rig with proving_rig()"
         self.t = t = rig.transport
         self.owners = owners  # receiver session -> the key its ownership page names
         self.canonical: dict[str, str] = {}
-        t.proves_ownership = True
-        rig.manager.admission.proves = True  # read at construction, as the manager reads its transport
         t.connect = self.connect
 
     def alias(self, spelling: str, session: str) -> None:
@@ -48,8 +52,12 @@ class Proving:
         return None
 
 
+def proving_rig(**kw):
+    return make_rig(transport_cls=ProvingLoopback, **kw)
+
+
 def test_a_pre_claim_of_another_receivers_session_fails_the_claimers_room_and_the_owners_frames_are_answered():
-    rig = make_rig()
+    rig = proving_rig()
     Proving(rig, {"victim:1": VICTIM})
     # The attacker names the victim's session first, pointing into the victim's memory.
     rig.executor.register("req-9", "prefill-host", 8998, 9, receiver=ATTACKER)
@@ -72,7 +80,7 @@ def test_a_pre_claim_of_another_receivers_session_fails_the_claimers_room_and_th
 
 
 def test_no_spelling_of_another_receivers_session_leads_to_a_write_into_its_memory():
-    rig = make_rig(extents=8)
+    rig = proving_rig(extents=8)
     proving = Proving(rig, {"victim:1": VICTIM})
     rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=VICTIM)
     rig.manager.register_receiver(rig.frame(7, "victim:1", 2, identity=VICTIM))
@@ -94,7 +102,7 @@ def test_no_spelling_of_another_receivers_session_leads_to_a_write_into_its_memo
 
 
 def test_a_session_whose_memory_names_no_key_is_never_written():
-    rig = make_rig()
+    rig = proving_rig()
     Proving(rig, {})  # a receiver that registered no ownership page
     rig.executor.register("req-7", "prefill-host", 8998, 7, receiver=ATTACKER)
     rig.manager.register_receiver(rig.frame(7, "stranger:1", 2, identity=ATTACKER))
@@ -447,7 +455,7 @@ def test_each_key_whose_frames_make_peers_has_its_own_share_of_them():
 
 
 def test_every_room_of_another_key_on_a_proven_session_is_disowned_and_counted():
-    rig = make_rig()
+    rig = proving_rig()
     Proving(rig, {"victim:1": VICTIM})
     for room in (8, 9):
         rig.executor.register(f"req-{room}", "prefill-host", 8998, room, receiver=ATTACKER)

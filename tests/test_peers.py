@@ -24,6 +24,7 @@ from epd_ring.executor import (
 from epd_ring.executor.core.peers import Peer, PeerTable
 from epd_ring.executor.core.reasons import ReasonKind
 from epd_ring.executor.core.ring import Ring
+from epd_ring.executor.core.shares import Shares
 from epd_ring.executor.core.timers import Deadlines
 from epd_ring.executor.core.transport import Transport
 from epd_ring.fsm import InvalidTransition
@@ -1178,6 +1179,61 @@ def test_a_room_that_passed_the_parked_bound_and_is_held_back_again_waits_from_t
     clock.advance(10.0)
     assert not holds.held_back(1, 50)
     assert reason_kind(m, 1) is ReasonKind.PARK_TIMEOUT
+
+
+@pytest.mark.parametrize("bound", ["identity share", "parked bytes"])
+def test_a_wait_that_ends_while_identity_shares_bound_the_ring_is_over_too(bound):
+    # With a share per identity every check takes the slow path; a wait that ends there is forgotten
+    # as on the fast path, so the room's next wait is timed from its own start.
+    clock, _t, m = managed(max_parked_bytes=100, park_timeout=10.0, write_timeout=10.0)
+    holds = m.holds
+    holds.shares = Shares(10_000, 8, 0.5)  # as the executor sizes it: each identity may hold 5,000 B
+    for room in (1, 2):  # two receivers declared, one registered: a chunk would park
+        m.register_receiver(_frame(room, "a", n=2))
+        m.bind_sender(room)
+    share = holds.shares.of(m.rooms[1].owner)
+
+    def block() -> None:
+        if bound == "identity share":
+            share.charge(4_990)
+        else:
+            holds.hold(2, 80)  # room 2's chunk parks
+
+    def unblock() -> None:
+        if bound == "identity share":
+            share.charge(-4_990)
+        else:
+            holds.unpark(m.rooms[2])
+
+    block()
+    assert holds.held_back(1, 50)
+    clock.advance(6.0)
+    unblock()
+    assert not holds.held_back(1, 50)
+    block()
+    clock.advance(6.0)
+    assert holds.held_back(1, 50)  # 12 s after the first wait began, 6 s into this one
+    assert m.room_status(1) == "registered"
+
+
+def test_a_room_failed_by_a_bound_is_told_whose_bytes_held_it_back():
+    # The failure names what an operator must look at: the receiver whose peer held its bound, or the
+    # identity that held its share (names that came from the frames, not our wording).
+    clock, _t, m = managed(max_peer_bytes=100, write_timeout=10.0)
+    m.register_receiver(_frame(1, "stuck-receiver-7"))
+    m.peers.hold(9, 100, ["stuck-receiver-7"])
+    assert m.holds.held_back(1, 50)
+    clock.advance(10.0)
+    assert not m.holds.held_back(1, 50)
+    assert reason_kind(m, 1) is ReasonKind.CAPACITY and "stuck-receiver-7" in reason_text(m, 1)
+    clock, _t, m = managed(write_timeout=10.0)
+    m.holds.shares = Shares(10_000, 8, 0.5)
+    m.bind_sender(2, "greedy-key")
+    m.holds.shares.of("greedy-key").charge(4_990)
+    assert m.holds.held_back(2, 50)
+    clock.advance(10.0)
+    assert not m.holds.held_back(2, 50)
+    assert reason_kind(m, 2) is ReasonKind.CAPACITY and "greedy-key" in reason_text(m, 2)
 
 
 def test_identity_shares_without_a_peer_bound_deliver():

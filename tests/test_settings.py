@@ -208,7 +208,9 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     bad = [(dict(connect_timeout=0), "connect_timeout", "> 0"),
            (dict(connect_timeout="soon"), "connect_timeout", "number"),
            (dict(backoff=-1.0), "peer_backoff", ">= 0"), (dict(fail_threshold=0), "peer_fail_threshold", ">= 1"),
-           (dict(max_peers=0), "max_peers", ">= 1")]
+           (dict(max_peers=0), "max_peers", ">= 1"), (dict(probe_interval=-1.0), "peer_probe_interval", ">= 0"),
+           (dict(max_bytes=0), "max_peer_bytes", ">= 1"),
+           (dict(max_peers_per_identity=0), "max_peers_per_identity", ">= 1")]
     for kw, setting, rule in bad:
         with pytest.raises(ValueError) as e:
             PeerTable(t, clock, Deadlines(), **kw)
@@ -239,6 +241,8 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     (dict(parked_ring_share=float("nan")), 0, "parked_ring_share", "(0, 1]"),
     (dict(parked_ring_share=True), 0, "parked_ring_share", "(0, 1]"),
     (dict(parked_ring_share="0.5"), 0, "parked_ring_share", "(0, 1]"),
+    (dict(identity_ring_share=0), 0, "identity_ring_share", "(0, 1]"),
+    (dict(identity_ring_share=2.0), 0, "identity_ring_share", "(0, 1]"),
     (dict(), -1, "model.num_deepstack_embeddings", ">= 0"),
     (dict(), 1.5, "model.num_deepstack_embeddings", "integer"),
 ])
@@ -300,3 +304,19 @@ def test_a_port_is_0_to_65535_and_a_refusal_names_it():
     with pytest.raises(ValueError) as err:
         settings.port("bootstrap_port", "80")
     assert refusal(err, "bootstrap_port", "80", "integer")
+
+
+def test_register_refuses_a_bad_bootstrap_address_naming_the_argument():
+    clock = FakeClock()
+    ex = EncodeExecutor(EncodeManager(LoopbackTransport(clock), clock), TableTower(), "cpu", arena_bytes=4096)
+    for host, port, setting, rule, kind in (("h", 65536, "bootstrap_port", "0 to 65535", ValueError),
+                                             ("h", "80", "bootstrap_port", "integer", ValueError),
+                                             ("h", -1, "bootstrap_port", ">= 0", ValueError),
+                                             (b"h", 80, "bootstrap_host", "str", TypeError)):
+        with pytest.raises(kind) as err:
+            ex.register("r", host, port, 1)
+        assert str(err.value).startswith(f"{setting} ") and rule in str(err.value)
+        assert repr(port if setting == "bootstrap_port" else host) in str(err.value)
+    assert not ex.senders  # nothing of a refused call was kept
+    ex.register("r", "h", 65535, 1)
+    assert "r" in ex.senders

@@ -100,6 +100,25 @@ def test_the_gate_closes_while_a_send_within_every_bound_waits_for_bytes_and_ope
     assert rig.executor.can_take() and not rig.executor.has_deferred()
 
 
+def test_the_gate_closes_as_soon_as_execute_defers_a_send_for_bytes_not_at_the_next_tick():
+    # A loop may ask the gate right after `execute`: a send it just deferred for bytes closes it then.
+    rig = rig8()
+    sessions = [f"p{k}" for k in range(9)]
+    for s in sessions:
+        rig.transport.inject("hold", session=s)
+    run(rig, *(room(rig, k, sessions[k], "") for k in range(8)))
+    rig.executor.execute([room(rig, 8, sessions[8], "")])
+    assert rig.executor.deferred_requests() == ["req-8"] and not rig.executor.can_take()
+    # and a send deferred by a bound (a stuck receiver's peer holds half the ring) leaves it open then
+    rig = rig8()
+    rig.receiver("a")
+    rig.transport.inject("hold", session="a", count=1 << 30)
+    for k in range(4):
+        run(rig, room(rig, k, "a", "A"))
+    rig.executor.execute([room(rig, 4, "a", "A")])
+    assert rig.executor.deferred_requests() == ["req-4"] and rig.executor.can_take()
+
+
 # -- 2: quarantined extents count against the identity whose receivers caused them ------------------
 
 @pytest.mark.parametrize("fault", ["fail", "timeout"])
@@ -386,3 +405,52 @@ def test_a_share_table_without_a_clock_charges_and_forgets_nobody():
     a.charge(-ITEM_COST)
     assert a.held == 0 and a.idle
     assert not shares.idle_since and shares.forget_idle() == 0 and shares.of("A") is a
+
+
+def test_a_manager_without_an_executor_bounds_no_identity():
+    # A bare manager (its own placeholder table, no ring to size a share by): however much two
+    # identities' rooms hold, no room of either is held back by identity.
+    from types import SimpleNamespace
+
+    from helpers import managed
+
+    _clock, _t, m = managed()
+    for k, key in ((1, "A"), (2, "B"), (3, "A")):
+        m.bind_sender(k, key)
+    m.holds.hold(1, 1 << 20, extent=SimpleNamespace())
+    m.holds.hold(2, 1 << 20, extent=SimpleNamespace())
+    assert m.holds.shares.of("A").held == 1 << 20
+    assert not m.holds.held_back(3, 1 << 20)
+    assert m.holds.shares.cap is None
+
+
+@pytest.mark.parametrize("idle_s", [0, 0.5])
+def test_a_share_table_may_forget_at_once_or_within_a_second(idle_s):
+    # idle_s is a duration >= 0: 0 forgets an idle identity at the next look, a fraction of a second
+    # is as good a horizon as any; only a negative one is refused.
+    from epd_ring.executor.core.shares import Shares
+
+    now = [0.0]
+    shares = Shares(8 * ITEM_COST, 4, clock=lambda: now[0], idle_s=idle_s)
+    shares.of("A")
+    now[0] = idle_s
+    assert shares.forget_idle() == 1
+    with pytest.raises(ValueError):
+        Shares(8 * ITEM_COST, 4, idle_s=-0.1)
+
+
+def test_one_identity_has_the_whole_ring_and_queue_and_two_have_half_each_at_least_one():
+    from epd_ring.executor.core.shares import Shares
+
+    shares = Shares(3, 1)
+    shares.of("A")
+    assert shares.cap is None and shares.queue_cap == 1
+    shares.of("B")
+    assert shares.cap == 1 and shares.queue_cap == 1  # half of 3 B rounds down; never below 1
+    shares = Shares(1, 9)
+    shares.of("A"), shares.of("B"), shares.of("C")
+    assert shares.cap == 1 and shares.queue_cap == 3
+    assert Shares(100, 10, fraction=1.0).queue_cap == 10 and Shares(100, 10, fraction=1.0).cap is None
+    alone = Shares(100, 0)  # no deferred place at all (max_deferred=0): one identity alone has none either
+    alone.of("A")
+    assert alone.queue_cap == 0 and alone.over_queue() is None

@@ -175,10 +175,11 @@ def test_a_write_the_transport_names_overdue_fails_its_room_now_and_keeps_its_ex
     m.register_receiver(rig.frame(1, "a", 2))
     rig.send(1)
     (handle,) = t.held
+    rig.executor.pump.sources.append(lambda: 3)  # a control plane's three frames: the tick counts more than one part
     named += [handle, handle]  # named twice: the core acts once
-    m.poll()
+    assert m.poll() == 3 + 1  # the frames and the write named overdue
     assert reason_kind(m, 1) is ReasonKind.WRITE_TIMED_OUT and "a" in reason_text(m, 1).split()
-    m.poll()
+    assert m.poll() == 3  # named again: already overdue, not counted again
     clock.advance(30.0)
     m.poll()  # the core's own deadline does not fire again
     assert m.stats["write_deadlines"] == 1

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 _NOT_OPEN = "room not open to this receiver"
 _NOT_YOURS = "session is another receiver's (its own memory names another key)"
 _TOO_LATE = "room already concluded without this receiver"
+_CLAIMED = "session belongs to another receiver"
 
 
 class Admission:
@@ -78,7 +79,7 @@ class Admission:
         if claimed not in (None, identity) and proven is None and not self.proves:
             # Another identity's session: no reply at all, since any reply would be addressed
             # by that session (a confused deputy is what this refuses).
-            return self.foreign(frame, "session belongs to another receiver", tell=False)
+            return self.foreign(frame, _CLAIMED, tell=False)
         room = m.rooms.get(frame.room)
         tomb = m.tombs.get(frame.room) if room is None else None
         owner = room.owner if room is not None else (tomb.owner if tomb is not None else None)
@@ -130,9 +131,10 @@ class Admission:
             peer = m.peers.contact(session, identity)
         if peer is None or peer.state == "down":
             if peer is None:
-                mine = m.peers.per_identity[identity] >= m.peers.max_peers_per_identity
-                why_down = Reason(ReasonKind.CAPACITY, f"too many peers to add {frame.session}" + (
-                    f" (this receiver key has {m.peers.max_peers_per_identity})" if mine else ""))
+                # which bound the refusal names: wording (the kind is capacity either way)
+                mine = m.peers.per_identity[identity] >= m.peers.max_peers_per_identity  # pragma: no mutate
+                key = f" (this receiver key has {m.peers.max_peers_per_identity})" if mine else ""  # pragma: no mutate
+                why_down = Reason(ReasonKind.CAPACITY, f"too many peers to add {frame.session}{key}")
             else:
                 why_down = Reason(ReasonKind.PEER_DOWN, down_reason(peer))
             m.fail(room, why_down, extra=frame)

@@ -349,13 +349,13 @@ class EncodeExecutor:
         self.manager.fail_room(sender.room, reason)
 
     def _offer_safely(self, rid: Any, item: Any) -> None:
-        # The last line of defence for one bad item: whatever it raises fails its
-        # own room, never the loop. A try costs nothing when nothing is raised.
+        # The last defence for one bad item: what it raises fails its own room, never the loop (a try is free).
         try:
             self.staging.offer(rid, item)
         except Exception as exc:
             self.stats["items_refused"] += 1
-            self._fail_request(rid, Reason(ReasonKind.ITEM, f"item could not be sent: {type(exc).__name__}: {exc}"))
+            why = f"item could not be sent: {type(exc).__name__}: {exc}"  # pragma: no mutate (wording)
+            self._fail_request(rid, Reason(ReasonKind.ITEM, why))
 
     # the tick --------------------------------------------------------------
     def poll(self) -> int:

@@ -144,7 +144,7 @@ class Ring:
             return None
         deep_offset = -1
         if deep_nbytes:
-            assert self.deep_arena is not None, "deepstack bytes for a ring without a deepstack arena"
+            assert self.deep_arena is not None  # the executor gives a ring for deepstack rows their arena
             got = self.deep_arena.alloc(deep_nbytes)
             if got is None:
                 self.main_arena.free(offset)  # both or neither

@@ -92,7 +92,7 @@ class Staging:
         self.copies: deque[tuple[Any, Sender, Chunk]] = deque()
         self._copy_fence = copy_fence
         self._host_copy = host_copy
-        self._head_waits = False  # the deferred queue's head waits for bytes (set by serve_deferred)
+        self._head_waits = False  # the queue's head waits for bytes (set by serve_deferred, and offer)
 
     def offer(self, rid: Any, item: Any) -> None:
         """Lease an extent for the item and stage it, or defer it; a failure fails its room."""
@@ -104,8 +104,8 @@ class Staging:
         room = sender.room
         manager = self.manager
         if sender.offered:
-            manager.fail_room(room, Reason(ReasonKind.PROTOCOL, f"request {sender.request_id!r} sent a second item; "
-                                                                "a room carries exactly one"))
+            why = f"request {sender.request_id!r} sent a second item; a room carries exactly one"  # pragma: no mutate
+            manager.fail_room(room, Reason(ReasonKind.PROTOCOL, why))
             return
         sender.offered = True
         # Settle what can be settled now, before the item waits for an extent.
@@ -123,10 +123,9 @@ class Staging:
             self.serve_deferred()  # deferred sends are served before new ones
         # Deferred sends that serve_deferred passed over wait on a bound (their identity's share, their
         # receivers' peers'), not the bytes; only a head that waits for bytes keeps this item behind it.
-        extent = None
         cost = self.ring.extent_cost(checked[1], checked[3])  # what the shares and a peer's bound count
-        if not (shares.deferred and self._head_waits) and not self.holds.held_back(room, cost):
-            extent = self.ring.lease(checked[1], checked[3])
+        tried = not (shares.deferred and self._head_waits) and not self.holds.held_back(room, cost)
+        extent = self.ring.lease(checked[1], checked[3]) if tried else None
         if extent is None:
             share = self.holds.share_of(room)
             if len(share.queue) >= shares.queue_cap or (
@@ -142,6 +141,8 @@ class Staging:
                 if isinstance(item.encoded_deepstack, torch.Tensor):
                     item.encoded_deepstack = item.encoded_deepstack.clone()
             shares.defer(share, (rid, item))
+            if tried:  # within every bound, no extent for it: it waits for bytes, as serving it would find
+                self._head_waits = True
             self.stats["deferred"] += 1
             if self.life.observer is not None:
                 self.life.observer.deferred(room)
