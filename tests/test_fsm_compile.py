@@ -172,3 +172,14 @@ def test_the_compiled_plans_go_where_step_goes_and_run_the_actions_a_step_runs(c
         want = ((f"enter {dest}",) if dest != state else ()) + (f"on {event}",)
         assert plans[state, event][1] == want, (state, event)
     assert plans  # every machine here has unguarded steps
+
+
+def test_a_state_or_event_the_coupling_tables_leave_out_has_no_actions_in_its_plan(compiled):
+    _, compiled = compiled
+    # fsm/couplings.py lists only the states and events that have actions: a plan for any other runs none
+    plans = compiled.plans({}, {})
+    assert plans and all(acts == () for _, acts in plans.values())
+    entered = next(dest for (state, _), (dest, _) in plans.items() if dest != state)
+    plans = compiled.plans({entered: ("enter",)}, {})
+    for (state, event), (dest, acts) in plans.items():
+        assert acts == (("enter",) if dest == entered != state else ()), (state, event)

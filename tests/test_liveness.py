@@ -11,7 +11,8 @@ import pytest
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import liveness
 from epd_ring.models.explore import explore
-from epd_ring.models.spec import CONCLUDED, INFL, RS, SND, Config
+from epd_ring.models.spec import CONCLUDED, INFL, RS, SND, Config, Spec
+from epd_ring.models.state import Step
 
 CFG = Config(cells=1, rooms=2, receivers=2, faults=1, sizes=(1,))
 # The smallest bound that shows a write never reported: one room, one receiver, no faults.
@@ -97,3 +98,39 @@ def test_without_reap_in_f4_a_concluded_rooms_sender_is_never_reaped(engine, mon
     last = r.violations["sender-never-reaped"].trace[-1][1]
     assert liveness.judge(last)[0] == "sender-never-reaped"
     assert all(room[RS] in CONCLUDED for room in last[0]) and any(room[SND] == 1 for room in last[0])
+
+
+# -- fair shares: whose an event is, and which identity is starved (liveness.subject, liveness.starved) --------
+SHARES = Config(cells=2, rooms=3, receivers=1, faults=0, sizes=(1,), identities=2)  # rooms 0, 1: identity 0; 2: 1
+
+
+def _shares_state(began=(), cells=None):
+    """SHARES' initial state with the rooms in `began` registered, and the cells given."""
+    state = Spec(SHARES).initial()
+    rooms = tuple(r[:RS] + ("registered", 1) + r[SND + 1:] if i in began else r for i, r in enumerate(state[0]))
+    return (rooms, state[1] if cells is None else cells, *state[2:])
+
+
+def test_a_quarantines_end_belongs_to_the_identity_its_cell_is_charged_to_and_a_rooms_event_to_its_owner():
+    state = _shares_state(cells=(("quarantined", -3, True, 1), ("quarantined", 2, True, 1)))
+    assert liveness.subject(state, ("release", 0)) == 1  # no room covers it: charged to identity 1 (-2 - 1)
+    assert liveness.subject(state, ("release", 1)) == 1  # room 2's bytes: its owner's
+    state = _shares_state(cells=(("quarantined", -2, True, 1), ("quarantined", 0, True, 1)))
+    assert liveness.subject(state, ("release", 0)) == liveness.subject(state, ("release", 1)) == 0
+    assert [liveness.subject(state, ("tower", i, 1)) for i in range(3)] == [0, 0, 1]
+    assert liveness.subject(state, ("serve",)) is None  # the encode loop's: everyone's
+
+
+def test_an_identity_is_starved_whatever_the_identities_judged_before_it():
+    fair = liveness.fair_events("project")
+    # identity 0 has no room that began: identity 1's room, with no fair event of its own, is starved
+    state = _shares_state(began=(2,))
+    steps = [Step(("frame", 0), state), Step(("register", 1), state), Step(("frame", 2), state)]
+    assert liveness.starved(state, steps, fair, 2)[0] == "identity-starved"
+    # identity 0's room has a fair event of its own; identity 1's has none
+    state = _shares_state(began=(0, 2))
+    steps = [Step(("tower", 0, 1), state), Step(("frame", 2), state)]
+    assert liveness.starved(state, steps, fair, 2)[0] == "identity-starved"
+    # each has one (the encode loop's events are everyone's): nobody is starved
+    assert liveness.starved(state, [*steps, Step(("tower", 2, 1), state)], fair, 2) is None
+    assert liveness.starved(state, [*steps, Step(("serve",), state)], fair, 2) is None

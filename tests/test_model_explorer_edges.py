@@ -99,6 +99,20 @@ def test_represented_is_a_whole_number_of_states():
     assert type(r.represented) is int and r.represented == 960
 
 
+def test_with_identities_orbit_size_counts_the_relabellings_within_each_identitys_rooms():
+    # two rooms of identity 0 and one of identity 1: only the first two may swap (Spec.owners)
+    cfg = Config(2, 3, 1, 1, identities=2)
+    owners = Spec(cfg).owners()
+    perms = [p for p in itertools.permutations(range(cfg.rooms))
+             if all(owners[p[i]] == owners[i] for i in range(cfg.rooms))]
+    sizes = set()
+    for state in walked_states(cfg, 10, 20, seed=3):
+        n = orbit_size(state)
+        assert n == len({relabel(state, p) for p in perms}) and type(n) is int
+        sizes.add(n)
+    assert sizes == {1, 2}
+
+
 # -- the transition checks -------------------------------------------------------------------------
 def _with_status(state: tuple, i: int, rs: str) -> tuple:
     rooms = list(state[0])
@@ -165,6 +179,32 @@ def test_max_states_stops_after_the_state_that_reaches_it():
 def test_stop_at_first_returns_the_result_with_its_violation():
     r = explore(Config(1, 2, 1, 1, variant="busy-wait"), stop_at_first=True)
     assert isinstance(r, Result) and list(r.violations) == ["deadlock"]
+
+
+def test_an_identity_starved_is_reported_at_the_first_state_found_so_its_trace_is_the_shortest():
+    # without a write deadline identity 0's own unreported write keeps its room: starved (nothing assumed fair of
+    # the transport) from the first state its write is in flight, and in many deeper states after it
+    cfg = Config(2, 2, 1, 0, variant="no-write-deadline", sizes=(1,), identities=2)
+    v = explore(cfg).violations["identity-starved"]
+    assert [e for e, _ in v.trace[1:]] == [("register", 0), ("frame", 0), ("tower", 0, 1), ("copied", 0)]
+
+
+def test_a_step_back_into_a_state_already_seen_is_a_model_cycle_whose_trace_ends_with_that_step(monkeypatch):
+    # a spec with a cycle (a made-up event from every later state back to the initial one): the explorer
+    # reports the first step that closes it, its trace rebuilt up to that step into the known state
+    cfg = Config(1, 1, 1, 0)
+    successors = Spec.successors
+
+    def with_a_way_back(spec, state):
+        out = successors(spec, state)
+        return out + [Step(("back",), spec.initial())] if state != spec.initial() else out
+
+    monkeypatch.setattr(Spec, "successors", with_a_way_back)
+    v = explore(cfg).violations["model-cycle"]
+    (event, state), (before_event, before) = v.trace[-1], v.trace[-2]
+    assert event == ("back",) and state == Spec(cfg).initial() and v.detail == "on back"
+    assert before_event[0] != "back" and before != state
+    assert [e for e, _ in v.trace].count(("back",)) == 1
 
 
 class Ticks:

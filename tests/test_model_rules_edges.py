@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import pytest
 
+from epd_ring.fsm import couplings
 from epd_ring.models.explore import canonical, explore
 from epd_ring.models.promela import EVENTS
+from epd_ring.models.rules import Rules
 from epd_ring.models.spec import Config, Spec
-from epd_ring.models.state import CH_HELD, CH_SENT, REL
+from epd_ring.models.state import CH_HELD, CH_SENT, CONTENT, REL, SS
 
 C = Config
 
@@ -126,3 +128,33 @@ def test_the_seed_reuses_a_cell_once_its_bytes_room_concluded_unless_its_chunk_i
     ring = Spec(C(1, 2, 1, 1, variant="seed")).ring
     rooms = (_room(rs, ch), _room("registered", 0))
     assert ring.leasable(rooms, (("free", 0, False, 1), ("free", -1, False, 1))) == [reusable, True]
+
+
+def test_a_freed_cell_forgets_whose_bytes_it_held_and_a_busy_one_stays_charged_to_its_identity():
+    # with identities a busy cell no room covers keeps the identity it is charged to until it is free (Events._emit,
+    # models/shares.py); once free it holds nobody's bytes, so states that differ only in stale charges are one
+    freed = set()
+    for state, step in _steps(C(1, 2, 1, 1, regions=False, sizes=(1,), identities=2)):
+        for before, after in zip(state[1], step.state[1]):
+            assert after[SS] != "free" or after[CONTENT] == -1, (step.event, after)
+            if before[SS] != "free" and before[CONTENT] < -1:
+                if after[SS] == "free":
+                    freed.add(before[CONTENT])
+                else:
+                    assert after[CONTENT] == before[CONTENT], (step.event, before, after)
+    assert freed == {-2, -3}  # each identity's charged cell was freed somewhere
+
+
+def test_a_changed_table_runs_its_actions_on_the_move_it_names_with_the_event_that_moved_it(monkeypatch):
+    # fsm/couplings.py decides what follows a move (an extent's entry into a state, a room's event): each action is
+    # `_<action>(draft, index, cause)`, the cause the event that moved it, as the Promela model's `inline`s get it
+    calls = []
+    monkeypatch.setattr(Rules, "_resume_rooms", lambda self, d, index, cause: calls.append((index, cause)))
+    monkeypatch.setitem(couplings.ON_ENTER, ("extent", "copying"), ("resume_rooms",))
+    monkeypatch.setitem(couplings.ON_EVENT, ("room", "bind_sender"), ("resume_rooms",))
+    spec = Spec(C(1, 1, 1, 0, sizes=(1,)))
+    state = spec.initial()
+    for event in [("register", 0), ("tower", 0, 1)]:
+        calls.clear()
+        state = next(st.state for st in spec.successors(state) if st.event == event)
+        assert calls == [(0, "bind_sender" if event[0] == "register" else "lease")], event
