@@ -624,6 +624,17 @@ def test_the_cores_poll_counts_the_copies_it_finished_and_the_deadlines_it_fired
     assert manager.room_status(2) == "failed"
 
 
+def _send_one(transport, ex) -> None:
+    """Room 1 with one receiver "p" on `transport`, its request "r" registered and its item executed."""
+    rcv = transport.add_receiver("p")
+    buf = torch.zeros(2, 8)
+    rcv.register(buf)
+    from epd_ring.executor import ReceiverFrame
+    ex.manager.register_receiver(ReceiverFrame(1, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
+    ex.register("r", "h", 1, 1)
+    ex.execute([("r", EncodeItem("image", 2, meta={"seed": 3}))])
+
+
 def test_a_pump_given_its_own_transport_does_every_effect_and_poll_through_it():
     # A driver may hand the pump a wrapper of the manager's transport (one that counts, times or guards
     # each call): the writes, notices and polls then all go through the wrapper, none around it.
@@ -644,13 +655,7 @@ def test_a_pump_given_its_own_transport_does_every_effect_and_poll_through_it():
 
     ex = drive(EncodeExecutor(EncodeManager(inner, clock), TableTower(), "cpu", ring_slots=2, ring_bytes=1024),
                Counting())
-    rcv = inner.add_receiver("p")
-    buf = torch.zeros(2, 8)
-    rcv.register(buf)
-    from epd_ring.executor import ReceiverFrame
-    ex.manager.register_receiver(ReceiverFrame(1, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
-    ex.register("r", "h", 1, 1)
-    ex.execute([("r", EncodeItem("image", 2, meta={"seed": 3}))])
+    _send_one(inner, ex)
     ex.poll()
     assert ex.manager.room_status(1) == "success"
     assert calls.get("submit_write") == 1 and calls.get("poll", 0) >= 1 and calls.get("notify", 0) >= 1
@@ -665,13 +670,7 @@ def test_a_ticks_count_adds_its_sources_the_copies_it_finished_and_the_outcomes_
                         copy_fence=Fence)
     pump = Pump(ex)
     pump.sources.append(lambda: 3)  # a control plane that handled three frames
-    rcv = transport.add_receiver("p")
-    buf = torch.zeros(2, 8)
-    rcv.register(buf)
-    from epd_ring.executor import ReceiverFrame
-    ex.manager.register_receiver(ReceiverFrame(1, "p", buf.data_ptr(), 0, 2, 0, 2, 8, "torch.float32", False, 1))
-    ex.register("r", "h", 1, 1)
-    ex.execute([("r", EncodeItem("image", 2, meta={"seed": 3}))])
+    _send_one(transport, ex)
     pump.flush()
     assert pump.tick() == 3  # the sources' only: the copy is under way
     Fence.done = True
