@@ -208,7 +208,11 @@ class ConnectionGuard:
         past `per_key` connections, shut down the one of its connections heard from least recently.
         Only the key's own connections are ever shut down here."""
         if self.live.get(fd, ("",))[0] != source:
-            return  # a descriptor the events have not shown us (yet): bound by a later message
+            # Its acceptance is queued before its first message, but may still wait in the monitor's
+            # queue (a poll out of time on a loaded machine): read it now, so the first message binds.
+            self.poll()
+            if self.live.get(fd, ("",))[0] != source:
+                return  # a descriptor the events have not shown us: bound by a later message
         now = time.monotonic()
         bound = self.key_of.get(fd)
         if bound is not None:
