@@ -158,17 +158,7 @@ def test_a_new_incarnation_fails_the_rooms_of_the_one_before_and_every_region_co
 
 def test_a_receiver_that_loses_its_encoder_past_its_bound_fails_its_rooms_and_takes_its_regions_back(receiver):
     s, r, now = receiver
-    r.expect(9, span=4, hidden=8)
-    r.register(9)
-    s.pump(lambda: s.manager.room_status(9) == "announced", timeout=30, poll=lambda: both(s.manager.poll, r))
-    s.control.close()  # the encoder is gone (closed again, harmlessly, at teardown)
-    s.pump(lambda: r._lost_since is not None, timeout=30, poll=lambda: r.poll(5))
-    # Its listening socket closes in zmq's own thread: on a loaded machine the receiver may reconnect in
-    # that window and lose that connection again later, after the test's own connections were made. These
-    # tests are about what the first loss leaves, so the receiver hears of no connection after it.
-    r.push.disable_monitor()
-    while r._handshakes.poll(0):
-        r._handshakes.recv_multipart()
+    _lose_the_encoder(s, r, 9)
     now[0] += 59.0
     r.poll()
     assert r.regions[9].state == "offered" and r.status == {}  # within its bound: kept
