@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Calls, make_rig, reason_kind
+from helpers import Calls, make_rig, managed, reason_kind
 
 from epd_ring.executor import Outcome
 from epd_ring.executor.core.reasons import ReasonKind
@@ -411,8 +411,6 @@ def test_a_manager_without_an_executor_bounds_no_identity():
     # A bare manager (its own placeholder table, no ring to size a share by): however much two
     # identities' rooms hold, no room of either is held back by identity.
     from types import SimpleNamespace
-
-    from helpers import managed
 
     _clock, _t, m = managed()
     for k, key in ((1, "A"), (2, "B"), (3, "A")):
