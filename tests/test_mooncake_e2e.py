@@ -101,7 +101,7 @@ class EncodeSide:
     def __init__(self, deep: bool, *, extents: int = 8, park_timeout: float = 30.0, quarantine_s: float = 2.0,
                  write_timeout: float = 60.0, announce_timeout: float = 120.0, arena_bytes: int | None = None,
                  peer_ring_share: float = 0.5, peer_probe_interval: float | None = None,
-                 transport: str = "mooncake"):
+                 transport: str = "mooncake", **executor_kw: Any):
         # CURVE on, as in production: the encoder's keypair, and one prefill instance's
         # keypair shared by its receiver processes (its ranks).
         self.keypair = generate_keypair()
@@ -132,7 +132,7 @@ class EncodeSide:
         # twice-the-largest images.
         arena_bytes = extents * IMAGE_BYTES * 2 if arena_bytes is None else arena_bytes
         self.executor = drive(EncodeExecutor(manager, self.model, "cpu", arena_bytes=arena_bytes,
-                                             peer_ring_share=peer_ring_share))
+                                             peer_ring_share=peer_ring_share, **executor_kw))
         self.manager = self.executor.manager
         self.control.attach(self.executor.pump)  # frames are read on every tick
         self.expected: dict[int, torch.Tensor] = {}
@@ -281,6 +281,46 @@ def test_images_across_processes_with_fanout_and_late_registration(deep, transpo
             unsent = {str(r) for r, p in plans.items() if p[1] == "partial" and rcv is b}
             left = {k for k, v in reports[rcv]["open_regions"].items() if v != "written"}
             assert left == unsent, reports[rcv]["open_regions"]
+    finally:
+        a.close()
+        b.close()
+        enc.close()
+
+
+@over_each_transport
+def test_an_item_spanning_two_runs_of_the_arena_reaches_both_receivers_whole(transport):
+    """Deepstack rows too: each receiver's one write carries a buffer per piece of either half."""
+    quarter = 16 * 64 * 4  # a 32 x 32 image: 16 merged tokens of 64 float32
+    enc = EncodeSide(True, transport=transport, arena_bytes=4 * quarter, max_pieces=4, parked_ring_share=1.0)
+    a, b = enc.receiver(), enc.receiver()
+    key = enc.instance[0].decode()
+    try:
+        g = torch.Generator().manual_seed(5)
+        # four quarter-arena items whose receivers never register (parked), then the first and third
+        # fail: the free bytes are two quarters apart
+        for room in range(40_001, 40_005):
+            enc.executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=key)
+            enc.executor.execute([(f"r{room}", EncodeItem("image", 16, pixel_values=torch.randn(3, 32, 32,
+                                                                                                  generator=g)))])
+        enc.executor.fail_rooms(["r40001", "r40003"], "gone")
+        assert enc.executor.ring.main_arena.largest_free == quarter
+        room, item = 40_005, EncodeItem("image", 32, pixel_values=torch.randn(3, 64, 32, generator=g))
+        for rcv in (a, b):  # both receivers take every row: each write crosses from one piece to the next
+            rcv.ask(cmd="expect", room=room, span=32, hidden=enc.hidden, deep=enc.deep_width, n=2, rank=0,
+                    shard=False)
+            rcv.ask(cmd="register", rooms=[room])
+        enc.executor.register(f"r{room}", "127.0.0.1", 0, room, receiver=key)
+        enc.executor.execute([(f"r{room}", item)])
+        enc.expected[room] = torch.cat([item.encoded, item.encoded_deepstack], 1)
+        assert enc.manager.stats["spanned"] == 1
+        enc.settle([room])
+        assert enc.manager.room_status(room) == "success", enc.manager.failure_reason(room)
+        for rcv in (a, b):
+            report = rcv.ask(cmd="report", wait_rooms=[room], timeout=20)
+            assert report["digest"][str(room)] == enc.digest(room, 0, 32)
+            assert report["protocol_errors"] == []
+        enc.executor.fail_rooms(["r40002", "r40004"], "done")
+        assert enc.poll_until(lambda: enc.executor.ring.live == 0)
     finally:
         a.close()
         b.close()

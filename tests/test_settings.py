@@ -243,6 +243,10 @@ def test_peer_table_settings_are_checked_by_name_and_default_like_the_manager():
     (dict(parked_ring_share="0.5"), 0, "parked_ring_share", "(0, 1]"),
     (dict(identity_ring_share=0), 0, "identity_ring_share", "(0, 1]"),
     (dict(identity_ring_share=2.0), 0, "identity_ring_share", "(0, 1]"),
+    (dict(max_pieces=0), 0, "max_pieces", "from 1 to 8"),  # the ring's own check
+    (dict(max_pieces=9), 0, "max_pieces", "from 1 to 8"),
+    (dict(max_pieces=2.0), 0, "max_pieces", "integer"),
+    (dict(max_pieces=True), 0, "max_pieces", "integer"),
     (dict(), -1, "model.num_deepstack_embeddings", ">= 0"),
     (dict(), 1.5, "model.num_deepstack_embeddings", "integer"),
 ])

@@ -352,3 +352,31 @@ class Arena:
             if free.get(s) == -n:
                 return s
             heappop(heap)
+
+
+def span(arena: Arena, nbytes: int, most: int) -> list[tuple[int, int]] | None:
+    """(offset, bytes) of up to `most` pieces, each a new extent, that together hold `nbytes` in the
+    item's order (one if a free extent holds it: the caller tries `alloc` first); None if they cannot.
+
+    The largest free extents go whole while what is left of the item fits none; the last piece is
+    the best fit for the rest. Largest first takes the fewest pieces there can be, so this fails
+    only when the `most` largest free extents together are too small. Nothing is taken on failure."""
+    if arena.free_bytes < arena.units(nbytes) * arena.align:
+        return None
+    pieces: list[tuple[int, int]] = []
+    rest = nbytes
+    while len(pieces) < most - 1:
+        largest = arena.largest_free
+        if largest >= rest:  # the rest fits one free extent: its best fit ends the item
+            break
+        at = arena.alloc(largest)
+        assert at is not None  # the largest free extent, taken whole
+        pieces.append((at, largest))
+        rest -= largest
+    at = arena.alloc(rest)
+    if at is None:  # more than `most` pieces would be needed: give back what was taken
+        for offset, _ in pieces:
+            arena.free(offset)
+        return None
+    pieces.append((at, rest))
+    return pieces

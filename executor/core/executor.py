@@ -197,12 +197,12 @@ class EncodeExecutor:
         peer_ring_share: float = 0.5,
         parked_ring_share: float = 0.5,
         identity_ring_share: float | None = None,
+        max_pieces: int = 1,
     ):
         arena_bytes, max_item_bytes, old_extents = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
             settings.count("max_deferred", max_deferred, 0)
-        self.manager = manager
-        self.model = multimodal_model
+        self.manager, self.model = manager, multimodal_model
         self.device = torch.device(device)
         n_deep = settings.count("model.num_deepstack_embeddings",
                                 getattr(multimodal_model, "num_deepstack_embeddings", 0) or 0, 0)
@@ -215,7 +215,7 @@ class EncodeExecutor:
             if not n_deep:
                 deep_arena_bytes = 0  # no deepstack rows to hold
         self.ring = Ring(manager.transport, arena_bytes, self.device, deep_bytes=deep_arena_bytes,
-                         actions=manager.actions, max_item_bytes=max_item_bytes)
+                         actions=manager.actions, max_item_bytes=max_item_bytes, max_pieces=max_pieces)
         max_deferred = (8 * (old_extents or 64)) if max_deferred is None else max_deferred
         holds = manager.holds
         # One receiver's peer may hold at most this share of the arenas' bytes (unless the manager was
@@ -473,7 +473,8 @@ def _text_dump(ring: Ring, deferred: int, rooms: dict[int, dict[str, Any]], peer
         extra = f" room={s.room}" if s.room is not None else ""  # pragma: no mutate (a dump's wording)
         if s.writes_in_flight:
             extra += f" writes={s.writes_in_flight}"
-        lines.append(f"  extent {s.index} @{s.offset}+{s.nbytes}: {s.state}{extra}")
+        at = ",".join(f"@{o}+{n}" for o, n in s.pieces) if s.pieces else f"@{s.offset}+{s.nbytes}"
+        lines.append(f"  extent {s.index} {at}: {s.state}{extra}")
     if ring.retired:
         lines.append("  retired")  # pragma: no mutate (a dump's wording)
     for rid, info in sorted(rooms.items()):

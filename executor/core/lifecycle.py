@@ -25,9 +25,9 @@ from .peers import Peer, PeerTable, down_reason
 from .reasons import Reason, ReasonKind
 from .regions import RegionBook
 from .ring import Extent
-from .rooms import Room
+from .rooms import Room, chunk_writes
 from .tombstones import Tombstone
-from .transport import Buf, Outcome
+from .transport import Outcome
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -187,15 +187,7 @@ class Lifecycle:
                 # (`resume_rooms` or `fail_rooms` ends it).
                 self.stats["waits_for_peer"] += 1
                 return
-        writes: list[tuple[ReceiverFrame, tuple[Buf, ...]]] = []
-        rb, drb = chunk.row_bytes, chunk.deep_row_bytes
-        for f in frames:
-            n = f.n_tokens
-            if not n:
-                continue  # a zero-row shard only counts toward N
-            main = (chunk.src + f.row_start * rb, f.dst_ptr, n * rb)
-            writes.append((f, ((main, (chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb)) if drb
-                               else (main,))))
+        writes = chunk_writes(chunk, frames)
         room.chunk = None
         extent = chunk.extent
         if not writes:

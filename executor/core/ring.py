@@ -23,9 +23,10 @@ import torch
 from epd_ring.fsm import EXTENT
 from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
 
-from .arena import Arena
+from .arena import Arena, span
 
 _ALIGN = 64
+MAX_PIECES = 8  # a write carries a buffer per piece and receiver: a few, not many
 _EXTENT_ACTIONS = {a for (machine, _), acts in (*ON_ENTER.items(), *ON_EVENT.items())
                    if machine == "extent" for a in acts}
 _UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda extent: None for a in _EXTENT_ACTIONS}
@@ -33,10 +34,14 @@ _UNCOUPLED: dict[str, Callable[[Any], None]] = {a: lambda extent: None for a in 
 
 class Extent:
     """One item's bytes in the ring: `nbytes` at `offset` of the main arena (and `deep_nbytes` at
-    `deep_offset` of the deepstack arena, or -1 and 0). `index` numbers leases, for logs."""
+    `deep_offset` of the deepstack arena, or -1 and 0). `index` numbers leases, for logs.
+
+    A spanning extent (the ring's `max_pieces` > 1, no free run of the arena large enough) has its
+    bytes in several pieces, each its own run of the arena: `pieces` (and `deep_pieces`) hold
+    (offset, bytes) of each in the item's order, `offset` the first's; empty when it is one run."""
 
     __slots__ = ("index", "offset", "nbytes", "deep_offset", "deep_nbytes", "state", "ring", "room",
-                 "writes_in_flight", "unsure", "timer", "due", "share", "cost")
+                 "writes_in_flight", "unsure", "timer", "due", "share", "cost", "pieces", "deep_pieces")
 
     def __init__(self, index: int, ring: Ring, offset: int, nbytes: int, deep_offset: int = -1,
                  deep_nbytes: int = 0):
@@ -55,6 +60,8 @@ class Extent:
         # The identity's share it is charged to (shares.py) and how much, until it is free again.
         self.share: Any = None
         self.cost = 0
+        self.pieces: tuple[tuple[int, int], ...] = ()
+        self.deep_pieces: tuple[tuple[int, int], ...] = ()
 
     # guards named in the extent declaration
     def writes_pending(self) -> bool:
@@ -71,13 +78,18 @@ class Ring:
     """Main arena plus, for deepstack models, a deepstack arena; an extent leases from both."""
 
     def __init__(self, transport: Any, arena_bytes: int, device: Any = "cpu", deep_bytes: int = 0,
-                 actions: Mapping[str, Callable[[Any], None]] | None = None, max_item_bytes: int | None = None):
+                 actions: Mapping[str, Callable[[Any], None]] | None = None, max_item_bytes: int | None = None,
+                 max_pieces: int = 1):
         if arena_bytes < _ALIGN or arena_bytes % _ALIGN:
             raise ValueError(f"arena bytes must be a positive multiple of {_ALIGN}, got {arena_bytes}")
         if deep_bytes < 0 or deep_bytes % _ALIGN:
             raise ValueError(f"deepstack arena bytes must be a multiple of {_ALIGN}, got {deep_bytes}")
         if max_item_bytes is not None and max_item_bytes < 1:
             raise ValueError(f"max item bytes must be >= 1, got {max_item_bytes}")
+        if type(max_pieces) is not int or not 1 <= max_pieces <= MAX_PIECES:
+            raise ValueError(f"max_pieces must be an integer from 1 to {MAX_PIECES}, got {max_pieces!r}")
+        # Runs of the arena one extent may span when no free run holds it whole (1: never spans).
+        self.max_pieces = max_pieces
         self.device = torch.device(device)
         self.arena_bytes = arena_bytes
         self.deep_bytes = deep_bytes
@@ -140,18 +152,33 @@ class Ring:
         if self.retired:
             return None
         offset = self.main_arena.alloc(nbytes)
+        pieces: list[tuple[int, int]] | None = None
         if offset is None:
-            return None
+            if self.max_pieces == 1:
+                return None
+            pieces = span(self.main_arena, nbytes, self.max_pieces)
+            if pieces is None:
+                return None
+            offset = pieces[0][0]
         deep_offset = -1
+        deep_pieces: list[tuple[int, int]] | None = None
         if deep_nbytes:
             assert self.deep_arena is not None  # the executor gives a ring for deepstack rows their arena
             got = self.deep_arena.alloc(deep_nbytes)
+            if got is None and self.max_pieces > 1:
+                deep_pieces = span(self.deep_arena, deep_nbytes, self.max_pieces)
+                got = None if deep_pieces is None else deep_pieces[0][0]
             if got is None:
-                self.main_arena.free(offset)  # both or neither
+                for at, _ in pieces or ((offset, nbytes),):  # both or neither
+                    self.main_arena.free(at)
                 return None
             deep_offset = got
         self._leases += 1
         ext = Extent(self._leases, self, offset, nbytes, deep_offset, deep_nbytes)
+        if pieces is not None:
+            ext.pieces = tuple(pieces)
+        if deep_pieces is not None:
+            ext.deep_pieces = tuple(deep_pieces)
         self.extents[ext.index] = ext
         # `fire(ext, "lease")`, written out: a fresh extent is in the initial state, whose lease
         # is one unguarded edge (its compiled plan)
@@ -183,10 +210,15 @@ class Ring:
                 share.charge(-extent.cost)
                 extent.share = None
             if self.extents.pop(extent.index, None) is not None:
-                self.main_arena.free(extent.offset)
+                if extent.pieces:
+                    for at, _ in extent.pieces:
+                        self.main_arena.free(at)
+                else:
+                    self.main_arena.free(extent.offset)
                 if extent.deep_offset >= 0:
                     assert self.deep_arena is not None
-                    self.deep_arena.free(extent.deep_offset)
+                    for at, _ in extent.deep_pieces or ((extent.deep_offset, 0),):
+                        self.deep_arena.free(at)
         for action in actions:
             self.actions[action](extent)
         return dest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from .frames import ReceiverFrame
     from .ring import Extent
     from .shares import Share
+    from .transport import Buf
     from .writes import Write
 
 # Derived from the declaration: where a chunk may be handed over, and where a room waits
@@ -40,10 +42,53 @@ class Chunk:
     # Deepstack levels per row (its width over hidden); -1 when the width is no
     # multiple of hidden, which no frame can match.
     deep_levels: int = 0
+    # A spanning extent's pieces, as (address, bytes) in the item's order (`spread` maps a receiver's
+    # rows onto them); empty when the half is one run from `src` (or `deep_src`).
+    pieces: tuple[tuple[int, int], ...] = ()
+    deep_pieces: tuple[tuple[int, int], ...] = ()
 
     @property
     def has_deep(self) -> bool:
         return self.deep_row_bytes > 0
+
+
+def spread(pieces: tuple[tuple[int, int], ...], start: int, dst: int, nbytes: int) -> list[tuple[int, int, int]]:
+    """The (src, dst, bytes) buffers that write bytes [start, start + nbytes) of an item held in
+    `pieces` ((address, bytes) in the item's order) to `dst` onwards: one per piece they touch, so the
+    receiver's rows stay contiguous however the item was placed."""
+    bufs = []
+    at = 0  # the item's byte where this piece begins
+    end = start + nbytes
+    for ptr, size in pieces:
+        lo, hi = max(start, at), min(end, at + size)
+        if lo < hi:
+            bufs.append((ptr + lo - at, dst + lo - start, hi - lo))
+        at += size
+    return bufs
+
+
+def chunk_writes(chunk: Chunk, frames: Iterable[ReceiverFrame]) -> list[tuple[ReceiverFrame, tuple[Buf, ...]]]:
+    """Each receiver's write of its rows of the chunk: (frame, its buffers, main then deepstack); a
+    zero-row shard, which only counts toward N, gets none."""
+    writes: list[tuple[ReceiverFrame, tuple[Buf, ...]]] = []
+    rb, drb = chunk.row_bytes, chunk.deep_row_bytes
+    if chunk.pieces or chunk.deep_pieces:  # a spanning extent: a buffer per piece a receiver's rows touch
+        main = chunk.pieces or ((chunk.src, chunk.n_tokens * rb),)
+        deep = chunk.deep_pieces or ((chunk.deep_src, chunk.n_tokens * drb),)
+        for f in frames:
+            if f.n_tokens:
+                bufs = spread(main, f.row_start * rb, f.dst_ptr, f.n_tokens * rb)
+                if drb:
+                    bufs += spread(deep, f.row_start * drb, f.dst_deep_ptr, f.n_tokens * drb)
+                writes.append((f, tuple(bufs)))
+        return writes
+    for f in frames:
+        n = f.n_tokens
+        if n:
+            main_buf = (chunk.src + f.row_start * rb, f.dst_ptr, n * rb)
+            writes.append((f, ((main_buf, (chunk.deep_src + f.row_start * drb, f.dst_deep_ptr, n * drb)) if drb
+                               else (main_buf,))))
+    return writes
 
 
 class Room:

@@ -59,6 +59,41 @@ def _sizes(item: Any) -> tuple[int, int]:
                  for t in (getattr(item, "encoded", None), getattr(item, "encoded_deepstack", None)))
 
 
+def copy_into(host_copy: bool, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], extent: Extent,
+              src: torch.Tensor, nbytes: int) -> None:
+    """Copy `src`'s bytes to the extent's run at `dst_ptr` (a host memmove, else through its `view`)."""
+    if host_copy and src.is_cpu:
+        # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes (asked
+        # first: `resolve_neg` of a plain tensor costs five times `is_neg`).
+        if src.is_neg():
+            src = src.resolve_neg()
+        src = src.contiguous()
+        ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
+    else:
+        view(extent, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+
+
+def copy_pieces(host_copy: bool, arena: torch.Tensor | None, base: int, pieces: tuple[tuple[int, int], ...],
+                src: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """Copy `src`'s bytes into a spanning extent's pieces of `arena` (at `base`), in order; (address,
+    bytes) of each."""
+    if src.is_neg():
+        src = src.resolve_neg()
+    src = src.contiguous()
+    flat = None if host_copy and src.is_cpu else src.view(-1).view(torch.uint8)
+    at = 0  # the item's byte this piece begins with
+    out = []
+    for offset, n in pieces:
+        if flat is None:
+            ctypes.memmove(base + offset, src.data_ptr() + at, n)
+        else:
+            assert arena is not None  # the ring leased these pieces from it
+            arena[offset:offset + n].copy_(flat[at:at + n], non_blocking=True)
+        out.append((base + offset, n))
+        at += n
+    return tuple(out)
+
+
 @dataclass(slots=True)
 class Sender:
     request_id: Any
@@ -302,18 +337,6 @@ class Staging:
             raise TooLarge(f"{why}; raise arena_bytes (or deep_arena_bytes) or max_item_bytes")
         return enc, nbytes, deep, dbytes
 
-    def _copy(self, dst_ptr: int, view: Callable[[Extent, int], torch.Tensor], extent: Extent, src: torch.Tensor,
-              nbytes: int) -> None:
-        if self._host_copy and src.is_cpu:
-            # A lazily negated view keeps un-negated storage: resolve it before copying raw bytes (asked
-            # first: `resolve_neg` of a plain tensor costs five times `is_neg`).
-            if src.is_neg():
-                src = src.resolve_neg()
-            src = src.contiguous()
-            ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
-        else:
-            view(extent, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
-
     def _stage(self, sender: Sender, checked: Checked, extent: Extent, cost: int) -> None:
         room = sender.room
         manager = self.manager
@@ -323,16 +346,23 @@ class Staging:
         obs = self.life.observer
         if obs is not None:
             obs.copy_started(room)
+        pieces: tuple[tuple[int, int], ...] = ()
+        deep_pieces: tuple[tuple[int, int], ...] = ()
         try:
             src = ring.main_base + extent.offset  # ring.main_ptr(extent)
-            if self._host_copy and enc.is_cpu and not enc.is_neg() and enc.is_contiguous():
-                ctypes.memmove(src, enc.data_ptr(), nbytes)  # `_copy`'s host path for a plain tensor, inline
+            if extent.pieces:
+                pieces = copy_pieces(self._host_copy, ring.main, ring.main_base, extent.pieces, enc)
+            elif self._host_copy and enc.is_cpu and not enc.is_neg() and enc.is_contiguous():
+                ctypes.memmove(src, enc.data_ptr(), nbytes)  # `copy_into`'s host path for a plain tensor, inline
             else:
-                self._copy(src, ring.main_view, extent, enc, nbytes)
+                copy_into(self._host_copy, src, ring.main_view, extent, enc, nbytes)
             deep_src = deep_rb = levels = 0
             if deep is not None:
                 deep_src = ring.deep_ptr(extent)
-                self._copy(deep_src, ring.deep_view, extent, deep, dbytes)
+                if extent.deep_pieces:
+                    deep_pieces = copy_pieces(self._host_copy, ring.deep, ring.deep_base, extent.deep_pieces, deep)
+                else:
+                    copy_into(self._host_copy, deep_src, ring.deep_view, extent, deep, dbytes)
                 deep_rb = deep.shape[1] * deep.element_size()
                 levels, rest = divmod(deep.shape[1], enc.shape[1]) if enc.shape[1] else (-1, 0)
                 if rest or deep.dtype != enc.dtype:
@@ -341,10 +371,12 @@ class Staging:
             ring.fire(extent, "abandon")
             manager.fail_room(room, Reason(ReasonKind.ITEM, f"staging failed: {exc}"))
             return
+        if pieces or deep_pieces:
+            self.stats["spanned"] += 1  # items staged across several runs of an arena
         rows, hidden = enc.shape
         dtype = enc.dtype
         chunk = Chunk(extent, rows, hidden, _DTYPE_NAMES.get(dtype) or _dtype_name(dtype),
-                      nbytes // rows if rows else 0, src, deep_src, deep_rb, levels)
+                      nbytes // rows if rows else 0, src, deep_src, deep_rb, levels, pieces, deep_pieces)
         extent.room = room
         if self._copy_fence is not None:
             # The write must not read the extent before the copy into it has finished.

@@ -305,50 +305,26 @@ def _ours(capacity: int) -> Allocator:
 
 
 class Spanning:
-    """Ours, with an item spanning up to `most` extents when no single free extent fits it.
-
-    What issue 33 proposes (a write already carries a list of buffers; the receiver still sees
-    contiguous rows), simulated here only, not in the core: best fit first; if that fails and the
-    free bytes suffice, take the largest free extent whole while the rest does not fit one, then
-    the rest by best fit, up to `most` pieces (else nothing is taken). An item is freed whole.
+    """Ours, with an item spanning up to `most` pieces when no single free extent fits it: the core's
+    own `Arena.span`, as a ring with `max_pieces` leases (the largest free extents whole while the
+    rest fits none, then the best fit for the rest; nothing is taken when more pieces are needed).
+    An item is freed whole.
     """
 
     def __init__(self, capacity: int, most: int = 4):
-        from epd_ring.executor.core.arena import Arena
+        from epd_ring.executor.core.arena import Arena, span
 
-        self.arena = Arena(capacity, align=ALIGN)
+        self.arena, self._span = Arena(capacity, align=ALIGN), span
         self.capacity, self.most = self.arena.capacity, most
         self._pieces: dict[int, list[tuple[int, int]]] = {}  # first piece's offset -> (offset, bytes) of each
         self.spanned = 0  # items placed in more than one piece
 
     def alloc(self, nbytes: int) -> int | None:
-        arena = self.arena
-        at = arena.alloc(nbytes)
-        if at is not None:
-            self._pieces[at] = [(at, nbytes)]
-            return at
-        if arena.free_bytes < nbytes:
+        at = self.arena.alloc(nbytes)  # as `Ring.lease`: one free extent if any holds it, else a span
+        pieces = [(at, nbytes)] if at is not None else self._span(self.arena, nbytes, self.most)
+        if pieces is None:
             return None
-        pieces: list[tuple[int, int]] = []
-        rest = nbytes
-        while rest > 0 and len(pieces) < self.most:
-            at = arena.alloc(rest)
-            if at is not None:
-                pieces.append((at, rest))
-                rest = 0
-                break
-            largest = arena.largest_free // ALIGN * ALIGN
-            if largest <= 0:
-                break
-            got = arena.alloc(largest)
-            assert got is not None
-            pieces.append((got, largest))
-            rest -= largest
-        if rest > 0:  # more than `most` pieces would be needed: take nothing
-            for at, _ in pieces:
-                arena.free(at)
-            return None
-        self.spanned += 1
+        self.spanned += len(pieces) > 1
         self._pieces[pieces[0][0]] = pieces
         return pieces[0][0]
 

@@ -40,8 +40,8 @@ class TimelineRecorder:
         self.executor = pump.executor
         self.clock = clock
         self.capacity = self.executor.ring.main_arena.capacity
-        # per extent index: (offset, bytes, [[start, end, state, room], ...])
-        self.extents: dict[int, tuple[int, int, list[list]]] = {}
+        # per extent index: ((offset, bytes) of each piece, [[start, end, state, room], ...])
+        self.extents: dict[int, tuple[tuple[tuple[int, int], ...], list[list]]] = {}
         self._open: set[int] = set()  # extents live at the last sample
         self.failures: list[tuple[float, int | None, int]] = []  # (time, extent or None, room)
         self.quarantines: list[tuple[float, int]] = []
@@ -68,8 +68,8 @@ class TimelineRecorder:
             live.add(e.index)
             rec = self.extents.get(e.index)
             if rec is None:
-                rec = self.extents[e.index] = (e.offset, e.nbytes, [])
-            bars = rec[2]
+                rec = self.extents[e.index] = (e.pieces or ((e.offset, e.nbytes),), [])
+            bars = rec[1]
             if e.room is not None:
                 self._last_extent_of[e.room] = e.index
             if bars and bars[-1][2] == e.state and bars[-1][3] == e.room:
@@ -81,7 +81,7 @@ class TimelineRecorder:
                 self.quarantines.append((now, e.index))
             bars.append([now, now, e.state, e.room])
         for gone in self._open - live:  # freed since the last sample: its bytes went back at about now
-            self.extents[gone][2][-1][1] = now
+            self.extents[gone][1][-1][1] = now
         self._open = live
         if ring.retired and self.retired_at is None:
             self.retired_at = now
@@ -103,7 +103,7 @@ class TimelineRecorder:
         def ext_y(index: int | None) -> tuple[float, float]:
             if index is None or index not in self.extents:
                 return top + height_px + 4, row - 4
-            off, n, _ = self.extents[index]
+            off, n = self.extents[index][0][0]  # a spanning extent's marks go on its first piece
             return y(off), max(y(off + n) - y(off), 1.5)
 
         out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" '
@@ -115,14 +115,16 @@ class TimelineRecorder:
             off = self.capacity * k / 4
             out.append(f'<text x="{left - 8}" y="{y(off) + 4:.1f}" text-anchor="end">{_size(off)}</text>')
         out.append(f'<text x="{left - 8}" y="{top - 8}" text-anchor="end">arena offset</text>')
-        for index, (off, n, bars) in self.extents.items():
+        for index, (pieces, bars) in self.extents.items():
+            at = ",".join(f"@{off}+{n}" for off, n in pieces)
             for start, end, state, room in bars:
                 w = max(x(end) - x(start), 0.6)
-                tip = f"extent {index} @{off}+{n}: {state}" + (f", room {room}" if room is not None else "") + \
+                tip = f"extent {index} {at}: {state}" + (f", room {room}" if room is not None else "") + \
                       f", {start - self.t0:.3f}-{end - self.t0:.3f} s"
-                out.append(f'<rect x="{x(start):.2f}" y="{y(off):.2f}" width="{w:.2f}" '
-                           f'height="{max(y(off + n) - y(off), 1.5):.2f}" fill="{COLOURS.get(state, "#000")}">'
-                           f'<title>{escape(tip)}</title></rect>')
+                for off, n in pieces:  # a band per piece of a spanning extent
+                    out.append(f'<rect x="{x(start):.2f}" y="{y(off):.2f}" width="{w:.2f}" '
+                               f'height="{max(y(off + n) - y(off), 1.5):.2f}" fill="{COLOURS.get(state, "#000")}">'
+                               f'<title>{escape(tip)}</title></rect>')
         if self.retired_at is not None:
             w = max(x(t_end) - x(self.retired_at), 0.6)
             out.append(f'<rect x="{x(self.retired_at):.2f}" y="{top}" width="{w:.2f}" '
