@@ -456,8 +456,8 @@ def simulate(trace: Sequence[Item], policy: Policy, capacity: int, *, until_defe
                 if pieces is None:
                     live.remove(offset)
                 else:
-                    for at, _ in pieces(offset):
-                        live.remove(at)
+                    for piece, _ in pieces(offset):  # not `at`: the release's time, which placing reads below
+                        live.remove(piece)
                 ring.free(offset)
             while queue:
                 offset = ring.alloc(trace[queue[0]].nbytes)
