@@ -87,6 +87,10 @@ def add_arguments(p) -> None:
                    help="the rooms are split among K identities; each identity's rooms hold at most 1/K of the "
                         "arena and its deferred sends wait in a FIFO of their own, served round-robin; checks that "
                         "an identity within its share is served whatever another does (default: 1, no shares)")
+    p.add_argument("--pieces", type=count_at_least(1), default=1,
+                   metavar="P",  # pragma: no mutate (presentation: the help's placeholder)
+                   help="an item no run of free cells holds may span up to P runs (the executor's max_pieces; "
+                        "explorer only; default: 1, no spanning)")
     p.add_argument("--no-symmetry", action="store_true",
                    help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true",
@@ -167,7 +171,8 @@ def _run_replay(args, out, report: dict) -> int:
                               ("--save-traces", args.save_traces), ("--channels", getattr(args, "channels", False)),
                               ("--late-landing", getattr(args, "late_landing", False)),
                               ("--restarts", getattr(args, "restarts", 0)),
-                              ("--identities", getattr(args, "identities", 1) != 1)) if on]
+                              ("--identities", getattr(args, "identities", 1) != 1),
+                              ("--pieces", getattr(args, "pieces", 1) != 1)) if on]
     if given:
         raise CheckInputError(f"--replay takes its configuration from the trace file; {', '.join(given)} "
                               f"cannot be combined with it")
@@ -202,14 +207,16 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
         cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant,
                      peers=getattr(args, "peers", False), sizes=args.sizes,
                      channels=getattr(args, "channels", False), late_landing=getattr(args, "late_landing", False),
-                     restarts=getattr(args, "restarts", 0), identities=getattr(args, "identities", 1))
+                     restarts=getattr(args, "restarts", 0), identities=getattr(args, "identities", 1),
+                     pieces=getattr(args, "pieces", 1))
     except ValueError as exc:  # switches that do not go together: a usage error, not a crash
         raise CheckInputError(str(exc)) from None
     if getattr(args, "engine", "explorer") == "spin":
         raise SystemExit("--engine spin starts processes: run it as `epd-ring check --engine spin`")
     report.update(config={**{k: getattr(cfg, k) for k in DEFAULTS}, "peers": cfg.peers, "channels": cfg.channels,
                           "late_landing": cfg.late_landing, **({"restarts": cfg.restarts} if cfg.restarts else {}),
-                          **({"identities": cfg.identities} if cfg.identities > 1 else {})},
+                          **({"identities": cfg.identities} if cfg.identities > 1 else {}),
+                          **({"pieces": cfg.pieces} if cfg.pieces > 1 else {})},
                   runs=[])
     runs = [True, False] if args.compare_symmetry else [not args.no_symmetry]
     status = 0
@@ -221,7 +228,8 @@ def run(args, out=print, report: dict | None = None, progress=None) -> int:
             f"{cfg.faults} fault(s), {'peers, ' if cfg.peers else ''}{'notice channels, ' if cfg.channels else ''}"
             f"{'late landings, ' if cfg.late_landing else ''}"
             f"{f'{cfg.restarts} encoder restart(s), ' if cfg.restarts else ''}"
-            f"{f'{cfg.identities} identities, ' if cfg.identities > 1 else ''}{label} symmetry reduction")
+            f"{f'{cfg.identities} identities, ' if cfg.identities > 1 else ''}"
+            f"{f'items spanning up to {cfg.pieces} runs, ' if cfg.pieces > 1 else ''}{label} symmetry reduction")
         # pragma: no mutate end
 
         bar = progress(f"exploring ({label} symmetry)") if progress else _NoProgress()

@@ -139,7 +139,7 @@ class Harness:
         self.executor = EncodeExecutor(self.manager, self.tower, "cpu", arena_bytes=config.cells * self.cell_bytes,
                                        copy_fence=Fence,
                                        # the model keeps no per-peer bound of ring bytes, nor one on parked chunks
-                                       peer_ring_share=1.0, parked_ring_share=1.0, **share)
+                                       peer_ring_share=1.0, parked_ring_share=1.0, max_pieces=config.pieces, **share)
         # Room i's identity: the spec's owner, named by the engine at register and by its receivers' frames.
         self.owner = self.spec.owners() if config.identities > 1 else (None,) * config.rooms
         # On the manager alone: a tick takes outcomes and deadlines; serving deferred sends and

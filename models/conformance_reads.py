@@ -23,7 +23,6 @@ from .spec import (
     CH_NONE,
     CH_SENT,
     EXTENTI,
-    SIZE,
     W_FLIGHT,
     W_GHOST,
     W_IDLE,
@@ -53,13 +52,23 @@ class Readback:
         self.withdrawn.add((i, session))
 
     def cell(self, extent: Any) -> int:
-        """The model's cell an extent starts at."""
-        return extent.offset // self.cell_bytes
+        """The model's cell an extent starts at (a spanning extent's: its lowest)."""
+        return min(self.span(extent))
 
-    def span(self, extent: Any) -> range:
-        """The model's cells an extent covers."""
-        first = self.cell(extent)
-        return range(first, first + max(1, -(-extent.nbytes // self.cell_bytes)))
+    def span(self, extent: Any) -> list[int]:
+        """The model's cells an extent covers, in order (a spanning extent's, from each of its pieces)."""
+        size = self.cell_bytes
+        return [c for offset, nbytes in getattr(extent, "pieces", ()) or ((extent.offset, extent.nbytes),)
+                for c in range(offset // size, offset // size + max(1, -(-nbytes // size)))]
+
+    def _length(self, s: Any, i: int) -> int:
+        """The spec's LEN of cell i, covered by extent (or free stand-in) s: its length at its first cell, 0 on
+        its other cells, or there -1 - its first cell when it spans runs of cells (models/state.py)."""
+        cells = self.span(s)
+        first = min(cells)
+        if s.state == "free" or first == i:
+            return len(cells)
+        return -1 - first if max(cells) - first + 1 > len(cells) else 0
 
     def cells(self) -> list[Any]:
         """The ring as the model's cells: the live extent covering each cell, or a free stand-in."""
@@ -202,9 +211,9 @@ class Readback:
                           self.cell(extent) if uses else -1, *owner))
         # the spec forgets the bytes of cells no room's extent covers (with identities a busy one keeps whose
         # identity it is charged to, as `-2 - owner`: models/shares.py)
-        used = {c for r in rooms if r[EXTENTI] >= 0 for c in range(r[EXTENTI], r[EXTENTI] + r[SIZE])}
+        used = {c for i, r in enumerate(rooms) if r[EXTENTI] >= 0 for c in self.span(extent_of[i])}
         extents = tuple((s.state, s.room - self.room_base if i in used else self._charged(s), s.unsure,
-                       len(self.span(s)) if s.state == "free" or self.cell(s) == i else 0)
+                       self._length(s, i))
                       for i, s in enumerate(cells))
         peers = ()
         if self.cfg.peers:

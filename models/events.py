@@ -47,6 +47,7 @@ from .state import (
     Draft,
     Step,
     receivers,
+    room_cells,
 )
 
 
@@ -86,7 +87,7 @@ class Events(Rules):
         for s, sl in enumerate(extents):
             if sl[CONTENT] >= 0:
                 if used is None:
-                    used = {c for r in rooms if r[EXTENTI] >= 0 for c in range(r[EXTENTI], r[EXTENTI] + r[SIZE])}
+                    used = {c for r in rooms if r[EXTENTI] >= 0 for c in room_cells(extents, r[EXTENTI], r[SIZE])}
                 if s not in used:
                     sl = extents[s] = list(sl)
                     # with shares a busy cell stays charged to its identity until free (models/shares.py)
@@ -269,7 +270,7 @@ class Events(Rules):
             d = Draft.of(state)
             ro = d.rooms[i]
             s = ro[EXTENTI]
-            other = next((c for c in (d.cells[x][CONTENT] for x in range(s, s + ro[SIZE])) if c != i), None)
+            other = next((c for c in (d.cells[x][CONTENT] for x in room_cells(d.cells, s, ro[SIZE])) if c != i), None)
             if other is not None:
                 d.flag("overwrite-under-late-write", f"bytes of room {other} landed for room {i}")
             elif k is not None and r[RCV][k][0] == "released":
@@ -325,7 +326,7 @@ class Events(Rules):
     def _quarantine_ends(self, state: tuple, out: list) -> None:
         """A quarantine deadline passes; writes that could land have landed by then."""
         for s, sl in enumerate(state[1]):
-            if sl[LEN] and sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
+            if sl[LEN] > 0 and sl[SS] in self._armed["extent"] and not self._writes_pending(state[0], s):
                 d = Draft.of(state)
                 self._move_extent(d, s, "release")
                 self._emit(out, d, ("release", s))

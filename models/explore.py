@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from . import liveness
 from .spec import CONCLUDED, CONTENT, EXTENTI, HAZARDS, OWNER, RS, SIZE, SS, UNSURE, Config, Spec
+from .state import room_cells
 
 
 def _keys(state: tuple) -> list:
@@ -30,7 +31,7 @@ def _keys(state: tuple) -> list:
     for i, r in enumerate(rooms):
         s = r[EXTENTI]
         if s >= 0:
-            own = all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))
+            own = all(cells[c][CONTENT] == i for c in room_cells(cells, s, r[SIZE]))
             keys.append((r[EXTENTI + 1:], r[:EXTENTI], s + 1, own, dpos.get(i, -1), i))
         else:
             keys.append((r[EXTENTI + 1:], r[:EXTENTI], 0, False, dpos.get(i, -1), i))

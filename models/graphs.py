@@ -27,6 +27,7 @@ from .spec import (
     W_MARK,
     Config,
     Spec,
+    room_cells,
 )
 
 TINY = dict(cells=1, rooms=2, receivers=1, faults=1, sizes=(1,))
@@ -97,7 +98,8 @@ def room_view(state: tuple, i: int = 0) -> tuple:
     rooms, cells, deferred, _, halt = state[:5]
     r = rooms[i]
     s = r[EXTENTI]
-    extent = (cells[s][SS], all(cells[c][CONTENT] == i for c in range(s, s + r[SIZE]))) if s >= 0 else ("", True)
+    extent = ((cells[s][SS], all(cells[c][CONTENT] == i for c in room_cells(cells, s, r[SIZE]))) if s >= 0
+              else ("", True))
     return (r[RS], r[CH], r[REG], r[TOLD], r[INFL], r[GHOST], r[RCV], extent, i in deferred, halt)
 
 

@@ -9,6 +9,7 @@ subclasses it (models/seed.py) and names the subclass as its rules' `RING`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import combinations
 
 from .shares import Shares
 from .state import (
@@ -41,6 +42,7 @@ class Ring:
         self.no_parked_check = v == "no-parked-check"
         self.reuse_when_terminal = v == "reuse-when-terminal"
         self.reap_crash = v == "reaped-deferred-crash"
+        self.pieces = config.pieces  # runs of cells one extent may span when no run holds it whole
         self.shares = shares
         self.fair = shares.k > 1  # per-identity shares and deferred queues (models/shares.py)
         self._move, self._spread = move, spread
@@ -52,10 +54,16 @@ class Ring:
         ok = ("free", "parked") if self.no_parked_check else ("free",)
         return [sl[SS] in ok for sl in cells]
 
-    def placements(self, rooms, cells, size: int) -> list[int]:
-        """First cells of every run of `size` leasable cells: where an extent of that size may go."""
+    def placements(self, rooms, cells, size: int) -> list[tuple[int, ...]]:
+        """The cells of every place an extent of `size` cells may take: each run of that many leasable
+        cells or, when there is none and `pieces` > 1, any `size` leasable cells in at most `pieces` runs
+        (the arena takes its largest free runs whole, then the best fit: the spec, any such cells)."""
         ok = self.leasable(rooms, cells)
-        return [s for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
+        runs = [tuple(range(s, s + size)) for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
+        if runs or self.pieces == 1:
+            return runs
+        return [p for p in combinations([c for c, free in enumerate(ok) if free], size)
+                if 1 + sum(b != a + 1 for a, b in zip(p, p[1:])) <= self.pieces]
 
     @staticmethod
     def reads(r) -> bool:
@@ -73,11 +81,12 @@ class Ring:
             yield d2
             return
         z = d.rooms[i][SIZE]
-        for s in self.placements(d.rooms, d.cells, z):
+        for place in self.placements(d.rooms, d.cells, z):
+            s = place[0]
             d2 = d.copy()
             cells = d2.cells
             free = cells[s][SS] == "free"
-            for c in range(s, s + z):
+            for c in place:
                 # A busy extent is never overlapped: a write may still read it, as far as the encoder can
                 # tell. Where the spec knows the reader (a write in flight or unsure, a chunk to send), the
                 # invariant names the overwrite; otherwise the allocation itself is the violation.
@@ -85,8 +94,9 @@ class Ring:
                 if cells[c][SS] != "free" and not (t >= 0 and self.reads(d2.rooms[t])):
                     d2.flag("overlap-of-busy-extent", f"room {i}'s extent overlaps a {cells[c][SS]} extent at "
                                                       f"cell {c}, which a write may still read")
-            for c in range(s, s + z):
-                cells[c][CONTENT], cells[c][LEN] = i, 0
+            spans = place[-1] - s + 1 > z  # its other cells name its first: they are not all in one run
+            for c in place:
+                cells[c][CONTENT], cells[c][LEN] = i, -1 - s if spans else 0
             cells[s][LEN] = z
             if free:
                 self._move(d2, s, "lease")

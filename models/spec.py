@@ -107,6 +107,7 @@ from .state import (  # noqa: F401
     chan_len,
     chan_notices,
     extent,
+    room_cells,
 )
 
 VARIANTS = {
@@ -177,6 +178,10 @@ class Config:
     # wait in a FIFO of their own, the FIFOs served round-robin (models/shares.py). 1: no shares, the state
     # and its counts as before.
     identities: int = 1
+    # Runs of cells one extent may span when no run holds it whole (issue 33: the ring's `max_pieces`); the
+    # spec leases any such cells, the arena its largest free runs, then the best fit. 1: the state and its
+    # counts as before.
+    pieces: int = 1
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -199,6 +204,9 @@ class Config:
                              "restarts, and at least one room per identity")
         if self.restarts < 0:
             raise ValueError("restarts must be >= 0")
+        if self.pieces < 1 or (self.pieces > 1 and self.variant not in ("project", "no-write-deadline")):
+            # the other variants lease over busy extents, whose cells a spanning extent's could not be told from
+            raise ValueError("pieces must be >= 1; pieces > 1 need the project's rules (or no-write-deadline)")
         if self.restarts and (not self.regions or self.variant == "seed" or self.channels or self.peers):
             # Without channels a notice reaches its receiver in the step that sends it, so at the restart every
             # receiver's view is the dead encoder's last word; a peer table would be lost with the rest.
@@ -292,7 +300,7 @@ class Spec(Events):
         for i, r in enumerate(rooms):
             s = r[EXTENTI]
             # Some cell of the room's extent holds another room's bytes: an allocation overlapped it.
-            other = next((c for c in (extents[x][CONTENT] for x in range(s, s + r[SIZE])) if c != i), None) \
+            other = next((c for c in (extents[x][CONTENT] for x in room_cells(extents, s, r[SIZE])) if c != i), None) \
                 if s >= 0 else None
             if other is not None:
                 if r[GHOST]:
@@ -368,7 +376,7 @@ class Spec(Events):
                     cache[r] = v
             total += v
         for sl in state[1]:  # once per extent: its first cell (a continuation cell counts 1 in every state)
-            total += sl[SS] != "quarantined" or not sl[LEN]
+            total += sl[SS] != "quarantined" or sl[LEN] <= 0
         for ps in state[5]:
             total += _PEER_RANK[ps]
         if self.restarts:
@@ -384,6 +392,8 @@ class Spec(Events):
             extra = f" size{z}" if z else ""
             # trace text: not mutated (the pragma below)
             extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"  # pragma: no mutate
+            if s >= 0 and z > 1 and room_cells(extents, s, z)[-1] != s + z - 1:  # a spanning extent: each cell
+                extra = f" size{z} cells" + "+".join(map(str, room_cells(extents, s, z)))  # pragma: no mutate
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
             rx = ",".join(REGION_MARK[x[0]] + W_MARK[x[1]] + TOLD_MARK[x[2]] + _channel_mark(x) for x in r[RCV])
@@ -395,10 +405,12 @@ class Spec(Events):
             parts.append(f"room{i}{who}={r[RS]}[{CH_NAMES[r[CH]]} reg{r[REG]}/{self.N} told{r[TOLD]}{w}{g}{rx}{extra}]")
         for s, sl in enumerate(extents):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else f"<@{-2 - sl[CONTENT]}" if sl[CONTENT] < -1 else ""
-            if sl[LEN]:
+            if sl[LEN] > 0:
                 where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"  # pragma: no mutate (trace text)
+                if sl[LEN] > 1 and extent(extents, s)[-1] != s + sl[LEN] - 1:  # a spanning extent: each of its cells
+                    where = "cells" + "+".join(map(str, extent(extents, s)))  # pragma: no mutate (trace text)
                 parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
-            elif sl[CONTENT] != extents[s - 1][CONTENT]:  # past an extent whose first cell was overwritten
+            elif sl[LEN] == 0 and sl[CONTENT] != extents[s - 1][CONTENT]:  # its extent's first cell was overwritten
                 parts.append(f"cell{s}=+{sl[SS]}{c}")  # pragma: no mutate (trace text)
         if deferred:
             parts.append("deferred=" + ",".join(f"room{i}" for i in deferred))  # pragma: no mutate (trace text)

@@ -7,6 +7,7 @@ constants here name the places in a room and a cell tuple and the values they ta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 CH_NONE, CH_DEFERRED, CH_COPYING, CH_HELD, CH_SENT, CH_DROPPED = range(6)
@@ -40,7 +41,9 @@ REGION_MARK = {"offered": "o", "written": "W", "failed": "F", "withdrawing": "X"
 _REGION_RANK = {"offered": 0, "failed": 1, "withdrawing": 1, "written": 2, "released": 3}
 # A cell: the state of the extent it belongs to (every cell of an extent carries it), whose
 # bytes it holds, whether a write from its extent was unsure, and the extent's length in cells
-# at its first cell (0 on the others; a free cell is an extent of its own, of one cell).
+# at its first cell (0 on the others; a free cell is an extent of its own, of one cell). An extent
+# that spans runs of cells (`Config.pieces` > 1, no run large enough) has its first cell's index s
+# as -1 - s on each other cell, so its cells are found wherever they lie.
 SS, CONTENT, UNSURE, LEN = range(4)
 CONCLUDED = frozenset(("success", "failed"))
 # Rooms whose chunk may still be staged: a sender bound, no chunk in the ring yet.
@@ -126,9 +129,19 @@ def told_after(told: str, notice: str) -> str:
     return notice if told == TOLD_NONE else TOLD_TWICE
 
 
-def extent(cells, s: int) -> range:
+def extent(cells, s: int) -> Sequence[int]:
     """The cells of the extent whose first cell is s (one cell if s is not the first of several)."""
-    return range(s, s + (cells[s][LEN] or 1))
+    return room_cells(cells, s, cells[s][LEN] or 1)
+
+
+def room_cells(cells, s: int, z: int) -> Sequence[int]:
+    """The `z` cells of an extent whose first cell is s: the run from s, or a spanning extent's cells."""
+    if z > 1:
+        tail = -1 - s
+        rest = [c for c in range(s + 1, len(cells)) if cells[c][LEN] == tail]
+        if rest:
+            return [s, *rest]
+    return range(s, s + z)
 
 
 def first_of_each(rcv) -> list[tuple[int, tuple]]:

@@ -31,7 +31,7 @@ from itertools import permutations
 from .conformance import Harness
 from .conformance_clock import NotByClock
 from .explore import canonical, event_name
-from .spec import EXTENTI, LEN, RS, SIZE, Config, Spec
+from .spec import EXTENTI, LEN, RS, SIZE, Config, Spec, extent
 
 
 @dataclass
@@ -110,6 +110,8 @@ def reflect(state: tuple) -> tuple:
     a state and its mirror image have mirrored futures."""
     rooms, cells = state[0], state[1]
     n = len(cells)
+    if any(cell[LEN] < 0 for cell in cells):
+        return _reflect_spanning(state)
     first = [0] * n  # each cell's extent: its first cell
     for c, cell in enumerate(cells):
         first[c] = c if cell[LEN] or c == 0 else first[c - 1]
@@ -121,6 +123,28 @@ def reflect(state: tuple) -> tuple:
         moved[at] = (*cell[:LEN], length if at == n - f - length else 0)
     x = EXTENTI
     rs = tuple(r if r[x] < 0 else (*r[:x], n - r[x] - (r[SIZE] or 1), *r[x + 1:]) for r in rooms)
+    return (rs, tuple(moved), *state[2:])
+
+
+def _reflect_spanning(state: tuple) -> tuple:
+    """`reflect` of a state where an extent spans runs of cells (`Config.pieces` > 1: the project's rules,
+    so no extent overlaps another): each extent's cells mirrored, its first cell the lowest of their images."""
+    rooms, cells = state[0], state[1]
+    n = len(cells)
+    moved: list = [None] * n
+    image_of = {}  # an extent's first cell -> its image's
+    for f, cell in enumerate(cells):
+        if cell[LEN] <= 0:
+            continue
+        own = extent(cells, f)
+        img = sorted(n - 1 - c for c in own)
+        image_of[f] = img[0]
+        spans = img[-1] - img[0] + 1 > len(img)
+        for c in own:
+            at = n - 1 - c
+            moved[at] = (*cells[c][:LEN], len(own) if at == img[0] else -1 - img[0] if spans else 0)
+    x = EXTENTI
+    rs = tuple(r if r[x] < 0 else (*r[:x], image_of[r[x]], *r[x + 1:]) for r in rooms)
     return (rs, tuple(moved), *state[2:])
 
 

@@ -168,6 +168,9 @@ def run(args, out=print) -> int:
     if (channels or late) and not regions:
         out("--channels and --late-landing model the receivers' regions: drop --spin-no-regions")
         return 2
+    if getattr(args, "pieces", 1) > 1:
+        out("--engine spin does not generate items spanning runs of cells (--pieces); check them with the explorer")
+        return 2
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes,
                  peers=peers, channels=channels, late_landing=late, identities=getattr(args, "identities", 1))
     if cfg.identities > 1 and not liveness.checks_shares(cfg):

@@ -77,7 +77,7 @@ pytest_add_cli_args_test_selection = ["tests/test_fsm.py", "tests/test_fsm_compi
                                       "tests/test_seed_surface.py", "tests/test_metrics.py", "tests/test_model_spec_edges.py",
                                       "tests/test_model_commands.py", "tests/test_model_explorer_edges.py",
                                       "tests/test_model_conformance_edges.py", "tests/test_model_rules_edges.py",
-                                      "tests/test_spanning.py"]
+                                      "tests/test_spanning.py", "tests/test_model_spanning.py"]
 # deselected: a subprocess demo (no mutant reaches it), the 10,000-room bound (2.5 s, and it runs
 # for every surviving mutant of the manager) and two graphviz renderings (the freshness check
 # below them catches a wrong diagram)
