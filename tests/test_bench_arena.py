@@ -230,20 +230,30 @@ def test_the_command_prints_its_figures_as_json(capsys):
                             "--budget", "1GiB", "--seeds", "3", "--mixes", "bimodal", "late-frame", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report["policies"]) == {"fixed extents", ba.NEXT_FIT, ba.BUDDY, ba.OURS}
+    assert set(report["policies"]) == {"fixed extents", ba.NEXT_FIT, ba.BUDDY, ba.OURS, ba.SPANNING}
+    assert report["goal"]["policy"] == ba.SPANNING  # the core's default placement is what the goal is about
     assert set(report["budgets"]) == {str(256 << 20), str(1 << 30)}
     peak = report["peak_in_flight_bytes"]
     assert all(peak <= p["needed_bytes"] <= p["robust_bytes"] for p in report["policies"].values())
     # the goal is judged on every seed's trace, the first being the one the tables show, by the robust size
     by_seed, robust = report["ours_x_peak_by_seed"], report["ours_robust_x_peak_by_seed"]
     assert list(by_seed) == list(robust) == ["0", "1", "2"]
-    assert by_seed["0"] == report["policies"][ba.OURS]["needed_bytes"] / peak
-    assert robust["0"] == report["policies"][ba.OURS]["robust_bytes"] / peak
+    assert by_seed["0"] == report["policies"][ba.SPANNING]["needed_bytes"] / peak
+    assert robust["0"] == report["policies"][ba.SPANNING]["robust_bytes"] / peak
     assert all(1 <= by_seed[k] <= robust[k] for k in by_seed)
     assert report["goal"]["within_x_peak"] == all(x <= ba.GOAL_X_PEAK for x in robust.values())
     assert len(report["trace"]["distributions"]) == 6
     assert list(report["mixes"]) == ["bimodal", "late-frame"]
     assert all(set(m["policies"]) == set(report["policies"]) for m in report["mixes"].values())
+
+
+def test_without_spanning_the_goal_is_judged_on_one_run_per_item(capsys):
+    for flags, judged, names in (([], ba.SPANNING, 5), (["--spanning"], ba.SPANNING, 5),
+                                 (["--no-spanning"], ba.OURS, 4)):
+        assert cli_module.main(["bench-arena", "--items", "200", "--budgets", "1GiB", *flags, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["goal"]["policy"] == judged and len(report["policies"]) == names
+        assert report["ours_robust_x_peak_by_seed"]["0"] == report["policies"][judged]["robust_x_peak"]
 
 
 def test_a_bad_mix_or_scan_is_a_usage_error(capsys):

@@ -136,6 +136,22 @@ def test_spread_maps_a_receivers_rows_onto_the_pieces_they_touch():
     assert spread(pieces, 64, 70000, 0) == []
 
 
+def test_each_receiver_writes_its_own_rows_from_every_piece_and_a_zero_row_shard_none():
+    from types import SimpleNamespace as NS
+
+    from epd_ring.executor.core.rooms import Chunk, chunk_writes
+
+    # 4 rows of 16 bytes main and 32 deepstack; main in pieces of 40 and 24 bytes, deepstack in one run
+    chunk = Chunk(None, 4, 4, "torch.float32", 16, 1000, 5000, 32, 2, pieces=((1000, 40), (3000, 24)))
+    frames = [NS(n_tokens=2, row_start=0, dst_ptr=100, dst_deep_ptr=200),
+              NS(n_tokens=0, row_start=2, dst_ptr=0, dst_deep_ptr=0),
+              NS(n_tokens=2, row_start=2, dst_ptr=300, dst_deep_ptr=400)]
+    writes = chunk_writes(chunk, frames)
+    assert [f for f, _ in writes] == [frames[0], frames[2]]
+    assert writes[0][1] == ((1000, 100, 32), (5000, 200, 64))
+    assert writes[1][1] == ((1032, 300, 8), (3000, 308, 24), (5064, 400, 64))  # row 2 straddles the pieces
+
+
 # -- an item end to end on the loopback -------------------------------------------------------------------
 
 def _two_holes(rig) -> None:
@@ -150,9 +166,11 @@ def _two_holes(rig) -> None:
     assert arena.free_bytes == 2 * QUARTER and arena.largest_free == QUARTER
 
 
-@pytest.mark.parametrize("n_deep", [0, 2])
-def test_an_item_spanning_two_holes_reaches_every_receiver_whole(n_deep):
+@pytest.mark.parametrize("n_deep, host_copy", [(0, True), (2, True), (2, False)],
+                         ids=["plain", "deepstack", "through torch"])
+def test_an_item_spanning_two_holes_reaches_every_receiver_whole(n_deep, host_copy):
     rig = make_rig(arena_bytes=4 * QUARTER, parked_ring_share=1.0, hidden=HIDDEN, n_deep=n_deep, max_pieces=4)
+    rig.executor.staging._host_copy = host_copy  # False: the device path's copy (a view per piece), on the CPU
     _two_holes(rig)
     # three shards of 32 rows: the middle one's rows straddle the two pieces
     for rank in range(3):

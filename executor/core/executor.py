@@ -197,7 +197,7 @@ class EncodeExecutor:
         peer_ring_share: float = 0.5,
         parked_ring_share: float = 0.5,
         identity_ring_share: float | None = None,
-        max_pieces: int = 1,
+        max_pieces: int = 4,
     ):
         arena_bytes, max_item_bytes, old_extents = settings.arena(arena_bytes, max_item_bytes, ring_slots, ring_bytes)
         if max_deferred is not None:
