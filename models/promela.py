@@ -282,9 +282,6 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
         raise ValueError(f"promela: the peer variant {cfg.variant!r} is not generated; check it with the explorer")
     if cfg.rooms > 15 or cfg.cells > 15 or cfg.receivers > 7 or cfg.faults > 200:
         raise ValueError("promela: at most 15 rooms, 15 cells, 7 receivers")
-    if cfg.pieces > 1:
-        raise ValueError("promela: items spanning runs of cells (pieces > 1) are not generated yet; check them "
-                         "with the explorer")
     if cfg.identities > 1 and not liveness.checks_shares(cfg):
         raise ValueError("promela: identities are generated for items of one cell and a cell per identity")
     keys, nkeys = _key_defines(cfg)
@@ -299,7 +296,8 @@ def generate(cfg: Config, asserted: frozenset[str] | None = None,
 # is off adds nothing to the generated model (SPIN caps how many jumps one d_step may hold).
 LINE_TAGS = {"/* channels */": lambda c: c.channels, "/* plain */": lambda c: not c.channels,
              "/* late */": lambda c: c.late_landing, "/* not late */": lambda c: not c.late_landing,
-             "/* shares */": lambda c: c.identities > 1, "/* one identity */": lambda c: c.identities == 1}
+             "/* shares */": lambda c: c.identities > 1, "/* one identity */": lambda c: c.identities == 1,
+             "/* spans */": lambda c: c.pieces > 1, "/* one run */": lambda c: c.pieces == 1}
 
 
 def _select_lines(text: str, cfg: Config) -> str:
@@ -377,12 +375,22 @@ def _macros(cfg: Config) -> list[str]:
                 for z in cfg.sizes if o + z <= C]
         defs.append(f"#define FITS_{o}(z) ({' || '.join(arms) or 0})")
     defs.append("#define FITS(z) (" + " || ".join(f"FITS_{o}(z)" for o in range(C)) + ")")
+    defs += _span_macros(cfg)
     # ring.Ring.reads: room x still needs its extent's bytes
     defs.append("#define READS(x) (room[x].ghost > 0 || room[x].infl > 0 || room[x].ch == CH_COPYING"
                 " || room[x].ch == CH_HELD)")
+    # a cell a new extent must not take: busy, and not known to be read by the room whose bytes it holds (the
+    # invariants name that overwrite)
+    defs.append("#define TAKEN(c) (cell[c].ss != S_free && !(cell[c].content != NONE && READS(cell[c].content)))")
     # every cell of room x's extent holds its bytes (nothing overlapped it)
-    defs.append("#define OWNS(x) (" + " && ".join(f"(room[x].sz <= {m} || cell[room[x].sl + {m}].content == x)"
-                                                  for m in range(max(cfg.sizes))) + ")")
+    defs.append("#define OWNS_RUN(x) (" + " && ".join(f"(room[x].sz <= {m} || cell[room[x].sl + {m}].content == x)"
+                                                      for m in range(max(cfg.sizes))) + ")")
+    if cfg.pieces > 1:  # a spanning extent's cells: its first, and every cell naming it
+        defs.append("#define OWNS(x) (SPANS(room[x].sl) -> (cell[room[x].sl].content == x && "
+                    + " && ".join(f"(cell[{c}].span != MARK(room[x].sl) || cell[{c}].content == x)" for c in range(C))
+                    + ") : OWNS_RUN(x))")
+    else:
+        defs.append("#define OWNS(x) OWNS_RUN(x)")
     # rules._writes_pending
     defs.append("#define PENDING(x) (" + " || ".join(f"(room[{i}].sl == (x) && room[{i}].infl > 0)"
                                                      for i in range(R)) + ")")
@@ -393,6 +401,33 @@ def _macros(cfg: Config) -> list[str]:
     else:
         defs.append("#define HOLDS(x) (room[x].infl > 0 || room[x].ghost > 0)")
     return defs + peers.macros(cfg) + _final_and_rank(cfg) + _done(cfg)
+
+
+def _span_macros(cfg: Config) -> list[str]:
+    """Spans (`Config.pieces` > 1; models/ring.py): a spanning extent's other cells hold MARK(first) in `span`
+    (the spec's -1 - first); the arms that place an item across runs (`SPAN_PLACES`) when no run holds it."""
+    C = cfg.cells
+    defs = ["#define MARK(f) (128 + (f))"]
+    if cfg.pieces == 1:
+        return defs + ["#define SPANS(f) 0", "#define FIRST(s) (cell[s].span > 0)", "#define PLACEABLE(z) FITS(z)",
+                       "#define COVERS(k, q) (room[k].sl <= (q) && (q) < room[k].sl + room[k].sz)"]
+    places = span_places(cfg)
+    defs.append("#define SPANS(f) (" + " || ".join(f"cell[{c}].span == MARK(f)" for c in range(C)) + ")")
+    defs.append("#define FIRST(s) (cell[s].span > 0 && cell[s].span < 128)")
+    fits = [f"((z) == {len(p)} && " + " && ".join(f"LEASABLE({c})" for c in p) + ")" for p in places]
+    defs.append(f"#define PLACEABLE(z) (FITS(z) || {' || '.join(fits) or 0})")
+    defs.append("#define COVERS(k, q) (SPANS(room[k].sl) -> ((q) == room[k].sl || cell[q].span == MARK(room[k].sl))"
+                " : (room[k].sl <= (q) && (q) < room[k].sl + room[k].sz))")
+    return defs
+
+
+def span_places(cfg: Config) -> list[tuple[int, ...]]:
+    """Every set of cells an item may span (models/ring.py: its size's worth, not one run, in at most
+    `pieces` runs), for each size it may have."""
+    from itertools import combinations
+
+    return [p for z in cfg.sizes if z <= cfg.cells for p in combinations(range(cfg.cells), z)
+            if 1 < 1 + sum(b != a + 1 for a, b in zip(p, p[1:])) <= cfg.pieces]
 
 
 def _done(cfg: Config) -> list[str]:
@@ -431,7 +466,9 @@ def _final_and_rank(cfg: Config) -> list[str]:
         + [f"(room[{i}].reg > {j}) * (2 * (CONCLUDED(room[{i}].rs) + room[{i}].rr[{j}] + "
            f"(room[{i}].rd[{j}] == WD_ACKED)) - CLEN(room[{i}].rc[{j}]) + room[{i}].rd[{j}])"
            for i in range(R) for j in range(N) if cfg.channels]
-        + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0)" for s in range(C)] + peers.rank_terms(cfg)
+        + [f"(cell[{s}].ss != S_quarantined || cell[{s}].span == 0" + (f" || cell[{s}].span >= 128)" if cfg.pieces > 1
+                                                                        else ")") for s in range(C)]
+        + peers.rank_terms(cfg)
         + ["(hlt != 0)"])
     defs.append(f"#define RANK ({rank})")
     return defs
@@ -493,7 +530,7 @@ byte hlt;      /* 0 running, 1 the loop crashed, 2 the loop spins */
 bit stop;      /* a violation already reported: a dead end, as in the explorer */
 
 /* scratch, zero between statements that may branch: not part of the state */
-hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc;
+hidden byte tmp, k, n, q, gj, gq, gt, so, sp, lc, sq;
 """ + "".join(f"hidden int key{c}[R];\n" for c in range(nkeys)) + """hidden byte ord[R], rmap[R];
 hidden byte t_rs[R], t_snd[R], t_ch[R], t_reg[R], t_told[R], t_ok[R], t_infl[R], t_ghost[R], t_sz[R], t_sl[R];
 hidden byte t_rg[R * N], t_rw[R * N], t_rt[R * N];
@@ -503,7 +540,10 @@ hidden byte t_rc[R * N], t_rd[R * N], t_rr[R * N];  /* channels */
 
 def _rules(cfg: Config) -> str:
     """The event families' inlines, with the variant's and the region machine's names filled in."""
-    choose = "\n".join(f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells))
+    choose = "\n".join([f"     :: FITS_{s}(room[gx].sz) -> ls = {s}" for s in range(cfg.cells)]
+                       + [f"     :: !FITS(room[gx].sz) && room[gx].sz == {len(p)} && "
+                          + " && ".join(f"LEASABLE({c})" for c in p) + f" -> ls = {p[0]}; lm = {sum(1 << c for c in p)}"
+                          for p in (span_places(cfg) if cfg.pieces > 1 else [])])
     inl, arms = events.notices(cfg)
     rules = events.TEXT.replace("CHOOSE_PLACE", choose).replace("NOTICE_INLINES", inl).replace("SETTLE_ARMS", arms)
     if not cfg.channels:  # a notice arrives as it is sent: delivering it is sending it
@@ -543,7 +583,7 @@ def _proctype(cfg: Config) -> str:
     return ("active proctype model() {\n"
             # a comment in the generated model: not mutated (the pragma below)
             "  /* per-step scratch that must survive backtracking: zero between steps */\n"  # pragma: no mutate
-            "  byte ev, x, y, ls, h, t, kind;\n  byte ors[R];\n  int orank;\n"
+            "  byte ev, x, y, ls, h, t, kind;\n  byte ors[R];\n  int orank, lm;\n"
             + (shares.LOCALS if cfg.identities > 1 else "") + "  do\n"
             "  :: atomic {\n    if\n" + "\n".join(arms) + f"\n    fi;\n    post(); ev = 0; x = 0; y = 0{reset}\n  }}\n"
             "  :: atomic { !(" + " || ".join(enabled) + ") -> d_step { if :: stop || FINAL -> skip "
@@ -642,7 +682,8 @@ def _parse_state(lines: list[str]) -> tuple:
             rooms.append((ROOM_STATES[f[0]], *f[1:8], rcv, f[8], -1 if f[9] == NONE else f[9]))
         else:
             content = -1 if f[1] == NONE else -2 - (f[1] - shares.FORGOT) if f[1] >= shares.FORGOT else f[1]
-            extents.append((EXTENT_STATES[f[0] - 1], content, bool(f[2]), f[3]))
+            # a spanning extent's other cells: MARK(first) in Promela, -1 - first in the spec
+            extents.append((EXTENT_STATES[f[0] - 1], content, bool(f[2]), f[3] if f[3] < 128 else 127 - f[3]))
     return (tuple(rooms), tuple(extents), deferred, faults, HALTS[halt], peer)
 
 

@@ -72,18 +72,33 @@ inline offer(ox) {
 """
 
 RING = r"""
-/* rules._spread: the extent's other cells take its first cell's state; a free extent falls apart into free cells */
+/* rules._spread: the extent's other cells take its first cell's state; a free extent falls apart into free cells
+   (with spans, a spanning extent's other cells are those marked with its first, wherever they lie) */
 inline spread(px) {
-  sp = px + 1;
-  do
-  :: sp < px + (cell[px].span -> cell[px].span : 1) ->
-     cell[sp].ss = cell[px].ss; cell[sp].unsure = cell[px].unsure;
-     if :: cell[px].ss == S_free -> cell[sp].span = 1 :: else -> skip fi;
-     sp++
-  :: else -> break
-  od;
-  if :: cell[px].ss == S_free -> cell[px].span = 1 :: else -> skip fi;
-  sp = 0
+  sp = px + 1;  /* one run */
+  do  /* one run */
+  :: sp < px + (cell[px].span -> cell[px].span : 1) ->  /* one run */
+     cell[sp].ss = cell[px].ss; cell[sp].unsure = cell[px].unsure;  /* one run */
+     if :: cell[px].ss == S_free -> cell[sp].span = 1 :: else -> skip fi;  /* one run */
+     sp++  /* one run */
+  :: else -> break  /* one run */
+  od;  /* one run */
+  if :: cell[px].ss == S_free -> cell[px].span = 1 :: else -> skip fi;  /* one run */
+  sp = 0  /* one run */
+  sq = SPANS(px); sp = px + 1;  /* spans */
+  do  /* spans */
+  :: sp < C && (sq || sp < px + (cell[px].span -> cell[px].span : 1)) ->  /* spans */
+     if  /* spans */
+     :: !sq || cell[sp].span == MARK(px) ->  /* spans */
+        cell[sp].ss = cell[px].ss; cell[sp].unsure = cell[px].unsure;  /* spans */
+        if :: cell[px].ss == S_free -> cell[sp].span = 1 :: else -> skip fi  /* spans */
+     :: else -> skip  /* spans */
+     fi;  /* spans */
+     sp++  /* spans */
+  :: else -> break  /* spans */
+  od;  /* spans */
+  if :: cell[px].ss == S_free -> cell[px].span = 1 :: else -> skip fi;  /* spans */
+  sp = 0; sq = 0  /* spans */
 }
 
 /* rules._issue_writes: one write per receiver from the room's extent */
@@ -111,21 +126,42 @@ inline stage(gx) {
      if
      CHOOSE_PLACE
      fi;
-     /* a busy extent is never overlapped (rules._stage) */
-     lc = ls;
-     do
-     :: lc < ls + room[gx].sz ->
-        if
-        :: kind == 0 && cell[lc].ss != S_free && !(cell[lc].content != NONE && READS(cell[lc].content)) ->
-           kind = K_OVERLAP_OF_BUSY_EXTENT
-        :: else -> skip
-        fi;
-        lc++
-     :: else -> break
-     od;
-     lc = ls;
-     do :: lc < ls + room[gx].sz -> cell[lc].content = gx; cell[lc].span = 0; lc++ :: else -> break od;
-     lc = 0;
+     /* a busy extent is never overlapped (rules._stage) */  /* one run */
+     lc = ls;  /* one run */
+     do  /* one run */
+     :: lc < ls + room[gx].sz ->  /* one run */
+        if  /* one run */
+        :: kind == 0 && TAKEN(lc) -> kind = K_OVERLAP_OF_BUSY_EXTENT  /* one run */
+        :: else -> skip  /* one run */
+        fi;  /* one run */
+        lc++  /* one run */
+     :: else -> break  /* one run */
+     od;  /* one run */
+     lc = ls;  /* one run */
+     do :: lc < ls + room[gx].sz -> cell[lc].content = gx; cell[lc].span = 0; lc++ :: else -> break od;  /* one run */
+     lc = 0;  /* one run */
+     /* lm: the cells of a span (a bit each), else the run from ls */  /* spans */
+     lc = ls;  /* spans */
+     do  /* spans */
+     :: lc < C && (lm || lc < ls + room[gx].sz) ->  /* spans */
+        if  /* spans */
+        :: (!lm || (lm >> lc) & 1) && kind == 0 && TAKEN(lc) -> kind = K_OVERLAP_OF_BUSY_EXTENT  /* spans */
+        :: else -> skip  /* spans */
+        fi;  /* spans */
+        lc++  /* spans */
+     :: else -> break  /* spans */
+     od;  /* spans */
+     lc = ls;  /* spans */
+     do  /* spans */
+     :: lc < C && (lm || lc < ls + room[gx].sz) ->  /* spans */
+        if  /* spans */
+        :: !lm || (lm >> lc) & 1 -> cell[lc].content = gx; cell[lc].span = (lm -> MARK(ls) : 0)  /* spans */
+        :: else -> skip  /* spans */
+        fi;  /* spans */
+        lc++  /* spans */
+     :: else -> break  /* spans */
+     od;  /* spans */
+     lc = 0; lm = 0;  /* spans */
      cell[ls].span = room[gx].sz;
      if
      :: cell[ls].ss != S_free -> cell[ls].ss = S_copying; cell[ls].unsure = 0; spread(ls)
@@ -140,7 +176,7 @@ inline stage(gx) {
 inline serve_deferred() {
   do
   :: dlen == 0 -> break
-  :: dlen > 0 && room[dq[0]].snd != 2 && STAGEABLE(room[dq[0]].rs) && !FITS(room[dq[0]].sz) -> break
+  :: dlen > 0 && room[dq[0]].snd != 2 && STAGEABLE(room[dq[0]].rs) && !PLACEABLE(room[dq[0]].sz) -> break
   :: else ->
      h = dq[0];
      if
@@ -222,10 +258,10 @@ inline ev_tower(x, z) {
   :: hlt == 1 -> skip
   :: else ->
      if
-     :: dlen > 0 || !FITS(z) ->  /* one identity */
+     :: dlen > 0 || !PLACEABLE(z) ->  /* one identity */
         if :: BUSY_WAIT -> hlt = 2  /* one identity */
            :: else -> room[x].ch = CH_DEFERRED; dq[dlen] = x; dlen++ fi  /* one identity */
-     :: sw || HELD_BACK(x) || !FITS(z) -> room[x].ch = CH_DEFERRED; enqueue(x)  /* shares */
+     :: sw || HELD_BACK(x) || !PLACEABLE(z) -> room[x].ch = CH_DEFERRED; enqueue(x)  /* shares */
      :: else -> stage(x)
      fi
   fi
@@ -420,7 +456,7 @@ def room_arms(i: str, j: str, cfg) -> list[Arm]:
 # -- the encoder's families: (guards that enable them, the proctype's arm) ---------------------------
 def deferred_served(event: int) -> tuple[list[str], str]:
     guard = ("LIVE && dlen > 0 && (room[dq[0]].snd == 2 || !STAGEABLE(room[dq[0]].rs) || "
-             "FITS(room[dq[0]].sz))")
+             "PLACEABLE(room[dq[0]].sz))")
     return [f"({guard})"], f"    :: {guard} -> ev = {event}; x = 255; d_step {{ pre() }}; serve_deferred()"
 
 
@@ -452,7 +488,7 @@ inline reap() {
 
 def quarantine_ends(event: int, cells: int) -> tuple[list[str], str]:
     # an extent's deadline: at its first cell (the others carry its state too)
-    guards = [f"LIVE && cell[{s}].span > 0 && ARMED_EXTENT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
+    guards = [f"LIVE && FIRST({s}) && ARMED_EXTENT(cell[{s}].ss) && !PENDING({s})" for s in range(cells)]
     pick = " ".join(f":: {g} -> x = {s}" for s, g in enumerate(guards))
     return guards, f"    :: if {pick} fi; ev = {event}; d_step {{ pre(); move_extent_release(x, 0) }}"
 

@@ -30,7 +30,7 @@ inline post() {
     :: q < C ->
        k = 0; n = 0;
        do
-       :: k < R -> if :: room[k].sl != NONE && room[k].sl <= q && q < room[k].sl + room[k].sz -> n = 1
+       :: k < R -> if :: room[k].sl != NONE && COVERS(k, q) -> n = 1
                       :: else -> skip fi; k++
        :: else -> break
        od;

@@ -130,7 +130,7 @@ inline serve_fair() {
                     :: else ->
                        sfst[sfv] = sfc;
                        if
-                       :: !FITS(room[sfh].sz) -> sw = 1
+                       :: !PLACEABLE(room[sfh].sz) -> sw = 1
                        :: else -> dq_remove(sfq); stage(sfh); rotate(sfv); sfp = 1
                        fi;
                        break
@@ -163,7 +163,7 @@ inline calc_servable() {
            :: room[sfh].snd == 2 || !STAGEABLE(room[sfh].rs) -> srv = 1; sfc = 1; break
            :: else ->
               if :: HELD_BACK(sfh) -> skip
-                 :: else -> srv = FITS(room[sfh].sz); sfc = 1; break
+                 :: else -> srv = PLACEABLE(room[sfh].sz); sfc = 1; break
               fi
            fi
         :: else -> skip

@@ -131,7 +131,8 @@ def told_after(told: str, notice: str) -> str:
 
 def extent(cells, s: int) -> Sequence[int]:
     """The cells of the extent whose first cell is s (one cell if s is not the first of several)."""
-    return room_cells(cells, s, cells[s][LEN] or 1)
+    n = cells[s][LEN]
+    return room_cells(cells, s, n if n > 0 else 1)
 
 
 def room_cells(cells, s: int, z: int) -> Sequence[int]:

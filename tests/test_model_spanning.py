@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import promela
 from epd_ring.models.conformance import Harness
 from epd_ring.models.explore import canonical, explore
@@ -40,18 +41,27 @@ def test_an_item_spans_runs_only_where_no_run_holds_it_and_within_its_pieces():
     assert two.placements(rooms, run, 2) == [(0, 1)]  # a run holds it: no span
 
 
-def test_pieces_are_a_setting_of_the_project_rules_and_of_the_explorer_only(capsys):
+def test_pieces_are_a_setting_of_the_project_rules():
     from epd_ring.executor.tools.cli import main
 
     for bad in (dict(pieces=0), dict(pieces=2, variant="seed"), dict(pieces=2, variant="reuse-when-terminal")):
         with pytest.raises(ValueError, match="pieces"):
             Config(3, 2, 1, 0, **bad)
-    with pytest.raises(ValueError, match="pieces"):
-        promela.generate(SPANS)
-    assert main(["check", "--engine", "spin", "--cells", "3", "--rooms", "2", "--pieces", "2", "--quiet"]) == 2
-    assert "--pieces" in capsys.readouterr().out
     assert main(["check", "--cells", "3", "--rooms", "2", "--receivers", "1", "--faults", "0", "--pieces", "2",
                  "--quiet"]) == 0
+
+
+@pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
+@pytest.mark.parametrize("cfg, states", [(Config(3, 3, 1, 1, pieces=2), 28518),
+                                         # a span around a run of another extent: cells 0 and 3-4 around 1-2
+                                         (Config(5, 2, 1, 0, sizes=(2, 3), pieces=2), 650),
+                                         (Config(5, 3, 1, 0, sizes=(1, 3), pieces=3), 11402)], ids=str)
+def test_spin_stores_exactly_the_explorers_states_with_spans(cfg, states):
+    spin, ours = spin_tool.check(cfg), explore(cfg)
+    assert spin.violations == ours.violations == {}
+    assert spin.states == ours.states == states
+    assert promela.span_places(cfg) and "lm >>" in promela.generate(cfg) and "lm >>" not in promela.generate(
+        Config(cfg.cells, cfg.rooms, cfg.receivers, cfg.faults, sizes=cfg.sizes))  # spans only where asked
 
 
 def test_the_spec_with_spanning_holds_every_invariant_and_reaches_spans_the_arena_could_not_place():

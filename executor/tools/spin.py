@@ -168,11 +168,9 @@ def run(args, out=print) -> int:
     if (channels or late) and not regions:
         out("--channels and --late-landing model the receivers' regions: drop --spin-no-regions")
         return 2
-    if getattr(args, "pieces", 1) > 1:
-        out("--engine spin does not generate items spanning runs of cells (--pieces); check them with the explorer")
-        return 2
     cfg = Config(args.cells, args.rooms, args.receivers, args.faults, args.variant, regions=regions, sizes=args.sizes,
-                 peers=peers, channels=channels, late_landing=late, identities=getattr(args, "identities", 1))
+                 peers=peers, channels=channels, late_landing=late, identities=getattr(args, "identities", 1),
+                 pieces=getattr(args, "pieces", 1))
     if cfg.identities > 1 and not liveness.checks_shares(cfg):
         out("--engine spin generates identities for items of one cell (--sizes 1) and a cell per identity; "
             "check other bounds with the explorer")
@@ -185,6 +183,7 @@ def run(args, out=print) -> int:
         + ("both ends (receivers' regions too)" if regions else "encode side only (no receivers' regions)")
         + (", notice channels" if channels else "") + (", late landings" if late else "")
         + (f", {cfg.identities} identities" if cfg.identities > 1 else "")
+        + (f", items spanning up to {cfg.pieces} runs" if cfg.pieces > 1 else "")
         + "; exhaustive, "
         "symmetry reduced in the model"
         + (", states compressed losslessly (COLLAPSE)" if args.spin_collapse else ""))
