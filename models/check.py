@@ -90,7 +90,7 @@ def add_arguments(p) -> None:
     p.add_argument("--pieces", type=count_at_least(1), default=1,
                    metavar="P",  # pragma: no mutate (presentation: the help's placeholder)
                    help="an item no run of free cells holds may span up to P runs (the executor's max_pieces; "
-                        "explorer only; default: 1, no spanning)")
+                        "default: 1, no spanning)")
     p.add_argument("--no-symmetry", action="store_true",
                    help="explore without symmetry reduction")
     p.add_argument("--compare-symmetry", action="store_true",

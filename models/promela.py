@@ -405,7 +405,7 @@ def _macros(cfg: Config) -> list[str]:
 
 def _span_macros(cfg: Config) -> list[str]:
     """Spans (`Config.pieces` > 1; models/ring.py): a spanning extent's other cells hold MARK(first) in `span`
-    (the spec's -1 - first); the arms that place an item across runs (`SPAN_PLACES`) when no run holds it."""
+    (the spec's -1 - first); PLACEABLE(z): a run holds an item of z cells, or (`span_places`) a span does."""
     C = cfg.cells
     defs = ["#define MARK(f) (128 + (f))"]
     if cfg.pieces == 1:
