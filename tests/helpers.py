@@ -251,7 +251,7 @@ def make_rig(*, extents: int = 4, extent_bytes: int = 4096, hidden: int = 8, n_d
              park_timeout: float = 10.0, quarantine_s: float = 5.0, write_timeout: float = 30.0,
              max_deferred: int | None = None, arena_bytes: int | None = None, parked_ring_share: float = 0.5,
              identity_ring_share: float | None = None, transport_cls: type[LoopbackTransport] = LoopbackTransport,
-             peer_ring_share: float = 0.5, max_pieces: int = 1, **manager_kw) -> Rig:
+             peer_ring_share: float = 0.5, max_pieces: int | None = None, **manager_kw) -> Rig:
     """A rig whose arena holds `extents` items of `extent_bytes` (each capped at that), or is `arena_bytes` uncapped."""
     clock = FakeClock()
     transport = transport_cls(clock)
@@ -262,7 +262,8 @@ def make_rig(*, extents: int = 4, extent_bytes: int = 4096, hidden: int = 8, n_d
              else dict(ring_slots=extents, ring_bytes=extent_bytes))
     executor = drive(EncodeExecutor(manager, tower, "cpu", max_deferred=max_deferred,
                                     parked_ring_share=parked_ring_share, identity_ring_share=identity_ring_share,
-                                    peer_ring_share=peer_ring_share, max_pieces=max_pieces, **sizes))
+                                    peer_ring_share=peer_ring_share, **sizes,
+                                    **({} if max_pieces is None else {"max_pieces": max_pieces})))
     return Rig(clock, transport, executor.manager, executor, tower)
 
 

@@ -1,5 +1,5 @@
-"""Items spanning several runs of the arena (`max_pieces` > 1, issue 33): an item no free run holds
-whole takes up to `max_pieces` of them, its receivers still get contiguous rows, and every piece keeps
+"""Items spanning several runs of the arena (`max_pieces`, 4 by default; issue 33): an item no free run
+holds whole takes up to `max_pieces` of them, its receivers still get contiguous rows, and every piece keeps
 its bytes until its extent is free."""
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_an_item_spanning_two_holes_reaches_every_receiver_whole(n_deep, host_co
 
 
 def test_without_spanning_the_same_item_waits_for_bytes():
-    rig = make_rig(arena_bytes=4 * QUARTER, parked_ring_share=1.0, hidden=HIDDEN)
+    rig = make_rig(arena_bytes=4 * QUARTER, parked_ring_share=1.0, hidden=HIDDEN, max_pieces=1)
     _two_holes(rig)
     rig.open_room(5, rows=2 * ROWS)
     rig.executor.execute([("r5", rig.item(2 * ROWS, 5))])
