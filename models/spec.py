@@ -392,7 +392,8 @@ class Spec(Events):
             extra = f" size{z}" if z else ""
             # trace text: not mutated (the pragma below)
             extra += "" if s < 0 else f" cell{s}" if z == 1 else f" cells{s}-{s + z - 1}"  # pragma: no mutate
-            if s >= 0 and z > 1 and room_cells(extents, s, z)[-1] != s + z - 1:  # a spanning extent: each cell
+            # trace text: a spanning extent's cells, each (not mutated: the pragma below)
+            if s >= 0 and z > 1 and room_cells(extents, s, z)[-1] != s + z - 1:  # pragma: no mutate
                 extra = f" size{z} cells" + "+".join(map(str, room_cells(extents, s, z)))  # pragma: no mutate
             w = f" infl{r[INFL]}" if r[INFL] else ""
             g = f" ghost{r[GHOST]}" if r[GHOST] else ""
@@ -407,7 +408,8 @@ class Spec(Events):
             c = f"<room{sl[CONTENT]}" if sl[CONTENT] >= 0 else f"<@{-2 - sl[CONTENT]}" if sl[CONTENT] < -1 else ""
             if sl[LEN] > 0:
                 where = f"cell{s}" if sl[LEN] == 1 else f"cells{s}-{s + sl[LEN] - 1}"  # pragma: no mutate (trace text)
-                if sl[LEN] > 1 and extent(extents, s)[-1] != s + sl[LEN] - 1:  # a spanning extent: each of its cells
+                # trace text: a spanning extent's cells, each (not mutated: the pragma below)
+                if sl[LEN] > 1 and extent(extents, s)[-1] != s + sl[LEN] - 1:  # pragma: no mutate
                     where = "cells" + "+".join(map(str, extent(extents, s)))  # pragma: no mutate (trace text)
                 parts.append(f"{where}={sl[SS]}{c}{'!' if sl[UNSURE] else ''}")
             elif sl[LEN] == 0 and sl[CONTENT] != extents[s - 1][CONTENT]:  # its extent's first cell was overwritten

@@ -132,7 +132,7 @@ def test_the_gone_slots_flag_is_refused():
 @pytest.mark.parametrize("flag", [["--cells", "1"], ["--rooms", "1"], ["--receivers", "1"], ["--faults", "0"],
                                   ["--variant", "seed"], ["--sizes", "1"], ["--no-symmetry"], ["--compare-symmetry"],
                                   ["--save-traces", "D"], ["--channels"], ["--late-landing"], ["--restarts", "1"],
-                                  ["--identities", "2"]], ids=str)
+                                  ["--identities", "2"], ["--pieces", "2"]], ids=str)
 def test_replay_refuses_each_flag_the_trace_fixes_and_names_it(flag):
     with pytest.raises(CheckInputError) as refused:
         run_check(parse(["--replay", str(TRACE), *flag]))
@@ -187,7 +187,7 @@ def test_check_runs_on_a_namespace_with_only_the_first_flags():
     assert (report["config"]["peers"], report["config"]["channels"], report["config"]["late_landing"]) == (
         False, False, False)
     assert report["config"]["variant"] == "project" and report["config"]["sizes"] == (1, 2)
-    assert "restarts" not in report["config"] and "identities" not in report["config"]  # none, one: left out
+    assert not {"restarts", "identities", "pieces"} & set(report["config"])  # none, one, one: left out
 
 
 def test_a_configuration_the_model_cannot_take_is_refused_with_the_models_own_reason():
@@ -201,7 +201,8 @@ def test_a_configuration_the_model_cannot_take_is_refused_with_the_models_own_re
 @pytest.mark.parametrize("flag, key, value", [(["--peers"], "peers", True), (["--channels"], "channels", True),
                                               (["--late-landing"], "late_landing", True),
                                               (["--sizes", "1"], "sizes", (1,)), (["--restarts", "1"], "restarts", 1),
-                                              (["--identities", "2"], "identities", 2)], ids=str)
+                                              (["--identities", "2"], "identities", 2),
+                                              (["--pieces", "2"], "pieces", 2)], ids=str)
 def test_check_explores_the_configuration_its_flags_give(monkeypatch, flag, key, value):
     seen = []
     real = check.explore

@@ -87,6 +87,16 @@ def test_the_spec_with_spanning_holds_every_invariant_and_reaches_spans_the_aren
     assert spans == {(0, 2)}
 
 
+def test_a_spin_trail_reads_back_a_spanning_extents_cells():
+    from epd_ring.models.promela import EXTENT_STATES, NONE, _parse_state
+
+    copying, free = EXTENT_STATES.index("copying") + 1, EXTENT_STATES.index("free") + 1
+    lines = ["ST 0 0 0", f"SL {copying} 0 0 2", f"SL {free} {NONE} 0 1",
+             f"SL {copying} 0 0 128"]  # cells 0 and 2: room 0's extent, cell 2 marked with its first
+    cells = _parse_state(lines)[1]
+    assert [c[LEN] for c in cells] == [2, 1, -1] and list(extent(cells, 0)) == [0, 2]
+
+
 def test_the_core_spans_in_lockstep_with_the_spec():
     h = Harness(SPANS)
     for ev in TO_SPAN:
@@ -122,10 +132,13 @@ def test_the_walk_takes_every_spec_edge_the_core_can_and_spans_on_the_way(monkey
     assert any(c[LEN] < 0 for st in reached for c in st[1])  # the core spanned on the walk
 
 
-def test_reading_the_arena_from_its_other_end_mirrors_a_spanning_extent():
+@pytest.mark.parametrize("cfg", [Config(4, 2, 1, 0, sizes=(1, 3), pieces=2),  # one cell taken at 1: 0 and 2-3
+                                 Config(5, 2, 1, 0, sizes=(2, 3), pieces=2)],  # a run of two beside a span
+                         ids=str)
+def test_reading_the_arena_from_its_other_end_mirrors_a_spanning_extent(cfg):
     from epd_ring.models.walk import reflect
 
-    spec = Spec(Config(4, 2, 1, 0, sizes=(1, 3), pieces=2))  # one cell taken at 1: three cells span 0 and 2-3
+    spec = Spec(cfg)
     seen, frontier, moved = {canonical(spec.initial())}, [spec.initial()], 0
     while frontier:
         st = frontier.pop()

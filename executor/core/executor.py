@@ -473,7 +473,7 @@ def _text_dump(ring: Ring, deferred: int, rooms: dict[int, dict[str, Any]], peer
         extra = f" room={s.room}" if s.room is not None else ""  # pragma: no mutate (a dump's wording)
         if s.writes_in_flight:
             extra += f" writes={s.writes_in_flight}"
-        at = ",".join(f"@{o}+{n}" for o, n in s.pieces) if s.pieces else f"@{s.offset}+{s.nbytes}"
+        at = ",".join(f"@{o}+{n}" for o, n in s.pieces) if s.pieces else f"@{s.offset}+{s.nbytes}"  # pragma: no mutate
         lines.append(f"  extent {s.index} {at}: {s.state}{extra}")
     if ring.retired:
         lines.append("  retired")  # pragma: no mutate (a dump's wording)
