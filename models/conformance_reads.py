@@ -29,7 +29,7 @@ from .spec import (
     W_LANDED,
     Config,
 )
-from .state import TOLD_NONE, told_after
+from .state import TOLD_NONE, runs, told_after
 
 
 class Readback:
@@ -68,7 +68,7 @@ class Readback:
         first = min(cells)
         if s.state == "free" or first == i:
             return len(cells)
-        return -1 - first if max(cells) - first + 1 > len(cells) else 0
+        return -1 - first if runs(sorted(cells)) > 1 else 0
 
     def cells(self) -> list[Any]:
         """The ring as the model's cells: the live extent covering each cell, or a free stand-in."""

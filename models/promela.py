@@ -48,7 +48,7 @@ from .explore import _transition_check, canonical
 from .promela_search import SEARCH
 from .seed import SeedSpec
 from .spec import _REGION_RANK, CH_NAMES, CONCLUDED, PEER_VARIANTS, W_FLIGHT, W_GHOST, W_IDLE, W_LANDED, Config, Spec
-from .state import CHAN_CAP, NOTICE_CODE, STAGEABLE, TOLD_NONE, TOLD_TWICE, W_STRAY
+from .state import CHAN_CAP, NOTICE_CODE, STAGEABLE, TOLD_NONE, TOLD_TWICE, W_STRAY, runs
 
 # Kinds of violation, in the order the spec checks them; codes are 1-based.
 KINDS = ("crash", "overwrite-under-late-write", "overwrite-under-write", "overwrite-under-chunk",
@@ -427,7 +427,7 @@ def span_places(cfg: Config) -> list[tuple[int, ...]]:
     from itertools import combinations
 
     return [p for z in cfg.sizes if z <= cfg.cells for p in combinations(range(cfg.cells), z)
-            if 1 < 1 + sum(b != a + 1 for a, b in zip(p, p[1:])) <= cfg.pieces]
+            if 1 < runs(p) <= cfg.pieces]
 
 
 def _done(cfg: Config) -> list[str]:

@@ -30,6 +30,7 @@ from .state import (
     STAGEABLE,
     UNSURE,
     Draft,
+    runs,
 )
 
 
@@ -59,11 +60,11 @@ class Ring:
         cells or, when there is none and `pieces` > 1, any `size` leasable cells in at most `pieces` runs
         (the arena takes its largest free runs whole, then the best fit: the spec, any such cells)."""
         ok = self.leasable(rooms, cells)
-        runs = [tuple(range(s, s + size)) for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
-        if runs or self.pieces == 1:
-            return runs
+        whole = [tuple(range(s, s + size)) for s in range(len(cells) - size + 1) if all(ok[s:s + size])]
+        if whole or self.pieces == 1:
+            return whole
         return [p for p in combinations([c for c, free in enumerate(ok) if free], size)
-                if 1 + sum(b != a + 1 for a, b in zip(p, p[1:])) <= self.pieces]
+                if runs(p) <= self.pieces]
 
     @staticmethod
     def reads(r) -> bool:
@@ -94,7 +95,7 @@ class Ring:
                 if cells[c][SS] != "free" and not (t >= 0 and self.reads(d2.rooms[t])):
                     d2.flag("overlap-of-busy-extent", f"room {i}'s extent overlaps a {cells[c][SS]} extent at "
                                                       f"cell {c}, which a write may still read")
-            spans = place[-1] - s + 1 > z  # its other cells name its first: they are not all in one run
+            spans = runs(place) > 1  # its other cells name its first: they are not all in one run
             for c in place:
                 cells[c][CONTENT], cells[c][LEN] = i, -1 - s if spans else 0
             cells[s][LEN] = z

@@ -135,6 +135,12 @@ def extent(cells, s: int) -> Sequence[int]:
     return room_cells(cells, s, n if n > 0 else 1)
 
 
+def runs(cells: Sequence[int]) -> int:
+    """How many runs of consecutive cells the ascending `cells` make: one for an extent in one run, more
+    for a spanning one (`Config.pieces`)."""
+    return 1 + sum(b != a + 1 for a, b in zip(cells, cells[1:]))
+
+
 def room_cells(cells, s: int, z: int) -> Sequence[int]:
     """The `z` cells of an extent whose first cell is s: the run from s, or a spanning extent's cells."""
     if z > 1:

@@ -32,6 +32,7 @@ from .conformance import Harness
 from .conformance_clock import NotByClock
 from .explore import canonical, event_name
 from .spec import EXTENTI, LEN, RS, SIZE, Config, Spec, extent
+from .state import runs
 
 
 @dataclass
@@ -139,7 +140,7 @@ def _reflect_spanning(state: tuple) -> tuple:
         own = extent(cells, f)
         img = sorted(n - 1 - c for c in own)
         image_of[f] = img[0]
-        spans = img[-1] - img[0] + 1 > len(img)
+        spans = runs(img) > 1
         for c in own:
             at = n - 1 - c
             moved[at] = (*cells[c][:LEN], len(own) if at == img[0] else -1 - img[0] if spans else 0)
