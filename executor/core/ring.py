@@ -217,8 +217,11 @@ class Ring:
                     self.main_arena.free(extent.offset)
                 if extent.deep_offset >= 0:
                     assert self.deep_arena is not None
-                    for at, _ in extent.deep_pieces or ((extent.deep_offset, 0),):
-                        self.deep_arena.free(at)
+                    if extent.deep_pieces:
+                        for at, _ in extent.deep_pieces:
+                            self.deep_arena.free(at)
+                    else:
+                        self.deep_arena.free(extent.deep_offset)
         for action in actions:
             self.actions[action](extent)
         return dest

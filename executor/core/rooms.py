@@ -82,7 +82,7 @@ def chunk_writes(chunk: Chunk, frames: Iterable[ReceiverFrame]) -> list[tuple[Re
                     bufs += spread(deep, f.row_start * drb, f.dst_deep_ptr, f.n_tokens * drb)
                 writes.append((f, tuple(bufs)))
         return writes
-    for f in frames:
+    for f in frames:  # the branch above on one run, written out: the per-item path (no `spread` per receiver)
         n = f.n_tokens
         if n:
             main_buf = (chunk.src + f.row_start * rb, f.dst_ptr, n * rb)
