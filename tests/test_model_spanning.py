@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 
 import pytest
+from helpers import reachable_states
 
 from epd_ring.executor.tools import spin as spin_tool
 from epd_ring.models import promela
 from epd_ring.models.conformance import Harness
 from epd_ring.models.explore import canonical, explore
-from epd_ring.models.spec import EXTENTI, LEN, SS, Config, Spec, extent, room_cells
+from epd_ring.models.spec import EXTENTI, LEN, SIZE, SS, Config, Spec, extent, room_cells
 
 SPANS = Config(3, 3, 1, 0, pieces=2)  # three rooms: the core itself spans (two must hold cells to split the free ones)
 # room 0 (one cell) and room 2 (one cell) take cells 0 and 1; room 0 succeeds, so cells 0 and 2 are free and room
@@ -68,10 +69,8 @@ def test_the_spec_with_spanning_holds_every_invariant_and_reaches_spans_the_aren
     plain, spanning = explore(Config(3, 3, 1, 1)), explore(Config(3, 3, 1, 1, pieces=2))
     assert plain.violations == {} == spanning.violations
     assert (plain.states, spanning.states) == (24798, 28518)  # the spans are states of their own
-    spec = Spec(SPANS)
-    seen, frontier, spans = {canonical(spec.initial())}, [spec.initial()], set()
-    while frontier:
-        st = frontier.pop()
+    spans = set()
+    for st in reachable_states(SPANS):
         for cell, c in enumerate(st[1]):
             if c[LEN] > 1 and list(extent(st[1], cell)) != list(range(cell, cell + c[LEN])):
                 spans.add(tuple(extent(st[1], cell)))
@@ -79,11 +78,7 @@ def test_the_spec_with_spanning_holds_every_invariant_and_reaches_spans_the_aren
                 assert all(st[1][x][SS] == c[SS] and st[1][x][LEN] == -1 - cell for x in extent(st[1], cell)[1:])
         for r in st[0]:
             if r[EXTENTI] >= 0:  # a room's cells are its extent's, wherever they lie
-                assert list(room_cells(st[1], r[EXTENTI], r[9])) == list(extent(st[1], r[EXTENTI]))
-        for step in spec.successors(st):
-            if canonical(step.state) not in seen:
-                seen.add(canonical(step.state))
-                frontier.append(step.state)
+                assert list(room_cells(st[1], r[EXTENTI], r[SIZE])) == list(extent(st[1], r[EXTENTI]))
     assert spans == {(0, 2)}
 
 
@@ -138,17 +133,11 @@ def test_the_walk_takes_every_spec_edge_the_core_can_and_spans_on_the_way(monkey
 def test_reading_the_arena_from_its_other_end_mirrors_a_spanning_extent(cfg):
     from epd_ring.models.walk import reflect
 
-    spec = Spec(cfg)
-    seen, frontier, moved = {canonical(spec.initial())}, [spec.initial()], 0
-    while frontier:
-        st = frontier.pop()
+    spec, moved = Spec(cfg), 0
+    for st in reachable_states(cfg):
         image = reflect(st)
         assert reflect(image) == st
         assert {canonical(reflect(t.state)) for t in spec.successors(st)} == \
             {canonical(t.state) for t in spec.successors(image)}
         moved += any(c[LEN] < 0 for c in st[1]) and image != st
-        for t in spec.successors(st):
-            if canonical(t.state) not in seen:
-                seen.add(canonical(t.state))
-                frontier.append(t.state)
     assert moved > 0  # spanning states were mirrored
