@@ -96,13 +96,16 @@ def test_random_spans_never_overlap_and_fail_only_when_the_largest_runs_are_too_
 
 # -- the ring -------------------------------------------------------------------------------------------
 
+def _holed(max_pieces: int = 2, deep: bool = False) -> Ring:
+    """A ring of four 64-byte units (in each half) whose units 0 and 2 are free: two holes apart."""
+    ring = Ring(LoopbackTransport(), 4 * 64, deep_bytes=4 * 64 if deep else 0, max_pieces=max_pieces)
+    for e in [ring.lease(64, 64 if deep else 0) for _ in range(4)][::2]:
+        ring.fire(e, "abandon")
+    return ring
+
+
 def test_a_ring_spans_only_when_asked_and_gives_every_piece_back_when_free():
-    plain = Ring(LoopbackTransport(), 4 * 64)
-    spanning = Ring(LoopbackTransport(), 4 * 64, max_pieces=2)
-    for ring in (plain, spanning):
-        held = [ring.lease(64) for _ in range(4)]
-        for e in held[::2]:
-            ring.fire(e, "abandon")
+    plain, spanning = _holed(max_pieces=1), _holed()
     assert plain.lease(128) is None
     e = spanning.lease(100)
     assert e.pieces == ((0, 64), (128, 36)) and (e.offset, e.nbytes) == (0, 100)
@@ -112,16 +115,17 @@ def test_a_ring_spans_only_when_asked_and_gives_every_piece_back_when_free():
 
 
 def test_a_spanning_item_takes_both_arenas_or_neither():
-    ring = Ring(LoopbackTransport(), 4 * 64, deep_bytes=4 * 64, max_pieces=2)
-    held = [ring.lease(64, 64) for _ in range(4)]
-    for e in held[::2]:
-        ring.fire(e, "abandon")
-    ring.fire(ring.lease(0, 64), "copied")  # one of the deepstack arena's two free units is taken now
-    assert ring.lease(128, 128) is None
-    assert ring.main_arena.in_use == 2 * 64 + 64  # the main pieces it had taken went back
-    both = Ring(LoopbackTransport(), 4 * 64, deep_bytes=4 * 64, max_pieces=2)
-    for e in [both.lease(64, 64) for _ in range(4)][::2]:
-        both.fire(e, "abandon")
+    ring = Ring(LoopbackTransport(), 6 * 64, deep_bytes=4 * 64, max_pieces=2)
+    a, _, c, _ = [ring.lease(64, 64) for _ in range(4)]
+    e = ring.lease(128)
+    for x in (a, c):
+        ring.fire(x, "abandon")
+    ring.lease(64, 64)  # takes unit 0 of each half: the main half's units 2 and 4-5 and the deepstack's 2 are free
+    ring.fire(e, "abandon")
+    free = ring.main_arena.free_extents()
+    assert ring.lease(192, 128) is None  # the main half spans 4-5 and 2; the deepstack half cannot take 128
+    assert ring.main_arena.free_extents() == free and ring.main_arena.in_use == 3 * 64  # the main pieces went back
+    both = _holed(deep=True)
     e = both.lease(128, 128)
     assert e.pieces == ((0, 64), (128, 64)) and e.deep_pieces == ((0, 64), (128, 64))
     both.fire(e, "abandon")
