@@ -61,8 +61,9 @@ def test_the_bench_against_the_seed_prints_interleaved_figures_with_and_without_
     lines: list[str] = []
     figures: dict = {}
     bench.run(items=40, sizes=(8,), seed_path=SEED, quiet=True, echo=lines.append, figures=figures)
-    # 4 of 8 held and none, an item a turn; 4 held, 4 items a turn
-    assert set(figures["interleaved"]) == {"4 held, 1 a turn", "0 held, 1 a turn", "4 held, 4 a turn"}
+    # 4 of 8 held and none, an item a turn; 4 held, 4 items a turn; 4 held with ours on the loopback
+    assert set(figures["interleaved"]) == {"4 held, 1 a turn", "0 held, 1 a turn", "4 held, 4 a turn",
+                                           "4 held, 1 a turn, ours on the loopback"}
     for f in figures["interleaved"].values():
         assert f["ours_us"] > 0 and f["seed_us"] > 0
     assert figures["per_item"]["ours"]["calls"] > 0 and figures["per_item"]["seed"]["calls"] > 0
@@ -70,7 +71,7 @@ def test_the_bench_against_the_seed_prints_interleaved_figures_with_and_without_
     # both sides checked their receivers' bytes in the cycles the figures rest on
     seed = seed_bench.load_seed(SEED)
     for cycle, check in (bench.our_cycle(8, 8), bench.seed_cycle(seed, 8, 8), bench.our_cycle(8, 4, 4),
-                         bench.seed_cycle(seed, 8, 4, 4)):
+                         bench.seed_cycle(seed, 8, 4, 4), bench.our_cycle(8, 4, loopback=True)):
         cycle(5)  # a turn of 4, then one of 1
         check(5)
     with pytest.raises(ValueError, match="batch"):
