@@ -48,8 +48,12 @@ def test_pieces_are_a_setting_of_the_project_rules():
     for bad in (dict(pieces=0), dict(pieces=2, variant="seed"), dict(pieces=2, variant="reuse-when-terminal")):
         with pytest.raises(ValueError, match="pieces"):
             Config(3, 2, 1, 0, **bad)
-    assert main(["check", "--cells", "3", "--rooms", "2", "--receivers", "1", "--faults", "0", "--pieces", "2",
-                 "--quiet"]) == 0
+    small = ["check", "--cells", "3", "--rooms", "2", "--receivers", "1", "--faults", "0", "--quiet"]
+    assert main([*small, "--pieces", "2"]) == 0
+    assert main([*small, "--pieces", "1"]) == 0  # one piece: the least there is, and the default
+    with pytest.raises(SystemExit) as refused:
+        main([*small, "--pieces", "0"])
+    assert refused.value.code == 2  # a usage error, before any state is explored
 
 
 @pytest.mark.skipif(not spin_tool.available(), reason="needs spin and gcc (apt-get install -y spin gcc)")
@@ -128,16 +132,38 @@ def test_the_walk_takes_every_spec_edge_the_core_can_and_spans_on_the_way(monkey
 
 
 @pytest.mark.parametrize("cfg", [Config(4, 2, 1, 0, sizes=(1, 3), pieces=2),  # one cell taken at 1: 0 and 2-3
-                                 Config(5, 2, 1, 0, sizes=(2, 3), pieces=2)],  # a run of two beside a span
+                                 Config(5, 2, 1, 0, sizes=(2, 3), pieces=2),  # a run of two beside a span
+                                 # rooms with an owner: a field after the extent's, which the mirror keeps
+                                 Config(4, 2, 1, 0, sizes=(1, 3), pieces=2, identities=2)],
                          ids=str)
 def test_reading_the_arena_from_its_other_end_mirrors_a_spanning_extent(cfg):
-    from epd_ring.models.walk import reflect
+    from epd_ring.models.walk import _reflect_spanning, reflect
 
     spec, moved = Spec(cfg), 0
     for st in reachable_states(cfg):
         image = reflect(st)
         assert reflect(image) == st
+        assert _reflect_spanning(st) == image  # the general mirror agrees with the one-run loop everywhere
         assert {canonical(reflect(t.state)) for t in spec.successors(st)} == \
             {canonical(t.state) for t in spec.successors(image)}
         moved += any(c[LEN] < 0 for c in st[1]) and image != st
     assert moved > 0  # spanning states were mirrored
+
+
+def test_the_room_view_reads_a_spanning_extent_in_every_cell_it_holds():
+    """`epd-ring diagram --room-view`'s projection: a spanning extent is its room's wherever its cells lie,
+    and another room's content in any of them shows as an overlap."""
+    from epd_ring.models.graphs import room_view
+    from epd_ring.models.spec import CONTENT
+
+    h = Harness(SPANS)
+    for ev in TO_SPAN:
+        h.step(ev)
+    state = h.state
+    cells = state[1]
+    assert cells[0][LEN] == 2 and cells[2][LEN] == -1  # room 1's item in cells 0 and 2
+    assert room_view(state, 1)[7] == (cells[0][SS], True)
+    for c in (0, 2):  # either piece holding room 0's bytes is an overlap
+        bad = list(cells)
+        bad[c] = (*cells[c][:CONTENT], 0, *cells[c][CONTENT + 1:])
+        assert room_view((state[0], tuple(bad), *state[2:]), 1)[7] == (cells[0][SS], False)
