@@ -10,7 +10,7 @@ other (through fsm/couplings.py), `admission` the frames and withdraws,
 `writes` the writes in flight, `tombstones` what is kept of concluded rooms;
 `reasons` why a room failed; `ring` the extents; `transport` the seam every
 transport implements; `loopback` the in-process transport with fault injection. It may import only
-`epd_ring.fsm`, torch and the standard library.
+`epd_ring.fsm`, torch, `mypy_extensions` (marks for the compiled core, setup.py) and the standard library.
 """
 
 from .clock import FakeClock, MonotonicClock

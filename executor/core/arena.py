@@ -62,6 +62,8 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush, heapreplace
 
+from mypy_extensions import mypyc_attr
+
 _SUB = 16  # classes per power of two above the exact range
 
 
@@ -73,6 +75,8 @@ def _cls(u: int) -> int:
     return ((f + 1) << 4) + (u >> f) - _SUB
 
 
+# compiled (setup.py), it stays open to subclasses: tests have some that watch its merges
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Arena:
     """`capacity` bytes (rounded down to `align`) handed out as aligned extents."""
 

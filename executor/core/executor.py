@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,7 @@ from .manager import EncodeManager
 from .reasons import Reason, ReasonKind, as_reason
 from .ring import Ring
 from .shares import Shares
-from .staging import Sender, Staging
+from .staging import Sender, StagedCalls, Staging
 from .tower import TowerModel
 
 log = logging.getLogger("epd_ring.executor")
@@ -64,7 +63,7 @@ class EncodeItem:
     either `n_tokens` or `offsets` (inclusive (start, end) token ranges).
     """
 
-    modality: Modality | str
+    modality: Any  # a `Modality`, its value, or an engine's own enum: matched by value (`_modality_name`)
     n_tokens: int  # post-merge token count: the rows this item owns in the tower output
     pixel_values: Any = None
     hash: Any = None
@@ -144,42 +143,12 @@ def _cuda_fence() -> Any:
     return ev
 
 
-class _Staged(property):
-    """A call or figure the executor answers through its `staging` part. On an executor it reads the
-    part's own bound method or value through a C attribute getter, so a loop's turn pays no call more
-    than when staging was the executor's base; on the class it is callable with the executor first,
-    as a method is (the seed's surface is checked that way)."""
-
-    # runs when the class is made, at import, before mutmut switches a mutant on, so no mutant of it could
-    # be caught: not mutated (the tests call every name it makes; the seed's, tests/test_seed_surface.py)
-    # pragma: no mutate start
-    def __init__(self, name: str) -> None:
-        super().__init__(operator.attrgetter(f"staging.{name}"), lambda ex, value: setattr(ex.staging, name, value))
-        self.__doc__ = getattr(getattr(Staging, name, None), "__doc__", None)  # the part's, for help()
-    # pragma: no mutate end
-
-    def __call__(self, executor: Any) -> Any:  # every call it names takes no argument but the executor
-        return self.__get__(executor)()
-
-
-class EncodeExecutor:
+class EncodeExecutor(StagedCalls):
     """The encode loop's surface: the tower, its items' senders, the tick, shutdown and health.
 
     How an item gets into an extent (lease, copy, defer) is its `staging` part's; the rooms are its
     manager's. The seed's calls on the deferred queue (`drain_deferred`, `has_deferred`) and the
-    queries below are answered by `staging` itself."""
-
-    serve_deferred = _Staged("serve_deferred")
-    drain_deferred = _Staged("drain_deferred")
-    has_deferred = _Staged("has_deferred")
-    can_take = _Staged("can_take")
-    deferred_count = _Staged("deferred_count")
-    deferred_requests = _Staged("deferred_requests")
-    copy_fences = _Staged("copy_fences")
-    copies_pending = _Staged("copies_pending")
-    finish_copies = _Staged("finish_copies")
-    drop_deferred = _Staged("drop_deferred")
-    max_deferred = _Staged("max_deferred")
+    deferred queue's and copies' gauges are answered by `staging` itself (`StagedCalls`)."""
 
     def __init__(
         self,

@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from epd_ring.fsm import ROOM, ROOM_CONCLUDED
 
 from . import settings
@@ -53,6 +55,8 @@ def _owned(part: str, name: str, doc: str) -> Any:
 # pragma: no mutate end
 
 
+# compiled (setup.py), a class like any other: its settings are properties made by a call (`_owned`)
+@mypyc_attr(native_class=False)
 class EncodeManager:
     """Owns the rooms of one encode worker: their frames, writes, deadlines and outcomes.
 

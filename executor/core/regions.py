@@ -11,7 +11,7 @@ issued pass through here, so the success path costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from .frames import _endpoint_ok
@@ -122,8 +122,8 @@ def withdraw_to_parts(room: int, session: str, status_endpoint: str = "") -> lis
     return [WITHDRAW_MAGIC, b"%d" % room, session.encode(), status_endpoint.encode()]
 
 
-def withdraw_from_parts(parts: list[bytes]) -> Reply:
-    """Parse a withdraw; raise WithdrawError naming the first bad part."""
+def withdraw_from_parts(parts: Sequence[Any]) -> Reply:
+    """Parse a withdraw (its parts bytes, memoryviews or zmq frames); raise WithdrawError naming the first bad part."""
     if len(parts) != 4 or parts[0] != WITHDRAW_MAGIC:
         raise WithdrawError("not a withdraw message")
     room, session, endpoint = (bytes(p) for p in parts[1:])

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from mypy_extensions import mypyc_attr
 
 from epd_ring.fsm import EXTENT
 from epd_ring.fsm.couplings import ON_ENTER, ON_EVENT
@@ -74,6 +75,8 @@ class Extent:
         return f"extent {self.index}"
 
 
+# compiled (setup.py), it stays open to subclasses: the model's seed variant has one (models/seed.py)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Ring:
     """Main arena plus, for deepstack models, a deepstack arena; an extent leases from both."""
 

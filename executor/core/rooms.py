@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from epd_ring.fsm import ROOM
 
 from .reasons import Reason
+from .ring import Extent  # at run time: the compiled core's `Chunk` reads its fields' types at import
 
 if TYPE_CHECKING:
     from .frames import ReceiverFrame
-    from .ring import Extent
     from .shares import Share
     from .transport import Buf
     from .writes import Write

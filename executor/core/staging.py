@@ -69,8 +69,15 @@ def copy_into(host_copy: bool, dst_ptr: int, view: Callable[[Extent, int], torch
             src = src.resolve_neg()
         src = src.contiguous()
         ctypes.memmove(dst_ptr, src.data_ptr(), nbytes)
+        _kept(src)
     else:
         view(extent, nbytes).view(src.dtype).view(src.shape).copy_(src, non_blocking=True)
+
+
+def _kept(src: torch.Tensor) -> None:
+    """Nothing: called once the bytes of `src` are copied, so that it lives until then. Compiled
+    (setup.py), a local is released at its last use, and a tensor made here (a resolved negation, a
+    contiguous copy) was last used to read its address: its memory went back before the memmove."""
 
 
 def copy_pieces(host_copy: bool, arena: torch.Tensor | None, base: int, pieces: tuple[tuple[int, int], ...],
@@ -91,6 +98,7 @@ def copy_pieces(host_copy: bool, arena: torch.Tensor | None, base: int, pieces: 
             arena[offset:offset + n].copy_(flat[at:at + n], non_blocking=True)
         out.append((base + offset, n))
         at += n
+    _kept(src)
     return tuple(out)
 
 
@@ -107,6 +115,55 @@ class Sender:
     def bootstrap_room(self) -> int:
         """The seed's name for `room` (its senders carried it), read by loops written for the seed."""
         return self.room
+
+
+class StagedCalls:
+    """The calls and figures an executor answers through its `staging` part, each `Staging`'s own of
+    that name: the seed's (`drain_deferred`, `has_deferred`), the loop's gate and the deferred queue's
+    and copies' gauges. A base of `EncodeExecutor`, so that its class stays compiled (setup.py): a
+    compiled class runs methods, not descriptors made at import."""
+
+    staging: Staging
+
+    def serve_deferred(self) -> None:
+        self.staging.serve_deferred()
+
+    def drain_deferred(self) -> None:
+        self.staging.drain_deferred()
+
+    def has_deferred(self) -> bool:
+        return self.staging.has_deferred()
+
+    def can_take(self) -> bool:
+        return self.staging.can_take()
+
+    @property
+    def deferred_count(self) -> int:
+        return self.staging.deferred_count
+
+    def deferred_requests(self) -> list[Any]:
+        return self.staging.deferred_requests()
+
+    def copy_fences(self) -> list[tuple[Any, int]]:
+        return self.staging.copy_fences()
+
+    @property
+    def copies_pending(self) -> int:
+        return self.staging.copies_pending
+
+    def finish_copies(self) -> int:
+        return self.staging.finish_copies()
+
+    def drop_deferred(self) -> int:
+        return self.staging.drop_deferred()
+
+    @property
+    def max_deferred(self) -> int:
+        return self.staging.max_deferred
+
+    @max_deferred.setter
+    def max_deferred(self, value: int) -> None:
+        self.staging.max_deferred = value
 
 
 class Staging:
@@ -394,10 +451,13 @@ class Staging:
         """
         # Any finished copy goes on, not only the oldest: copies on different
         # streams may finish out of order. At most one copy per extent is pending.
-        done = [c for c in self.copies if c[0].query()]
+        done: list[tuple[Any, Sender, Chunk]] = []
+        kept: deque[tuple[Any, Sender, Chunk]] = deque()
+        for copy in self.copies:  # one pass, in order (compiled, a tuple read back is a new object: no `is`)
+            (done if copy[0].query() else kept).append(copy)
         if not done:
             return 0
-        self.copies = deque(c for c in self.copies if not any(c is d for d in done))
+        self.copies = kept
         obs = self.life.observer
         for _, sender, chunk in done:
             self.ring.fire(chunk.extent, "copied")
