@@ -44,6 +44,7 @@ def test_the_selection_has_the_command_line_spin_and_hostile_edge_suites(config)
 NOT_SELECTED = {
     "tests/test_bench_arena.py": "a tool's figures (executor/tools), reached by the arena's own tests",
     "tests/test_bench_cycle.py": "the bench's figures: a tool, and timing",
+    "tests/test_compiled.py": "builds the compiled core from the checkout's sources (minutes), not mutmut's copy",
     "tests/test_control.py": "the control plane's driver over real sockets",
     "tests/test_control_edges.py": "the control plane's driver over real sockets",
     "tests/test_core_shape.py": "reads the core's source, which mutmut rewrites",

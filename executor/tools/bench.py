@@ -88,6 +88,21 @@ class BenchTransport(Transport):
         self.told += 1
 
 
+def compiled_core() -> list[str]:
+    """The core's modules this process runs compiled (setup.py's `EPD_RING_COMPILE=1` build), by name."""
+    import importlib.machinery
+    import pkgutil
+    import sys
+
+    from .. import core
+
+    for info in pkgutil.iter_modules(core.__path__, core.__name__ + "."):
+        __import__(info.name)
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(name.rsplit(".", 1)[1] for name, module in list(sys.modules.items())
+                  if name.startswith(core.__name__ + ".") and str(getattr(module, "__file__", "")).endswith(suffixes))
+
+
 def _best_of(cycle, items: int, repeats: int) -> float:
     """Best seconds for `items` cycles over several runs, as timeit does: noise only adds time."""
     cycle(500)  # warm up
@@ -343,6 +358,11 @@ def run(items: int = 10000, sizes=(64, 1024, 4096), seed_path: str | Path | None
     seed = seed_bench.load_seed(seed_path) if seed_path else None
     results: dict[int, tuple[float, float | None]] = {}
     echo(f"controller cycle: {TOKENS}x{HIDDEN} float32 per item, all but 4 extents held, best of 3 x {items} items")
+    compiled = compiled_core()
+    echo(f"core: compiled by mypyc ({len(compiled)} modules: setup.py)" if compiled else
+         "core: Python (EPD_RING_COMPILE=1 at install compiles it: setup.py)")
+    if figures is not None:
+        figures["compiled"] = compiled
     if seed is not None:
         echo(f"seed: {seed_path} (same cycle, same run, stand-ins for its engine modules)")
     echo(f"{'extents':>6} {'us/item':>9} {'seed us':>8} {'vs seed':>8} {'vs own ' + str(sizes[0]):>10}")
