@@ -61,7 +61,7 @@ class BenchTransport(Transport):
     seed: a write is one memmove per buffer and reports done at the next poll; the writes to the
     held receiver's session never report. So the controller, ours or the seed's, is charged only
     for its own work (the loopback's checks of every write's bounds, its fault rules and its
-    notice log are a test transport's, not the controller's: `--transport loopback` prices them)."""
+    notice log are a test transport's, not the controller's: one line of `run` prices them)."""
 
     def __init__(self, held: str) -> None:
         self.held = held
