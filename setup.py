@@ -4,7 +4,7 @@ With EPD_RING_COMPILE=1 the hot modules of the sans-I/O core (`COMPILED`) are co
 extensions by mypyc, beside their sources, which stay the reference: an import finds the
 extension first. Without it (the default) nothing is compiled. docs/figures.md ("The compiled
 core") has what it measures; tests/test_compiled.py builds it and runs the lockstep walk, the
-stateful suite and the bench on it.
+suites that drive the core by its calls, and the bench on it.
 
 mypyc (mypy, the `lint` extra) must be importable where the build runs:
 `EPD_RING_COMPILE=1 pip install --no-build-isolation .`, or `python setup.py build` for a tree.

@@ -2,11 +2,10 @@
 
 Built here once per change of the core's sources (about two minutes), then run in a child process whose
 `epd_ring` is a tree of this checkout's sources with the compiled modules beside them: the lockstep
-walk checks it against the model on every edge the core can take, the stateful suite drives it at
-random and the suites that use only its public calls pass, and the bench's cycle checks the bytes
-it wrote and reports it as compiled. The rest of the
-suite runs the sources themselves (tests replace functions in the core's modules, which a compiled
-caller never looks up again).
+walk checks it against the model on every edge the core can take, the stateful suites drive it at
+random, the suites that use only its public calls run on it, and the bench's cycle checks the bytes
+it wrote and reports it as compiled. The rest of the suite runs the sources themselves (tests
+replace functions in the core's modules, which a compiled caller never looks up again).
 """
 
 from __future__ import annotations
