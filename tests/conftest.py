@@ -151,6 +151,11 @@ def pytest_configure(config):
     """EPD_RING_HOGS=N: N processes that each spin one core for the whole run, started once (by the
     controller, not by each xdist worker), so the suite can be run as a loaded machine runs it. A
     verdict that changes under them is a test that depends on the machine's pace (docs/testing.md)."""
+    if not hasattr(config, "workerinput") and "mutmut" not in sys.modules and not os.environ.get("MUTANT_UNDER_TEST"):
+        import compiled_build
+
+        if compiled_build.selected(config.args):
+            compiled_build.start()  # beside the other tests, not after them (tests/compiled_build.py)
     n = int(os.environ.get("EPD_RING_HOGS", "0") or 0)
     if n and not hasattr(config, "workerinput"):
         spin = "while True: pass"

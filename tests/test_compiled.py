@@ -1,6 +1,6 @@
 """The compiled core (setup.py with EPD_RING_COMPILE=1: the core's hot modules compiled by mypyc).
 
-Built here once per change of the core's sources (about two minutes), then run in a child process whose
+Built once per change of the core's sources (tests/compiled_build.py), then run in a child process whose
 `epd_ring` is a tree of this checkout's sources with the compiled modules beside them: the lockstep
 walk checks it against the model on every edge the core can take, the stateful suites drive it at
 random, the suites that use only its public calls run on it, and the bench's cycle checks the bytes
@@ -10,8 +10,6 @@ replace functions in the core's modules, which a compiled caller never looks up 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,14 +17,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import compiled_build
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "build" / "compiled"
+ROOT = compiled_build.ROOT
+OUT = compiled_build.OUT
 SEED = ROOT.parent / "shared" / "seeds" / "encode_executor.py"
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("mypyc") is None or shutil.which("gcc") is None,
-                                reason="needs mypyc (the lint extra's mypy) and gcc")
+pytestmark = pytest.mark.skipif(not compiled_build.available(), reason="needs mypyc (the lint extra's mypy) and gcc")
 
 
 def _compiled_list() -> tuple[str, ...]:
@@ -40,27 +38,11 @@ def _compiled_list() -> tuple[str, ...]:
 COMPILED = _compiled_list()
 
 
-def _digest() -> str:
-    h = hashlib.sha256()
-    for path in sorted([ROOT / "setup.py", *(ROOT / "executor" / "core").glob("*.py"), *(ROOT / "fsm").glob("*.py")]):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="module")
 def tree() -> Path:
     """`epd_ring` as installed, with the compiled core: links to this checkout's sources, and the
-    extensions built from them (rebuilt when a source of the core or of fsm/ changes)."""
-    stamp = OUT / "SOURCES"
-    digest = _digest()
-    if not (stamp.is_file() and stamp.read_text() == digest):
-        shutil.rmtree(OUT, ignore_errors=True)
-        OUT.mkdir(parents=True)
-        done = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(OUT), "build",
-                               "--build-base", str(OUT), "--build-lib", str(OUT / "lib")],
-                              cwd=ROOT, env={**os.environ, "EPD_RING_COMPILE": "1"}, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        stamp.write_text(digest)
+    extensions built from them (tests/compiled_build.py: started as the run started, or here)."""
+    built = compiled_build.ready()
     root = OUT / "tree"
     shutil.rmtree(root, ignore_errors=True)
     pkg = root / "epd_ring"
@@ -73,7 +55,6 @@ def tree() -> Path:
             (pkg / "executor" / entry.name).symlink_to(entry)
     for source in (ROOT / "executor" / "core").glob("*.py"):
         (pkg / "executor" / "core" / source.name).symlink_to(source)
-    built = OUT / "lib"
     for ext in built.glob("*__mypyc*"):  # the modules' shared library, a top-level module
         shutil.copy(ext, root / ext.name)
     for ext in (built / "epd_ring" / "executor" / "core").glob("*.so"):
